@@ -1,0 +1,110 @@
+"""The user API: ``autobatch`` (with ``.map`` and ``.eager``), ``block``, ``phase``,
+``fork``/``concurrent`` and ``stats``. Thin: it wires the stages together."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from acrobat import fibers, graph
+from acrobat.errors import AcrobatError
+from acrobat.stats import Stats
+
+_LAST_STATS: Stats | None = None
+
+
+class Autobatched:
+    """A per-instance function with a batched ``map``. See :func:`autobatch`."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "f")
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        # Inside f.map this is the instance's own (possibly recursive) call; outside it is
+        # the plain function.
+        return self.fn(*args, **kwargs)
+
+    def eager(self, *args, **kwargs):
+        """Run the undecorated function on real tensors: the reference for ``map``."""
+        if graph.RT is not None:
+            raise AcrobatError(f"{self.__name__}.eager was called inside f.map")
+        return self.fn(*args, **kwargs)
+
+    def map(self, *iterables, stats: bool = False, **shared):
+        """``[f(*args, **shared) for args in zip(*iterables)]``, computed batched.
+
+        Per-instance arguments come positionally, one iterable each; arguments shared by
+        every instance (the model) come as keywords. Returns real tensors in input order;
+        with ``stats=True`` returns ``(results, acrobat.Stats)``.
+        """
+        global _LAST_STATS
+        if not iterables:
+            raise AcrobatError(
+                f"{self.__name__}.map needs at least one iterable of per-instance arguments"
+            )
+        columns = []
+        for k, it in enumerate(iterables):
+            try:
+                columns.append(list(it))
+            except TypeError:
+                raise AcrobatError(
+                    f"{self.__name__}.map: positional argument {k} is a "
+                    f"{type(it).__name__}, not an iterable of per-instance values; pass shared "
+                    "arguments as keywords"
+                ) from None
+        lengths = [len(c) for c in columns]
+        if len(set(lengths)) > 1:
+            raise AcrobatError(
+                f"{self.__name__}.map: per-instance iterables have different lengths {lengths}"
+            )
+        st = Stats()
+        st.instances = lengths[0]
+        _LAST_STATS = st
+        if lengths[0] == 0:
+            return ([], st) if stats else []
+        results = fibers.run_map(self.fn, list(zip(*columns)), shared, st, self.__name__)
+        return (results, st) if stats else results
+
+
+def autobatch(fn) -> Autobatched:
+    """Decorate a per-instance forward function so it can run a mini-batch batched.
+
+    >>> @acrobat.autobatch
+    ... def encode(tree, model):
+    ...     if tree.is_leaf:
+    ...         return model.leaf(model.emb(torch.tensor(tree.word_id)))
+    ...     return model.node(encode(tree.left, model), encode(tree.right, model))
+    >>> outs = encode.map(trees, model=model)            # doctest: +SKIP
+    >>> refs = [encode.eager(t, model=model) for t in trees]   # doctest: +SKIP
+    """
+    if isinstance(fn, Autobatched):
+        return fn
+    return Autobatched(fn)
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """Mark a program phase: inside ``f.map``, the nodes of a phase run only after every
+    instance has finished the previous one, and depth restarts in it, so e.g. all per-token
+    classifiers of a BiRNN form one batch. Outside ``f.map`` it does nothing."""
+    rt = graph.RT
+    fiber = rt.fiber if rt is not None and rt.tracer is None else None
+    if fiber is None:
+        yield
+        return
+    fiber.phase += 1
+    try:
+        yield
+    finally:
+        fiber.phase += 1
+
+
+def stats() -> Stats | None:
+    """Counters and timings of the most recent ``f.map`` call (None before the first)."""
+    return _LAST_STATS
+
+
+fork = fibers.fork
+concurrent = fibers.concurrent

@@ -1,0 +1,285 @@
+"""Static blocks (ACRoBat's grain-size coarsening, appendix A.2).
+
+``@acrobat.block`` marks a function without tensor-dependent control flow (an LSTM/GRU
+cell, a TreeLSTM composition). Inside ``f.map`` its first call per signature traces the
+body once into a small program of op nodes; every call after that records ONE node, and a
+batch of those nodes runs the program's ops batched. Fewer, larger nodes: less recording
+and scheduling per instance, and fewer, larger kernels.
+
+The signature of a call is the per-instance shapes/dtypes of its tensor arguments, the
+identity of real tensors and other objects (a module) and the values of Python scalars. A
+block must be a pure function of those: it may read parameters of the modules it is given
+(the trace refers to the parameter tensors, so training updates are seen) but not mutable
+global state.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+
+import torch
+
+from acrobat import config, graph
+from acrobat.errors import AcrobatError, LazyValueError, user_line
+from acrobat.graph import (
+    Info,
+    LazyTensor,
+    Node,
+    add_node,
+    freeze,
+    freeze_kwargs,
+    infer,
+    wrap_outputs,
+)
+from acrobat.ops import Op, vmap_rule
+
+ARG = Op("arg", vmap_rule, "data", doc="a block's per-instance argument (placeholder)")
+
+
+class Tracer:
+    """Records a block body into a list of nodes instead of the runtime's buckets."""
+
+    def __init__(self, rt, name: str):
+        self.rt = rt
+        self.name = name
+        self.nodes: list[Node] = []
+        self.own: set[int] = set()
+        self.sources: list[tuple] = []  # (real tensor, _version) read by hoisted ops
+        self.needs_grad = False
+
+    def placeholder(self, lazy: LazyTensor) -> LazyTensor:
+        node = Node(ARG, None, (), None, (), None, None, 0, 0, -1, self.rt)
+        self.own.add(id(node))
+        return LazyTensor(node, 0, lazy.shape, lazy.dtype)
+
+    def record(self, op, func, args, kwargs):
+        inputs: list[LazyTensor] = []
+        fargs = tuple([freeze(a, inputs) for a in args])
+        sig = (op, fargs, freeze_kwargs(kwargs, inputs)) if kwargs else (op, fargs)
+        for t in inputs:
+            if id(t.node) not in self.own:
+                raise AcrobatError(
+                    f"block {self.name} uses a lazy tensor it did not receive as an argument "
+                    f"(at {user_line(3)}); pass every per-instance tensor to the block explicitly"
+                )
+        info = self.rt.sig_info.get(sig)
+        if info is None:
+            info = self.rt.sig_info[sig] = infer(op, func, args, kwargs, self.rt)
+        node = Node(op, func, args, kwargs, inputs, info, sig, 0, 0, -1, self.rt)
+        self.nodes.append(node)
+        self.own.add(id(node))
+        return wrap_outputs(node, info)
+
+    def note_hoist(self, args, kwargs, out) -> None:
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                self.sources.append((a, a._version))
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            self.needs_grad = True
+
+
+class Trace:
+    """One traced signature of a block: its program and how outputs are packaged."""
+
+    def __init__(self, op, placeholders, nodes, out_spec, info, sources, needs_grad, keep):
+        self.op = op
+        self.placeholders = placeholders
+        self.nodes = nodes
+        self.out_spec = out_spec
+        self.info = info
+        self.sources = sources
+        self.needs_grad = needs_grad
+        self.keep = keep  # objects whose ids are in the cache key
+        self.run_id = 0
+
+    def valid_for(self, rt) -> bool:
+        if self.run_id == rt.id:
+            return True
+        if self.needs_grad:
+            return False  # hoisted values carry last run's autograd graph: retrace
+        for t, version in self.sources:
+            if t._version != version:
+                return False
+        self.run_id = rt.id
+        return True
+
+    def run(self, node, xs, n):
+        """The block op's batching rule: run the program with batched operands."""
+        env = {}
+        for ph, x in zip(self.placeholders, xs):
+            env[ph] = (x,)
+        for inner in self.nodes:
+            ins = [env[t.node][t.idx] for t in inner.inputs]
+            env[inner] = inner.op.rule(inner, ins, n)
+        return tuple(env[t.node][t.idx] for t in self.out_lazies)
+
+
+def _key(a, keep: list, inputs: list):
+    """Cache key of a block argument. Unlike graph.freeze, objects are keyed by identity
+    and kept alive by the cache entry, so an id is never recycled under a live entry."""
+    t = type(a)
+    if t is LazyTensor:
+        inputs.append(a)
+        return a.key
+    if t is int or t is str or a is None:
+        return a
+    if t is float or t is bool:
+        return (t, a)
+    if t is tuple or t is list:
+        return (t, tuple(_key(x, keep, inputs) for x in a))
+    if t is dict:
+        return (t, tuple((k, _key(v, keep, inputs)) for k, v in a.items()))
+    keep.append(a)
+    return ("id", id(a))
+
+
+def _flatten_out(value, leaves: list):
+    """Output pytree -> spec with leaf positions; leaves collected in ``leaves``."""
+    t = type(value)
+    if t is LazyTensor or isinstance(value, torch.Tensor):
+        leaves.append(value)
+        return ("leaf", len(leaves) - 1)
+    if t is tuple or t is list:
+        return (t, [_flatten_out(v, leaves) for v in value])
+    if t is dict:
+        return (t, {k: _flatten_out(v, leaves) for k, v in value.items()})
+    if value is None or t in (int, float, bool, str):
+        return ("const", value)
+    raise AcrobatError(f"a block returned a {t.__name__}; return tensors or tuples of tensors")
+
+
+def _unflatten(spec, leaves):
+    kind = spec[0]
+    if kind == "leaf":
+        return leaves[spec[1]]
+    if kind == "const":
+        return spec[1]
+    if kind is dict:
+        return {k: _unflatten(v, leaves) for k, v in spec[1].items()}
+    return kind(_unflatten(v, leaves) for v in spec[1])
+
+
+class Block:
+    """A function traced once per signature and recorded as one node per call."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.cache: OrderedDict = OrderedDict()
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        rt = graph.RT
+        if rt is None or rt.tracer is not None or rt.fiber is None:
+            return self.fn(*args, **kwargs)  # eager, or inlined into an enclosing block
+        keep: list = []
+        inputs: list[LazyTensor] = []
+        parts = []
+        for a in args:  # flat loop first: block arguments are mostly tensors and modules
+            if type(a) is LazyTensor:
+                inputs.append(a)
+                parts.append(a.key)
+            else:
+                parts.append(_key(a, keep, inputs))
+        key = (tuple(parts), _key(kwargs, keep, inputs) if kwargs else None)
+        if not inputs:
+            return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op
+        trace = self.cache.get(key)
+        if trace is None or not trace.valid_for(rt):
+            trace = self._trace(rt, args, kwargs, inputs, keep)
+            self.cache[key] = trace
+            if len(self.cache) > config.BLOCK_CACHE_SIZE:
+                self.cache.popitem(last=False)
+        node = add_node(rt, trace.op, None, None, None, inputs, trace.info, (trace.op,))
+        outs = wrap_outputs(node, trace.info)
+        if trace.plain_tuple:
+            return outs
+        if trace.info.single:
+            if trace.out_spec[0] == "leaf":
+                return outs
+            outs = (outs,)
+        leaves = []
+        for src in trace.out_sources:
+            kind, v = src
+            leaves.append(outs[v] if kind == "out" else inputs[v] if kind == "arg" else v)
+        return _unflatten(trace.out_spec, leaves)
+
+    def _trace(self, rt, args, kwargs, inputs, keep) -> Trace:
+        tracer = Tracer(rt, getattr(self.fn, "__qualname__", "block"))
+        placeholders = {}
+        for t in inputs:
+            if id(t) not in placeholders:
+                placeholders[id(t)] = tracer.placeholder(t)
+
+        def sub(a):
+            ta = type(a)
+            if ta is LazyTensor:
+                return placeholders[id(a)]
+            if ta is tuple or ta is list:
+                return ta(sub(x) for x in a)
+            if ta is dict:
+                return {k: sub(v) for k, v in a.items()}
+            return a
+
+        rt.tracer = tracer
+        try:
+            out = self.fn(*sub(args), **sub(kwargs))
+        finally:
+            rt.tracer = None
+        leaves: list = []
+        spec = _flatten_out(out, leaves)
+        ph_nodes = [placeholders[id(t)].node for t in inputs]
+        ph_index = {id(n): i for i, n in enumerate(ph_nodes)}
+        out_lazies, out_sources, metas = [], [], []
+        for leaf in leaves:
+            if type(leaf) is LazyTensor and id(leaf.node) in ph_index:
+                out_sources.append(("arg", ph_index[id(leaf.node)]))
+            elif type(leaf) is LazyTensor:
+                out_sources.append(("out", len(out_lazies)))
+                out_lazies.append(leaf)
+                metas.append((leaf.shape, leaf.dtype))
+            else:
+                out_sources.append(("real", leaf))
+        if not out_lazies:
+            raise LazyValueError(
+                f"block {tracer.name} computes no per-instance tensor; call it without @block"
+            )
+        info = Info(tuple(metas), len(metas) == 1, None)
+        name = f"block:{getattr(self.fn, '__name__', 'fn')}"
+        trace = Trace(
+            None, ph_nodes, tracer.nodes, spec, info, tracer.sources, tracer.needs_grad, keep
+        )
+        trace.out_lazies = out_lazies
+        trace.out_sources = out_sources
+        # outputs are exactly a tuple of the block's computed tensors, in order
+        trace.plain_tuple = (
+            spec[0] is tuple
+            and len(out_lazies) > 1
+            and all(s == ("out", k) for k, s in enumerate(out_sources))
+            and all(sub == ("leaf", k) for k, sub in enumerate(spec[1]))
+        )
+        trace.op = Op(
+            name,
+            trace.run,
+            "block",
+            launches=len(tracer.nodes),
+            doc=f"{len(tracer.nodes)} ops traced from {tracer.name}",
+        )
+        trace.run_id = rt.id
+        for nd in tracer.nodes + ph_nodes:
+            nd.rt = None  # the trace outlives this run; don't keep the run alive
+        return trace
+
+
+def block(fn):
+    """Mark ``fn`` as a static block: traced once per signature, recorded as one node.
+
+    >>> @acrobat.block
+    ... def cell(model, x, h):
+    ...     return torch.tanh(model.wx(x) + model.wh(h))
+
+    Outside ``f.map`` (and in ``f.eager``) the function runs as written.
+    """
+    if isinstance(fn, Block):
+        return fn
+    return Block(fn)

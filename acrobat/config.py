@@ -1,0 +1,45 @@
+"""Every runtime flag of acrobat, with its default, in one place.
+
+Values are read from the environment once, at import; change them at run time by
+assigning the attributes (``acrobat.config.DEBUG = 2``) or with :func:`override`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+#: 0 silent; 1 print a schedule summary per flush; 2 also every batch; 3 also verify the
+#: graph (``graph.lint``) before each flush.
+DEBUG: int = _env_int("ACROBAT_DEBUG", 0)
+
+#: Verify graph invariants (topological order, one signature per batch, each node run once)
+#: at every flush. Tests turn it on; it costs a pass over the graph.
+VERIFY: bool = bool(_env_int("ACROBAT_VERIFY", 0))
+
+#: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
+BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
+
+
+@contextlib.contextmanager
+def override(**flags):
+    """Temporarily set flags: ``with acrobat.config.override(VERIFY=True): ...``."""
+    g = globals()
+    old = {}
+    for key, value in flags.items():
+        if key not in g or key.startswith("_") or callable(g[key]):
+            raise KeyError(f"acrobat.config has no flag {key!r}")
+        old[key] = g[key]
+        g[key] = value
+    try:
+        yield
+    finally:
+        g.update(old)

@@ -1,0 +1,65 @@
+"""User-facing errors. Internal invariants use ``assert``; everything a user can cause
+raises an :class:`AcrobatError` that names the op, the instance and the user's line."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = None
+
+
+def _is_internal(filename: str) -> bool:
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+    filename = os.path.abspath(filename)
+    return (
+        filename.startswith(_PKG_DIR)
+        or filename.startswith(_TORCH_DIR)
+        or "greenlet" in filename
+        or filename.startswith("<")
+    )
+
+
+def user_line(depth: int = 1) -> str:
+    """The innermost stack frame outside acrobat and torch, as 'file:line in fn: code'."""
+    frame = sys._getframe(depth)
+    while frame is not None and _is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown location>"
+    import linecache
+
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    return f"{where}: {code}" if code else where
+
+
+class AcrobatError(RuntimeError):
+    """An error in how acrobat was used (unsupported op, bad shapes, bad map inputs, ...)."""
+
+
+class UnsupportedOpError(AcrobatError, NotImplementedError):
+    """A torch function acrobat cannot record on lazy tensors."""
+
+
+class ShapeError(AcrobatError, ValueError):
+    """An op's operands do not fit together (raised at record time)."""
+
+
+class LazyValueError(AcrobatError):
+    """A lazy tensor was used where its value cannot be produced (escaped its map, inside a
+    block, or a demand that can never be satisfied)."""
+
+
+def where(instance: int | None, line: str | None) -> str:
+    parts = []
+    if instance is not None:
+        parts.append(f"instance {instance}")
+    if line:
+        parts.append(f"at {line}")
+    return " ".join(parts)

@@ -1,0 +1,127 @@
+"""Runs batches. A batch's outputs are consecutive rows of one tensor per output, so a
+consumer whose operands are consecutive rows of one producer batch reads a view; any other
+operand is collected with one gather (``index_select``, or a ``cat`` of per-source
+``index_select``s when the rows come from several producer batches).
+
+Nothing is written in place into a tensor autograd may need: gathers make new tensors,
+outputs are fresh results of the batched ops, so gradients flow through a batched run the
+way they flow through the eager loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from acrobat import config
+from acrobat.errors import AcrobatError
+from acrobat.ops import DATA_OPS
+
+
+def gather(ts: list, n: int, stats) -> torch.Tensor:
+    """Stack the values of LazyTensors ``ts`` (all computed) along a new leading dim."""
+    t0 = ts[0]
+    node0 = t0.node
+    outs0 = node0.outs
+    k = t0.idx
+    r0 = node0.row
+    contiguous = True
+    for i, t in enumerate(ts):
+        nd = t.node
+        if nd.outs is not outs0 or t.idx != k or nd.row != r0 + i:
+            contiguous = False
+            break
+    if contiguous:
+        buf = outs0[k]
+        if r0 == 0 and buf.shape[0] == n:
+            return buf
+        return buf[r0 : r0 + n]
+    # Rows from several producer batches: group them per source tensor.
+    sources: dict[int, tuple] = {}
+    order = []
+    for pos, t in enumerate(ts):
+        nd = t.node
+        buf = nd.outs[t.idx]
+        entry = sources.get(id(buf))
+        if entry is None:
+            entry = sources[id(buf)] = (buf, [], [])
+        entry[1].append(nd.row)
+        entry[2].append(pos)
+        order.append(id(buf))
+    device = t0.node.outs[k].device
+    if len(sources) == 1:
+        buf, rows, _ = next(iter(sources.values()))
+        out = buf.index_select(0, torch.tensor(rows, device=device))
+        stats.gathers += 1
+    else:
+        parts, positions = [], []
+        for buf, rows, pos in sources.values():
+            parts.append(buf.index_select(0, torch.tensor(rows, device=device)))
+            positions.extend(pos)
+        out = torch.cat(parts)
+        stats.gathers += len(parts) + 1
+        if positions != list(range(n)):
+            inverse = [0] * n
+            for j, p in enumerate(positions):
+                inverse[p] = j
+            out = out.index_select(0, torch.tensor(inverse, device=device))
+            stats.gathers += 1
+    stats.gather_bytes += out.numel() * out.element_size()
+    return out
+
+
+def run_batch(nodes: list, stats) -> None:
+    """Execute one batch (nodes of equal signature) and give every node its row."""
+    n0 = nodes[0]
+    op = n0.op
+    n = len(nodes)
+    t0 = time.perf_counter()
+    if op in DATA_OPS:
+        outs = op.rule(nodes)
+        t1 = time.perf_counter()
+    else:
+        xs = []
+        for j in range(len(n0.inputs)):
+            xs.append(gather([nd.inputs[j] for nd in nodes], n, stats))
+        t1 = time.perf_counter()
+        try:
+            outs = op.rule(n0, xs, n)
+        except Exception as exc:
+            _explain_failure(nodes, exc)
+            raise
+    t2 = time.perf_counter()
+    stats.t_gather += t1 - t0
+    stats.t_kernel += t2 - t1
+    stats.batches += 1
+    stats.launches += op.launches
+    entry = stats.by_op.get(op.name)
+    if entry is None:
+        stats.by_op[op.name] = [1, n]
+    else:
+        entry[0] += 1
+        entry[1] += n
+    for i, nd in enumerate(nodes):
+        nd.outs = outs
+        nd.row = i
+    if config.DEBUG >= 2:
+        print(f"[acrobat] {op.name} x{n} depth {n0.depth} phase {n0.phase}")
+
+
+def _explain_failure(nodes: list, exc: Exception) -> None:
+    """A batched op failed: find the instance whose node fails on its own and say so."""
+    for nd in nodes:
+        xs = [t.node.outs[t.idx][t.node.row : t.node.row + 1] for t in nd.inputs]
+        try:
+            nd.op.rule(nd, xs, 1)
+        except Exception as own:
+            raise AcrobatError(f"{nd.op.name} failed for instance {nd.instance}: {own}") from own
+    raise AcrobatError(
+        f"batched {nodes[0].op.name} over {len(nodes)} instances failed although every "
+        f"instance runs alone: {exc} (please report this as an acrobat bug)"
+    ) from exc
+
+
+def execute(batches: list[list], stats) -> None:
+    for nodes in batches:
+        run_batch(nodes, stats)

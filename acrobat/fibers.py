@@ -1,0 +1,359 @@
+"""One greenlet fiber per instance (and per ``fork``); the driver of ``f.map``.
+
+A fiber runs its instance's Python code, recording lazily, until the code returns or
+demands a value (``bool(t)``, ``t.item()``...). When no fiber can make progress, the
+pending graph is executed batched across ALL suspended instances and the fibers whose
+values now exist resume (ACRoBat section 4.2). Code that never demands a value runs each
+fiber once, start to end: no suspension, one flush at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from functools import partial
+
+import torch
+from greenlet import greenlet
+from torch.overrides import TorchFunctionMode
+
+from acrobat import graph
+from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, user_line
+from acrobat.executor import execute
+from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
+from acrobat.ops import FUNCS, HOISTED_FACTORIES, INPUT, supported_names
+from acrobat.scheduler import schedule
+
+_IMPURE = {"rand_like", "dropout"}
+
+
+class RecordMode(TorchFunctionMode):
+    """Routes every torch call made by instance code into the op table."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        op = FUNCS.get(func)
+        if op is not None:
+            lazy = has_lazy(args) or (kwargs and has_lazy(kwargs))
+            if op.special is not None and (lazy or op.kind == "data" or op.name == "getitem"):
+                return op.special(func, args, kwargs)
+            if lazy:
+                return record(op, func, args, kwargs)
+            if op.name in _IMPURE:
+                return func(*args, **kwargs)
+            return hoist(func, args, kwargs)
+        if func in HOISTED_FACTORIES:
+            return hoist(func, args, kwargs)
+        if has_lazy(args) or (kwargs and has_lazy(kwargs)):
+            raise _unsupported(func)
+        return func(*args, **kwargs)
+
+
+def _unsupported(func) -> UnsupportedOpError:
+    import difflib
+
+    name = getattr(func, "__name__", repr(func))
+    owner = getattr(func, "__qualname__", name)
+    near = difflib.get_close_matches(name, supported_names(), n=6, cutoff=0.5)
+    hint = f" Supported ops with similar names: {', '.join(near)}." if near else ""
+    return UnsupportedOpError(
+        f"acrobat cannot batch {owner} on lazy tensors (at {user_line(3)}).{hint} "
+        "See acrobat.ops.TABLE for the supported ops; compute it on real tensors outside "
+        "f.map, or open an issue to add a batching rule."
+    )
+
+
+class Fiber:
+    __slots__ = (
+        "instance",
+        "phase",
+        "glet",
+        "value",
+        "error",
+        "done",
+        "waiting",
+        "joiners",
+        "host",
+        "where",
+    )
+
+    def __init__(self, instance: int, phase: int):
+        self.instance = instance
+        self.phase = phase
+        self.glet = None
+        self.value = None
+        self.error = None
+        self.done = False
+        self.waiting = None  # the LazyTensor or Fiber this fiber waits for
+        self.joiners: list[Fiber] = []
+        self.host = None  # the demanded value, copied to the host after a flush
+        self.where = None
+
+
+class Future:
+    """The result of :func:`acrobat.fork`; ``result()`` joins the child fiber."""
+
+    __slots__ = ("fiber", "_value", "_eager")
+
+    def __init__(self, fiber=None, value=None, eager=False):
+        self.fiber = fiber
+        self._value = value
+        self._eager = eager
+
+    def done(self) -> bool:
+        return self._eager or self.fiber.done
+
+    def result(self):
+        if self._eager:
+            return self._value
+        child = self.fiber
+        if not child.done:
+            rt = graph.RT
+            me = rt.fiber
+            if me is None or rt.tracer is not None:
+                raise AcrobatError("Future.result() must be called from instance code in f.map")
+            child.joiners.append(me)
+            me.waiting = child
+            me.where = user_line(2)
+            rt.stats.suspensions += 1
+            rt.main.switch()
+            me.waiting = None
+            if me.phase < child.phase:
+                me.phase = child.phase
+        return child.value
+
+
+def _wrap_inputs(a):
+    """Per-instance tensor arguments become lazy input nodes so their ops batch."""
+    t = type(a)
+    if isinstance(a, torch.Tensor):
+        return record_data(INPUT, (INPUT, a.shape, a.dtype, a.device), a, a.shape, a.dtype)
+    if t is tuple or t is list:
+        return t([_wrap_inputs(x) for x in a])
+    if t is dict:
+        return {k: _wrap_inputs(v) for k, v in a.items()}
+    return a
+
+
+def _fiber_main(rt: Runtime, fiber: Fiber, fn, args, kwargs, wrap: bool):
+    try:
+        if wrap:
+            args = tuple(_wrap_inputs(a) for a in args)
+        fiber.value = fn(*args, **kwargs)
+        fiber.done = True
+    except BaseException as exc:  # re-raised by the driver, with the instance named
+        fiber.error = exc
+        fiber.done = True
+    for j in fiber.joiners:
+        rt.ready.append(j)
+
+
+def fork(fn, *args, **kwargs) -> Future:
+    """Start ``fn(*args, **kwargs)`` as a child fiber of the running instance.
+
+    Inside ``f.map`` the child runs concurrently with its parent and siblings, so each can
+    block on its own tensor values while the others keep recording; ``result()`` joins.
+    Outside ``f.map`` (eager) it simply calls ``fn``.
+
+    >>> fut = acrobat.fork(generate, model, h)   # doctest: +SKIP
+    >>> subtree = fut.result()                    # doctest: +SKIP
+    """
+    rt = graph.RT
+    if rt is None or rt.fiber is None or rt.tracer is not None:
+        return Future(value=fn(*args, **kwargs), eager=True)
+    parent = rt.fiber
+    child = Fiber(parent.instance, parent.phase)
+    child.glet = greenlet(partial(_fiber_main, rt, child, fn, args, kwargs, False), parent=rt.main)
+    rt.all_fibers.append(child)
+    rt.ready.append(child)
+    return Future(child)
+
+
+def concurrent(*thunks):
+    """Run zero-argument callables as concurrent fibers; their results, in order."""
+    futures = [fork(t) for t in thunks]
+    return [f.result() for f in futures]
+
+
+def demand(t: LazyTensor) -> torch.Tensor:
+    """The value of ``t``; suspends the running fiber until the graph has produced it."""
+    rt = graph.RT
+    node = t.node
+    if rt is None or node.rt is not rt:
+        raise LazyValueError(
+            f"the value of a LazyTensor was read outside the f.map call that made it "
+            f"(at {user_line(3)}); use the real tensors f.map returns"
+        )
+    if node.outs is None:
+        if rt.tracer is not None:
+            raise LazyValueError(
+                f"a block read a tensor value (at {user_line(3)}): @acrobat.block functions "
+                "must not have tensor-dependent control flow; move the decision out of the block"
+            )
+        fiber = rt.fiber
+        fiber.waiting = t
+        fiber.where = user_line(3)
+        rt.blocked.append(fiber)
+        rt.stats.suspensions += 1
+        rt.main.switch()
+        fiber.waiting = None
+        host = fiber.host
+        fiber.host = None
+        if host is not None:
+            return host
+    return node.outs[t.idx][node.row]
+
+
+def _flush(rt: Runtime, max_phase=float("inf")) -> None:
+    t0 = time.perf_counter()
+    batches = schedule(rt, max_phase)
+    rt.stats.t_schedule += time.perf_counter() - t0
+    rt.stats.flushes += 1
+    with torch._C.DisableTorchFunction():
+        execute(batches, rt.stats)
+
+
+def _copy_demanded(blocked: list[Fiber], device: torch.device) -> None:
+    """One device-to-host copy per dtype for all values demanded in this round."""
+    if device.type == "cpu":
+        return
+    groups: dict = {}
+    for fb in blocked:
+        t = fb.waiting
+        v = t.node.outs[t.idx][t.node.row]
+        groups.setdefault(v.dtype, []).append((fb, v))
+    for items in groups.values():
+        host = torch.cat([v.reshape(-1) for _, v in items]).cpu()
+        offset = 0
+        for fb, v in items:
+            k = v.numel()
+            fb.host = host[offset : offset + k].reshape(v.shape)
+            offset += k
+
+
+def _raise_fiber_error(fiber: Fiber, fn_name: str):
+    exc = fiber.error
+    if isinstance(exc, RecursionError):
+        raise AcrobatError(
+            f"instance {fiber.instance} of {fn_name}.map exceeded Python's recursion limit "
+            "(deep recursion in instance code); raise it with sys.setrecursionlimit"
+        ) from exc
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"acrobat: raised by instance {fiber.instance} of {fn_name}.map")
+    raise exc
+
+
+def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
+    stats = rt.stats
+    while True:
+        t0 = time.perf_counter()
+        with mode:
+            while rt.ready:
+                fiber = rt.ready.popleft()
+                rt.fiber = fiber
+                fiber.glet.switch()
+                if fiber.error is not None:
+                    _raise_fiber_error(fiber, fn_name)
+        rt.fiber = None
+        stats.t_record += time.perf_counter() - t0
+        blocked = rt.blocked
+        if not blocked:
+            stuck = [f for f in rt.all_fibers if not f.done]
+            if stuck:
+                names = "; ".join(f"instance {f.instance} waiting at {f.where}" for f in stuck[:4])
+                raise AcrobatError(
+                    f"deadlock: fibers wait for each other and none can make progress ({names})"
+                )
+            break
+        live = [f.phase for f in rt.all_fibers if not f.done]
+        max_phase = min(live)
+        for f in blocked:
+            p = f.waiting.node.phase
+            if p > max_phase:
+                max_phase = p
+        _flush(rt, max_phase)
+        _copy_demanded(blocked, rt.device)
+        rt.blocked = []
+        for f in blocked:
+            if f.waiting.node.outs is None:  # pragma: no cover - scheduler invariant
+                raise AcrobatError(
+                    f"internal: demanded value not produced for instance {f.instance}"
+                )
+            rt.ready.append(f)
+    _flush(rt)
+
+
+def _materialize(value, instance: int, fn_name: str):
+    t = type(value)
+    if t is LazyTensor:
+        node = value.node
+        return node.outs[value.idx][node.row]
+    if value is None or t in (int, float, bool, str, complex) or isinstance(value, torch.Tensor):
+        return value
+    if t is list:
+        return [_materialize(v, instance, fn_name) for v in value]
+    if t is tuple:
+        return tuple(_materialize(v, instance, fn_name) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return t(*(_materialize(v, instance, fn_name) for v in value))
+    if t is dict:
+        return {k: _materialize(v, instance, fn_name) for k, v in value.items()}
+    raise AcrobatError(
+        f"instance {instance} of {fn_name}.map returned a {t.__name__}; results must be "
+        "pytrees (tuple/list/dict/namedtuple) of tensors and Python scalars"
+    )
+
+
+def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> list:
+    if graph.RT is not None:
+        raise AcrobatError("f.map was called inside another f.map; nest plain calls instead")
+    rt = Runtime(stats)
+    rt.main = greenlet.getcurrent()
+    rt.all_fibers = []
+    for i, args in enumerate(arg_tuples):
+        fiber = Fiber(i, 0)
+        fiber.glet = greenlet(
+            partial(_fiber_main, rt, fiber, fn, args, kwargs, True), parent=rt.main
+        )
+        rt.all_fibers.append(fiber)
+    rt.ready.extend(rt.all_fibers)
+    graph.RT = rt
+    t0 = time.perf_counter()
+    # A map allocates many small objects and frees none of them until it ends: the cyclic
+    # collector's passes over them are pure overhead (up to 10x recording time), so it is
+    # paused for the call; the runtime breaks its own reference cycles when it ends.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _drive(rt, RecordMode(), fn_name)
+        results = [
+            _materialize(f.value, f.instance, fn_name) for f in rt.all_fibers[: len(arg_tuples)]
+        ]
+    except BaseException:
+        _kill(rt)
+        raise
+    finally:
+        graph.RT = None
+        stats.t_total = time.perf_counter() - t0
+        stats.nodes = rt.nodes
+        rt.all_fibers = []
+        rt.ready.clear()
+        rt.main = None
+        if gc_was_enabled:
+            gc.enable()
+    return results
+
+
+def _kill(rt: Runtime) -> None:
+    """Unwind every suspended fiber so no greenlet (or its frames) leaks."""
+    for f in rt.all_fibers:
+        g = f.glet
+        if g is not None and g and not g.dead:
+            with contextlib.suppress(BaseException):
+                g.throw()
+        f.glet = None
+    rt.buckets = {}
+    rt.blocked = []
+    rt.ready.clear()

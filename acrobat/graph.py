@@ -1,0 +1,389 @@
+"""The dataflow graph, built one node per recorded op, with everything the scheduler
+needs computed inline at record time (no later pass over the graph):
+
+* depth  = 1 + max(depth of the inputs in the same phase)   (ACRoBat section 4.1)
+* phase  = max(the fiber's phase, the inputs' phases)       (program phases, A.3)
+* taint  = a LazyTensor operand depends on per-instance data; a real ``torch.Tensor``
+           operand (a parameter, or a value computed from parameters and constants only)
+           is shared by every instance and is reused, not gathered (section 5.1)
+* signature = (op, static attributes, per-instance shapes/dtypes, identity of each
+           reused operand). Nodes with equal (phase, depth, signature) form one batch; the
+           node is appended to that bucket right away, so forming batches costs a dict
+           lookup per node.
+
+``record`` is the hot path of graph construction; keep it lean.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from types import NoneType
+from typing import Any
+
+import torch
+
+from acrobat.errors import AcrobatError, LazyValueError, ShapeError, UnsupportedOpError, user_line
+from acrobat.tensor import LazyTensor
+
+
+class Node:
+    """One recorded op of one instance. Plain data; operations live in the stage modules."""
+
+    __slots__ = (
+        "op",
+        "func",
+        "args",
+        "kwargs",
+        "inputs",
+        "info",
+        "sig",
+        "depth",
+        "phase",
+        "instance",
+        "rt",
+        "data",
+        "outs",
+        "row",
+    )
+
+    def __init__(self, op, func, args, kwargs, inputs, info, sig, depth, phase, instance, rt):
+        self.op = op  # the ops.Op row
+        self.func = func  # the torch callable the user called (an alias of op)
+        self.args = args  # call arguments, LazyTensors in place (the batch's template)
+        self.kwargs = kwargs
+        self.inputs = inputs  # the LazyTensor operands, in argument order
+        self.info = info  # shared per signature: output shapes/dtypes and structure
+        self.sig = sig
+        self.depth = depth
+        self.phase = phase
+        self.instance = instance
+        self.rt = rt
+        self.data = None  # per-node payload of data ops (a Python value, an index)
+        self.outs = None  # after execution: the batch's output tensors
+        self.row = 0  # ... and this node's row in them
+
+    def __repr__(self) -> str:
+        return (
+            f"%{id(self) & 0xFFFF:04x} = {self.op.name}(inst={self.instance}, "
+            f"phase={self.phase}, depth={self.depth}, in={len(self.inputs)})"
+        )
+
+
+class Info:
+    """What a signature's shape rule produced: per-output (shape, dtype) and how the
+    outputs are packaged (a single tensor, a tuple, or a torch.return_types namedtuple)."""
+
+    __slots__ = ("metas", "single", "struct")
+
+    def __init__(self, metas, single, struct):
+        self.metas = metas
+        self.single = single
+        self.struct = struct
+
+
+class Runtime:
+    """State of one ``f.map`` call: pending buckets, the hoisting cache, fibers, stats."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, stats):
+        self.id = next(Runtime._ids)
+        self.buckets: dict[tuple, list[Node]] = {}
+        self.sig_info: dict[tuple, Info] = {}
+        self.hoisted: dict[tuple, Any] = {}
+        self.hoist_keepalive: list[Any] = []
+        self.device = torch.device("cpu")
+        self.stats = stats
+        self.fiber = None  # the running fiber (fibers.Fiber)
+        self.tracer = None  # a block.Tracer while a block body is being traced
+        self.ready: deque = deque()
+        self.blocked: list = []
+        self.main = None  # the scheduler's greenlet
+        self.all_fibers: list = []
+        self.nodes = 0
+
+
+RT: Runtime | None = None  # the active runtime (set by fibers.run_map)
+
+_SCALARS = {int, str, NoneType, bool, float, complex}
+_STATIC = (torch.dtype, torch.device, torch.layout, torch.memory_format, type(Ellipsis))
+
+
+def freeze(a, inputs: list):
+    """Hashable batching key of one argument; appends LazyTensor operands to ``inputs``.
+
+    LazyTensor -> (shape, dtype); real tensor -> ('T', id) (identity of a reused operand);
+    floats and bools are tagged so that 1, 1.0 and True do not share a signature."""
+    t = type(a)
+    if t is LazyTensor:
+        inputs.append(a)
+        return a.key
+    if t is int or t is str or a is None:
+        return a
+    if t is float or t is bool:
+        return (t, a)
+    if isinstance(a, torch.Tensor):
+        return ("T", id(a))
+    if t is tuple or t is list or t is torch.Size:
+        return (t, tuple([freeze(x, inputs) for x in a]))
+    if t is slice:
+        return (slice, freeze(a.start, inputs), freeze(a.stop, inputs), freeze(a.step, inputs))
+    if isinstance(a, _STATIC):
+        return a
+    if isinstance(a, tuple):  # namedtuple
+        return (t, tuple([freeze(x, inputs) for x in a]))
+    try:
+        hash(a)
+    except TypeError:
+        raise UnsupportedOpError(
+            f"cannot record an argument of type {t.__name__} (at {user_line(3)})"
+        ) from None
+    return (t, a)
+
+
+def freeze_kwargs(kwargs: dict, inputs: list):
+    return tuple([(k, freeze(v, inputs)) for k, v in kwargs.items()])
+
+
+def substitute(a, it):
+    """``a`` with every LazyTensor replaced by the next item of iterator ``it``."""
+    t = type(a)
+    if t is LazyTensor:
+        return next(it)
+    if t is tuple or t is list:
+        return t([substitute(x, it) for x in a])
+    if t is slice:
+        return slice(substitute(a.start, it), substitute(a.stop, it), substitute(a.step, it))
+    return a
+
+
+def has_lazy(a) -> bool:
+    t = type(a)
+    if t is LazyTensor:
+        return True
+    if t is tuple or t is list:
+        for x in a:
+            if has_lazy(x):
+                return True
+    elif t is slice:
+        return has_lazy(a.start) or has_lazy(a.stop) or has_lazy(a.step)
+    elif t is dict:
+        return any(has_lazy(x) for x in a.values())
+    return False
+
+
+# ---- shape rules -------------------------------------------------------------------
+# Shape/dtype inference evaluates the op on meta tensors once per signature. The result
+# depends only on shapes and dtypes, so a second cache keyed by those alone is shared
+# across map calls (the per-run cache holds identities of reused tensors, which may be
+# recycled after the run).
+
+_SHAPE_CACHE: dict[tuple, Info] = {}
+
+
+def _meta_of(a):
+    t = type(a)
+    if t is LazyTensor:
+        return torch.empty(a.shape, dtype=a.dtype, device="meta")
+    if isinstance(a, torch.Tensor):
+        return torch.empty(a.shape, dtype=a.dtype, device="meta")
+    if t is tuple or t is list:
+        return t([_meta_of(x) for x in a])
+    if t is slice:
+        return slice(_meta_of(a.start), _meta_of(a.stop), _meta_of(a.step))
+    return a
+
+
+def _zeros_of(a, device):
+    t = type(a)
+    if t is LazyTensor or isinstance(a, torch.Tensor):
+        return torch.zeros(a.shape, dtype=a.dtype, device=device)
+    if t is tuple or t is list:
+        return t([_zeros_of(x, device) for x in a])
+    return a
+
+
+def _shape_key(a):
+    t = type(a)
+    if t is LazyTensor or isinstance(a, torch.Tensor):
+        return ("S", tuple(a.shape), a.dtype)
+    if t is tuple or t is list:
+        return (t, tuple([_shape_key(x) for x in a]))
+    if t is slice:
+        return (slice, _shape_key(a.start), _shape_key(a.stop), _shape_key(a.step))
+    if t is float or t is bool:
+        return (t, a)
+    try:
+        hash(a)
+    except TypeError:
+        return (t, id(a))
+    return a
+
+
+def infer(op, func, args, kwargs, rt) -> Info:
+    key = (op.name, func, _shape_key(args), _shape_key(tuple(kwargs.items())) if kwargs else None)
+    info = _SHAPE_CACHE.get(key)
+    if info is not None:
+        return info
+    with torch._C.DisableTorchFunction():
+        try:
+            out = func(*_meta_of(args), **_meta_of(kwargs))
+        except NotImplementedError:
+            out = func(*_zeros_of(args, rt.device), **_zeros_of(kwargs, rt.device))
+        except Exception as exc:
+            inst = rt.fiber.instance if rt.fiber is not None else None
+            raise ShapeError(
+                f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
+            ) from exc
+    if isinstance(out, torch.Tensor):
+        info = Info(((out.shape, out.dtype),), True, None)
+    elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        struct = type(out) if type(out) not in (tuple, list) else None
+        info = Info(tuple((o.shape, o.dtype) for o in out), False, struct)
+    else:
+        raise UnsupportedOpError(f"{op.name} returned {type(out).__name__}, not tensors")
+    if len(_SHAPE_CACHE) > 100_000:
+        _SHAPE_CACHE.clear()
+    _SHAPE_CACHE[key] = info
+    return info
+
+
+def wrap_outputs(node: Node, info: Info):
+    metas = info.metas
+    if info.single:
+        shape, dtype = metas[0]
+        return LazyTensor(node, 0, shape, dtype)
+    outs = tuple([LazyTensor(node, k, s, d) for k, (s, d) in enumerate(metas)])
+    return info.struct(outs) if info.struct is not None else outs
+
+
+# ---- recording ---------------------------------------------------------------------
+
+
+def _check_inputs(inputs, rt):
+    for t in inputs:
+        if t.node.rt is not rt:
+            raise LazyValueError(
+                f"a LazyTensor from another f.map call was used (at {user_line(4)}); "
+                "lazy tensors only live inside the f.map call that made them"
+            )
+
+
+def record(op, func, args: tuple, kwargs: dict):
+    """Record one op call; returns its LazyTensor output(s). The hot path."""
+    rt = RT
+    if rt is None:
+        raise LazyValueError(
+            f"{op.name} on a LazyTensor outside f.map (at {user_line(2)}): lazy tensors only "
+            "live inside the f.map call that made them"
+        )
+    if rt.tracer is not None:
+        return rt.tracer.record(op, func, args, kwargs)
+    inputs: list[LazyTensor] = []
+    fargs = tuple([freeze(a, inputs) for a in args])
+    sig = (op, fargs, freeze_kwargs(kwargs, inputs)) if kwargs else (op, fargs)
+    info = rt.sig_info.get(sig)
+    if info is None:
+        info = rt.sig_info[sig] = infer(op, func, args, kwargs, rt)
+    return wrap_outputs(add_node(rt, op, func, args, kwargs, inputs, info, sig), info)
+
+
+def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
+    """Create the node, compute its phase and depth inline, and queue it in its bucket."""
+    fiber = rt.fiber
+    phase = fiber.phase
+    depth = 0
+    for t in inputs:
+        producer = t.node
+        if producer.rt is not rt:
+            _check_inputs(inputs, rt)
+        p = producer.phase
+        if p == phase:
+            if producer.depth > depth:
+                depth = producer.depth
+        elif p > phase:
+            phase = p
+            depth = producer.depth
+    depth += 1
+    node = Node(op, func, args, kwargs, inputs, info, sig, depth, phase, fiber.instance, rt)
+    key = (phase, depth, sig)
+    bucket = rt.buckets.get(key)
+    if bucket is None:
+        rt.buckets[key] = [node]
+    else:
+        bucket.append(node)
+    rt.nodes += 1
+    return node
+
+
+def record_data(op, sig, data, shape, dtype):
+    """Record a data node (a per-instance constant, input or row lookup): no operands,
+    depth 0, the value carried in ``node.data`` and batched by the op's rule."""
+    rt = RT
+    fiber = rt.fiber
+    info = rt.sig_info.get(sig)
+    if info is None:
+        info = rt.sig_info[sig] = Info(((shape, dtype),), True, None)
+    node = Node(op, None, (), None, (), info, sig, 0, fiber.phase, fiber.instance, rt)
+    node.data = data
+    key = (fiber.phase, 0, sig)
+    bucket = rt.buckets.get(key)
+    if bucket is None:
+        rt.buckets[key] = [node]
+    else:
+        bucket.append(node)
+    rt.nodes += 1
+    return LazyTensor(node, 0, shape, dtype)
+
+
+def hoist(func, args, kwargs):
+    """Run an op whose operands are all real (parameters, constants) once per map call:
+    the cache makes every instance share one result (ACRoBat's hoisting, A.1)."""
+    rt = RT
+    try:
+        inputs: list = []
+        key = (func, tuple([freeze(a, inputs) for a in args]), freeze_kwargs(kwargs, inputs))
+        hit = rt.hoisted.get(key)
+    except (AcrobatError, TypeError):
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    out = func(*args, **kwargs)
+    if key is not None:
+        rt.hoisted[key] = out
+        rt.hoist_keepalive.append(args)  # ids in the key must stay unique during the run
+    if rt.tracer is not None:
+        rt.tracer.note_hoist(args, kwargs, out)
+    return out
+
+
+def lint(buckets: dict) -> None:
+    """Verify the pending graph: one signature per batch, inputs scheduled earlier (in
+    (phase, depth) order) or already computed, no node queued twice."""
+    seen = set()
+    for (phase, depth, sig), nodes in buckets.items():
+        for node in nodes:
+            assert id(node) not in seen, f"node queued twice: {node}"
+            seen.add(id(node))
+            assert node.sig == sig and node.phase == phase and node.depth == depth, node
+            assert node.outs is None, f"pending node already computed: {node}"
+            for t in node.inputs:
+                p = t.node
+                assert p.outs is not None or (p.phase, p.depth) < (phase, depth), (
+                    f"{node} reads {p} which is scheduled at the same time or later"
+                )
+
+
+__all__ = [
+    "RT",
+    "Info",
+    "Node",
+    "Runtime",
+    "add_node",
+    "hoist",
+    "infer",
+    "lint",
+    "record",
+    "record_data",
+]

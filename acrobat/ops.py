@@ -1,0 +1,818 @@
+"""THE op table: one row per supported op.
+
+A row says, for one op:
+  * ``aliases``  - the torch callables that mean this op (``torch.add``, ``Tensor.__add__``,
+                   ``F.linear``...); while ``f.map`` runs, a TorchFunctionMode routes calls
+                   of these to :func:`graph.record`; ``methods`` are installed on LazyTensor.
+  * shape rule   - by default the op evaluated on meta tensors, once per signature
+                   (``graph.infer``); a row may record specially (``special``).
+  * ``rule``     - the batched implementation: ``rule(node, xs, n) -> tuple of outputs``
+                   where ``node`` is the batch's first node (its arguments are the template
+                   every node of the batch shares), ``xs`` the per-instance operands stacked
+                   along a new leading dimension of size ``n`` (in ``node.inputs`` order).
+                   Real-tensor operands (parameters and values hoisted from them) are taken
+                   from the template as they are: they are reused by the whole batch.
+  * ``reused``   - which operands are normally parameters read once per batch (docs/stats;
+                   the executor decides exactly, by taint: real tensor = reused).
+  * ``kind``     - elementwise / shape / reduce / matmul / ... ; ``fusible`` marks ops a
+                   generated kernel may fuse (elementwise and their gathers).
+
+Rows without a fast rule use ``vmap_rule`` (torch.vmap of the op over the batch), which is
+correct for every op torch can vmap; the fast rules exist for the ops hot in real models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from acrobat import graph
+from acrobat.errors import UnsupportedOpError, user_line
+from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
+
+Tensor = torch.Tensor
+
+
+@dataclass(eq=False)
+class Op:
+    name: str
+    rule: Callable
+    kind: str = "generic"
+    aliases: tuple = ()
+    methods: tuple = ()
+    reused: tuple = ()
+    fusible: bool = False
+    special: Callable | None = None  # custom recording: special(func, args, kwargs)
+    launches: int = 1
+    doc: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Op({self.name})"
+
+    __hash__ = object.__hash__
+
+
+TABLE: dict[str, Op] = {}  # name -> row
+FUNCS: dict[Callable, Op] = {}  # torch callable -> row
+
+
+def _add(op: Op) -> Op:
+    assert op.name not in TABLE, op.name
+    TABLE[op.name] = op
+    for f in op.aliases:
+        FUNCS[f] = op
+    return op
+
+
+def _expand_real(t, n: int):
+    return t.expand((n, *t.shape))
+
+
+# ---- generic rules -----------------------------------------------------------------
+
+
+def vmap_rule(node, xs, n):
+    """Fallback batching rule: vmap the user's call over the per-instance operands."""
+    func, args, kwargs = node.func, node.args, node.kwargs or {}
+
+    def one(*vals):
+        it = iter(vals)
+        return func(*substitute(args, it), **{k: substitute(v, it) for k, v in kwargs.items()})
+
+    out = torch.vmap(one, in_dims=0, randomness="different")(*xs)
+    return (out,) if isinstance(out, Tensor) else tuple(out)
+
+
+def _align(a, it, n, out_nd):
+    """Substitute a per-instance operand, viewed so it broadcasts like the unbatched one."""
+    if type(a) is LazyTensor:
+        x = next(it)
+        k = len(a.shape)
+        if k < out_nd:
+            x = x.reshape((n,) + (1,) * (out_nd - k) + tuple(a.shape))
+        return x
+    if type(a) is list or type(a) is tuple:
+        return type(a)(_align(v, it, n, out_nd) for v in a)
+    return a
+
+
+def elementwise_rule(node, xs, n):
+    out_nd = len(node.info.metas[0][0])
+    it = iter(xs)
+    args = [_align(a, it, n, out_nd) for a in node.args]
+    if node.kwargs:
+        kwargs = {k: _align(v, it, n, out_nd) for k, v in node.kwargs.items()}
+        return (node.func(*args, **kwargs),)
+    return (node.func(*args),)
+
+
+def reshape_rule(node, xs, n):
+    """View-like ops whose per-instance output shape is known: reshape the batch to it."""
+    if type(node.args[0]) is not LazyTensor:
+        return vmap_rule(node, xs, n)
+    return (xs[0].reshape((n, *node.info.metas[0][0])),)
+
+
+def expand_rule(node, xs, n):
+    if type(node.args[0]) is not LazyTensor or len(xs) != 1:
+        return vmap_rule(node, xs, n)
+    a = node.args[0]
+    out_shape = tuple(node.info.metas[0][0])
+    x = xs[0].reshape((n,) + (1,) * (len(out_shape) - a.ndim) + tuple(a.shape))
+    return (x.expand((n, *out_shape)),)
+
+
+def _dim(d, nd):
+    """A per-instance dim (possibly negative) as the batched tensor's dim."""
+    if d < 0:
+        d += nd
+    return d + 1
+
+
+# ---- arguments by name ---------------------------------------------------------------
+
+
+def _arg(node, pos, name, default=None):
+    if len(node.args) > pos:
+        return node.args[pos]
+    if node.kwargs and name in node.kwargs:
+        return node.kwargs[name]
+    return default
+
+
+def _first_lazy_ndim(node):
+    return len(node.inputs[0].shape)
+
+
+def reduce_rule(node, xs, n):
+    """sum/mean/amax/argmax/max/min/prod/logsumexp/all/any over a dim, dims or everything."""
+    x = node.args[0]
+    if type(x) is not LazyTensor or len(xs) != 1:
+        return vmap_rule(node, xs, n)
+    nd = x.ndim
+    dim = _arg(node, 1, "dim")
+    keepdim = _arg(node, 2, "keepdim", False)
+    name = node.op.name
+    kw = {}
+    if node.kwargs and "dtype" in node.kwargs:
+        kw["dtype"] = node.kwargs["dtype"]
+    if isinstance(dim, (Tensor, LazyTensor)) or nd == 0:  # max(x, other) or a 0-d input
+        return vmap_rule(node, xs, n)
+    fn = getattr(torch, name)
+    if dim is None:
+        if name in ("max", "min"):
+            fn = torch.amax if name == "max" else torch.amin
+        out = fn(xs[0].reshape(n, -1), 1, **kw)
+        return (out.reshape((n, *node.info.metas[0][0])),)
+    if isinstance(dim, (tuple, list)):
+        dim = tuple(_dim(d, nd) for d in dim)
+    else:
+        dim = _dim(dim, nd)
+    out = fn(xs[0], dim, keepdim, **kw)
+    return (out,) if isinstance(out, Tensor) else tuple(out)
+
+
+def softmax_rule(node, xs, n):
+    x = node.args[0]
+    if type(x) is not LazyTensor or len(xs) != 1:
+        return vmap_rule(node, xs, n)
+    dim = _arg(node, 1, "dim")
+    if dim is None:  # F.softmax's legacy implicit dim
+        dim = 0 if x.ndim in (0, 1, 3) else 1
+    if x.ndim == 0:
+        return vmap_rule(node, xs, n)
+    dtype = node.kwargs.get("dtype") if node.kwargs else None
+    fn = torch.softmax if node.op.name == "softmax" else torch.log_softmax
+    return (fn(xs[0], _dim(dim, x.ndim), dtype=dtype),)
+
+
+def cat_rule(node, xs, n):
+    tensors = node.args[0] if node.args else node.kwargs["tensors"]
+    dim = _arg(node, 1, "dim", 0)
+    first = next(t for t in tensors if type(t) is LazyTensor)
+    nd = first.ndim
+    if node.op.name == "stack":
+        nd += 1
+    it = iter(xs)
+    parts = [next(it) if type(t) is LazyTensor else _expand_real(t, n) for t in tensors]
+    fn = torch.stack if node.op.name == "stack" else torch.cat
+    return (fn(parts, _dim(dim, nd)),)
+
+
+def split_rule(node, xs, n):
+    """chunk / split / unbind / narrow / select / transpose / movedim style ops with dims."""
+    x = node.args[0]
+    if type(x) is not LazyTensor or len(xs) != 1:
+        return vmap_rule(node, xs, n)
+    nd = x.ndim
+    name = node.op.name
+    X = xs[0]
+    if name == "chunk":
+        out = X.chunk(_arg(node, 1, "chunks"), _dim(_arg(node, 2, "dim", 0), nd))
+    elif name == "split":
+        out = X.split(
+            _arg(node, 1, "split_size_or_sections", None) or _arg(node, 1, "split_size"),
+            _dim(_arg(node, 2, "dim", 0), nd),
+        )
+    elif name == "unbind":
+        out = X.unbind(_dim(_arg(node, 1, "dim", 0), nd))
+    elif name == "narrow":
+        out = X.narrow(
+            _dim(_arg(node, 1, "dim"), nd), _arg(node, 2, "start"), _arg(node, 3, "length")
+        )
+    elif name == "select":
+        out = X.select(_dim(_arg(node, 1, "dim"), nd), _arg(node, 2, "index"))
+    elif name == "transpose":
+        out = X.transpose(_dim(_arg(node, 1, "dim0"), nd), _dim(_arg(node, 2, "dim1"), nd))
+    elif name == "t":
+        out = X.transpose(1, 2) if nd == 2 else X
+    elif name == "permute":
+        dims = node.args[1:] if len(node.args) > 1 else node.kwargs["dims"]
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = dims[0]
+        out = X.permute(0, *(_dim(d, nd) for d in dims))
+    else:  # pragma: no cover - table and rule out of sync
+        raise AssertionError(name)
+    return (out,) if isinstance(out, Tensor) else tuple(out)
+
+
+def _is_lazy(a):
+    return type(a) is LazyTensor
+
+
+def matmul_rule(node, xs, n):
+    """x @ W with W reused is ONE GEMM over the batch; per-instance @ per-instance is a bmm."""
+    a, b = node.args[0], node.args[1]
+    la, lb = _is_lazy(a), _is_lazy(b)
+    A = xs[0] if la else a
+    B = (xs[1] if la else xs[0]) if lb else b
+    if la and not lb and b.ndim <= 2:
+        return (torch.matmul(A, B),)
+    if lb and not la and a.ndim == 2:
+        if b.ndim == 1:
+            return (torch.matmul(B, a.t()),)
+        return (torch.matmul(a, B),)
+    if lb and not la and a.ndim == 1 and b.ndim == 2:
+        return (torch.matmul(a, B),)
+    if la and lb:
+        an, bn = a.ndim, b.ndim
+        if an >= 2 and an == bn:
+            return (torch.matmul(A, B),)
+        if an == 1 and bn == 2:
+            return (torch.matmul(A.unsqueeze(1), B).squeeze(1),)
+        if an == 2 and bn == 1:
+            return (torch.matmul(A, B.unsqueeze(-1)).squeeze(-1),)
+        if an == 1 and bn == 1:
+            return ((A * B).sum(-1),)
+    return vmap_rule(node, xs, n)
+
+
+def linear_rule(node, xs, n):
+    x, w = node.args[0], _arg(node, 1, "weight")
+    bias = _arg(node, 2, "bias")
+    if _is_lazy(x) and not _is_lazy(w) and not _is_lazy(bias):
+        return (F.linear(xs[0], w, bias),)
+    return vmap_rule(node, xs, n)
+
+
+def embedding_rule(node, xs, n):
+    idx, w = node.args[0], _arg(node, 1, "weight")
+    if _is_lazy(idx) and not _is_lazy(w):
+        args = (xs[0],) + tuple(node.args[1:])
+        return (F.embedding(*args, **(node.kwargs or {})),)
+    return vmap_rule(node, xs, n)
+
+
+def layer_norm_rule(node, xs, n):
+    if _is_lazy(node.args[0]) and len(xs) == 1:
+        args = (xs[0],) + tuple(node.args[1:])
+        return (F.layer_norm(*args, **(node.kwargs or {})),)
+    return vmap_rule(node, xs, n)
+
+
+def rnn_cell_rule(node, xs, n):
+    """torch.lstm_cell & co. take (B, in): fold the batch into their batch dimension."""
+    it = iter(xs)
+    hidden_in = node.args[1]
+    x_shape = node.args[0].shape if _is_lazy(node.args[0]) else None
+    if x_shape is None or not all(
+        _is_lazy(h) for h in (hidden_in if isinstance(hidden_in, (tuple, list)) else [hidden_in])
+    ):
+        return vmap_rule(node, xs, n)
+    for w in node.args[2:]:
+        if _is_lazy(w):
+            return vmap_rule(node, xs, n)
+
+    def fold(t):
+        return t.reshape(-1, t.shape[-1])
+
+    args = substitute(node.args, it)
+    x = fold(args[0])
+    h = (
+        type(args[1])(fold(t) for t in args[1])
+        if isinstance(args[1], (tuple, list))
+        else fold(args[1])
+    )
+    out = node.func(x, h, *args[2:])
+    metas = node.info.metas
+    if isinstance(out, Tensor):
+        return (out.reshape((n, *metas[0][0])),)
+    return tuple(o.reshape((n, *m[0])) for o, m in zip(out, metas))
+
+
+def getitem_rule(node, xs, n):
+    base, idx = node.args
+    idx_t = idx if isinstance(idx, tuple) else (idx,)
+    if _is_lazy(base) and not has_lazy(idx_t) and _basic_or_adjacent(idx_t):
+        return (xs[0][(slice(None), *idx_t)],)
+    if not _is_lazy(base) and len(idx_t) == 1 and _is_lazy(idx_t[0]):
+        return (base[xs[0]],)
+    if _is_lazy(base) and len(idx_t) == 1 and _is_lazy(idx_t[0]) and idx_t[0].dtype != torch.bool:
+        I = xs[1]
+        rows = torch.arange(n, device=I.device).reshape((n,) + (1,) * (I.ndim - 1))
+        return (xs[0][rows, I],)
+    return vmap_rule(node, xs, n)
+
+
+def _basic_or_adjacent(idx):
+    """True if per-instance indexing stays in place after prepending a batch slice:
+    basic indices, or advanced ones (lists/tensors) that are all adjacent."""
+    adv = [i for i, v in enumerate(idx) if isinstance(v, (list, Tensor)) or type(v) is bool]
+    return not adv or adv == list(range(adv[0], adv[0] + len(adv)))
+
+
+def dropout_rule(node, xs, n):
+    return elementwise_rule(node, xs, n)
+
+
+# ---- data ops: per-node values, no operands ---------------------------------------------
+
+
+def tensor_data_rule(nodes):
+    info = nodes[0].info
+    dtype = info.metas[0][1]
+    return (torch.tensor([nd.data for nd in nodes], dtype=dtype, device=nodes[0].rt.device),)
+
+
+def input_data_rule(nodes):
+    return (torch.stack([nd.data for nd in nodes]),)
+
+
+# ---- special recording -----------------------------------------------------------------
+
+
+def _special_tensor(func, args, kwargs):
+    """torch.tensor(data) inside an instance: a per-instance constant, batched by stacking
+    the Python values of all instances into one tensor (depth 0)."""
+    rt = graph.RT
+    data = args[0] if args else kwargs.get("data")
+    kind = type(data)
+    if rt.tracer is None and len(args) == 1 and kind in _SCALAR_DTYPES:
+        # the common case, torch.tensor(word_id): no need to build the tensor to know it
+        dtype = kwargs.get("dtype") or _SCALAR_DTYPES[kind] or torch.get_default_dtype()
+        if not kwargs or set(kwargs) <= {"dtype"}:
+            return record_data(TENSOR, (TENSOR, _SCALAR, dtype), data, _SCALAR, dtype)
+    if has_lazy(data):
+        raise UnsupportedOpError(
+            f"torch.tensor() of lazy tensors (at {user_line(3)}): use torch.stack / torch.cat"
+        )
+    if rt.tracer is not None or isinstance(data, Tensor) or kwargs.get("requires_grad"):
+        return graph.hoist(func, args, kwargs)
+    with torch._C.DisableTorchFunction():
+        value = func(*args, **kwargs)
+    if value.device != rt.device or value.ndim > 1:
+        return value  # nested lists: a real constant (rare; not batched)
+    sig = (TENSOR, value.shape, value.dtype)
+    return record_data(
+        TENSOR, sig, data if value.ndim == 0 else list(data), value.shape, value.dtype
+    )
+
+
+_SCALAR = torch.Size([])
+_SCALAR_DTYPES = {int: torch.int64, bool: torch.bool, float: None}
+
+
+def _special_take(base, index):
+    """param[i] with a Python int i inside an instance: an embedding-style row lookup,
+    batched into one index_select over all instances (the int is instance data)."""
+    rt = graph.RT
+    size = base.shape[0]
+    if not -size <= index < size:
+        inst = rt.fiber.instance if rt.fiber is not None else None
+        raise IndexError(
+            f"index {index} is out of bounds for dimension 0 with size {size} "
+            f"(instance {inst}, at {user_line(4)})"
+        )
+    sig = (TAKE, id(base))
+    rt.hoist_keepalive.append(base)
+    node_out = record_data(TAKE, sig, index % size, base.shape[1:], base.dtype)
+    node_out.node.args = (base,)
+    return node_out
+
+
+def take_rule(nodes):
+    base = nodes[0].args[0]
+    idx = torch.tensor([nd.data for nd in nodes], device=base.device)
+    return (base.index_select(0, idx),)
+
+
+def _special_getitem(func, args, kwargs):
+    base, idx = args
+    lazy_base = type(base) is LazyTensor
+    if not lazy_base and not has_lazy(idx):
+        rt = graph.RT
+        if type(idx) is int and rt.tracer is None and base.ndim >= 1:
+            return _special_take(base, idx)
+        return graph.hoist(func, args, kwargs)
+    return record(GETITEM, func, args, kwargs)
+
+
+def _special_dropout(func, args, kwargs):
+    training = _bind_kw(args, kwargs, 2, "training", True)
+    p = _bind_kw(args, kwargs, 1, "p", 0.5)
+    if func is torch.dropout or func is Tensor.dropout:
+        training = _bind_kw(args, kwargs, 2, "train", True)
+    if not training or p == 0:
+        return args[0]
+    return record(DROPOUT, func, args, kwargs)
+
+
+def _special_like(func, args, kwargs):
+    """zeros_like(x) & co. depend only on x's shape: a shared constant, made once."""
+    x = args[0]
+    rest = args[1:]
+    kw = dict(kwargs)
+    kw.setdefault("dtype", x.dtype)
+    kw.setdefault("device", x.device)
+    target = {
+        torch.zeros_like: torch.zeros,
+        torch.ones_like: torch.ones,
+        torch.empty_like: torch.empty,
+    }.get(func)
+    if target is not None:
+        return graph.hoist(target, (tuple(x.shape), *rest), kw)
+    if func is torch.full_like:
+        return graph.hoist(torch.full, (tuple(x.shape), *rest), kw)
+    return record(TABLE["rand_like"], func, args, kwargs)
+
+
+def _bind_kw(args, kwargs, pos, name, default):
+    if len(args) > pos:
+        return args[pos]
+    return kwargs.get(name, default)
+
+
+# ---- the table -------------------------------------------------------------------------
+
+T = Tensor
+_UNARY = {
+    "neg": (torch.neg, T.neg, T.__neg__, torch.negative),
+    "abs": (torch.abs, T.abs, T.__abs__),
+    "sigmoid": (torch.sigmoid, T.sigmoid, F.sigmoid),
+    "tanh": (torch.tanh, T.tanh, F.tanh),
+    "relu": (torch.relu, T.relu, F.relu),
+    "gelu": (F.gelu,),
+    "silu": (F.silu,),
+    "elu": (F.elu,),
+    "leaky_relu": (F.leaky_relu,),
+    "softplus": (F.softplus,),
+    "exp": (torch.exp, T.exp),
+    "log": (torch.log, T.log),
+    "log1p": (torch.log1p, T.log1p),
+    "sqrt": (torch.sqrt, T.sqrt),
+    "rsqrt": (torch.rsqrt, T.rsqrt),
+    "sin": (torch.sin, T.sin),
+    "cos": (torch.cos, T.cos),
+    "square": (torch.square, T.square),
+    "reciprocal": (torch.reciprocal, T.reciprocal),
+    "sign": (torch.sign, T.sign),
+    "floor": (torch.floor, T.floor),
+    "ceil": (torch.ceil, T.ceil),
+    "round": (torch.round, T.round),
+    "logical_not": (torch.logical_not, T.logical_not),
+    "erf": (torch.erf, T.erf),
+    "clamp": (torch.clamp, T.clamp, torch.clip, T.clip),
+    "contiguous": (T.contiguous,),
+    "clone": (torch.clone, T.clone),
+    "detach": (torch.detach, T.detach),
+    "to": (T.to,),
+    "type_as": (T.type_as,),
+    "float": (T.float,),
+    "double": (T.double,),
+    "long": (T.long,),
+    "int": (T.int,),
+    "bool": (T.bool,),
+    "half": (T.half,),
+}
+_BINARY = {
+    "add": (torch.add, T.add, T.__add__),
+    "sub": (torch.sub, T.sub, T.__sub__, torch.subtract),
+    "mul": (torch.mul, T.mul, T.__mul__, torch.multiply),
+    "div": (torch.div, T.div, T.__truediv__, torch.true_divide, torch.divide),
+    "floor_divide": (torch.floor_divide, T.__floordiv__),
+    "remainder": (torch.remainder, T.__mod__, T.remainder),
+    "pow": (torch.pow, T.pow, T.__pow__),
+    "maximum": (torch.maximum, T.maximum),
+    "minimum": (torch.minimum, T.minimum),
+    "eq": (torch.eq, T.eq, T.__eq__),
+    "ne": (torch.ne, T.ne, T.__ne__),
+    "lt": (torch.lt, T.lt, T.__lt__),
+    "le": (torch.le, T.le, T.__le__),
+    "gt": (torch.gt, T.gt, T.__gt__),
+    "ge": (torch.ge, T.ge, T.__ge__),
+    "logical_and": (torch.logical_and, T.logical_and, T.__and__),
+    "logical_or": (torch.logical_or, T.logical_or, T.__or__),
+    "where": (torch.where, T.where),
+    "masked_fill": (torch.masked_fill, T.masked_fill),
+    "lerp": (torch.lerp, T.lerp),
+    "addcmul": (torch.addcmul, T.addcmul),
+}
+for _name, _aliases in {**_UNARY, **_BINARY}.items():
+    _add(Op(_name, elementwise_rule, "elementwise", _aliases, fusible=True))
+
+_add(
+    Op(
+        "dropout",
+        dropout_rule,
+        "elementwise",
+        (F.dropout, torch.dropout, T.dropout if hasattr(T, "dropout") else F.dropout),
+        special=_special_dropout,
+        fusible=True,
+        doc="identity in eval mode; batched mask in training",
+    )
+)
+_add(Op("rand_like", vmap_rule, "elementwise", (torch.rand_like, torch.randn_like)))
+_add(
+    Op(
+        "zeros_like",
+        vmap_rule,
+        "factory",
+        (torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like),
+        special=_special_like,
+        doc="a shared constant of the operand's shape",
+    )
+)
+
+for _name, _aliases in {
+    "reshape": (torch.reshape, T.reshape),
+    "view": (T.view,),
+    "view_as": (T.view_as,),
+    "reshape_as": (T.reshape_as,),
+    "flatten": (torch.flatten, T.flatten),
+    "unflatten": (torch.unflatten, T.unflatten),
+    "squeeze": (torch.squeeze, T.squeeze),
+    "unsqueeze": (torch.unsqueeze, T.unsqueeze),
+}.items():
+    _add(Op(_name, reshape_rule, "shape", _aliases))
+_add(Op("expand", expand_rule, "shape", (T.expand, T.expand_as)))
+
+for _name, _aliases in {
+    "sum": (torch.sum, T.sum),
+    "mean": (torch.mean, T.mean),
+    "prod": (torch.prod, T.prod),
+    "amax": (torch.amax, T.amax),
+    "amin": (torch.amin, T.amin),
+    "max": (torch.max, T.max),
+    "min": (torch.min, T.min),
+    "argmax": (torch.argmax, T.argmax),
+    "argmin": (torch.argmin, T.argmin),
+    "logsumexp": (torch.logsumexp, T.logsumexp),
+    "all": (torch.all, T.all),
+    "any": (torch.any, T.any),
+}.items():
+    _add(Op(_name, reduce_rule, "reduce", _aliases))
+
+_add(Op("softmax", softmax_rule, "reduce", (torch.softmax, T.softmax, F.softmax)))
+_add(Op("log_softmax", softmax_rule, "reduce", (torch.log_softmax, T.log_softmax, F.log_softmax)))
+_add(Op("cat", cat_rule, "shape", (torch.cat, torch.concat, torch.concatenate)))
+_add(Op("stack", cat_rule, "shape", (torch.stack,)))
+for _name, _aliases in {
+    "chunk": (torch.chunk, T.chunk),
+    "split": (torch.split, T.split),
+    "unbind": (torch.unbind, T.unbind),
+    "narrow": (torch.narrow, T.narrow),
+    "select": (torch.select, T.select),
+    "transpose": (torch.transpose, T.transpose, torch.swapaxes, T.swapaxes),
+    "t": (torch.t, T.t),
+    "permute": (torch.permute, T.permute),
+}.items():
+    _add(Op(_name, split_rule, "shape", _aliases))
+
+_add(
+    Op(
+        "matmul",
+        matmul_rule,
+        "matmul",
+        (
+            torch.matmul,
+            T.matmul,
+            T.__matmul__,
+            torch.mm,
+            T.mm,
+            torch.bmm,
+            T.bmm,
+            torch.mv,
+            T.mv,
+            torch.dot,
+            T.dot,
+        ),
+        reused=("other",),
+        doc="x @ W with W reused is one GEMM over the batch",
+    )
+)
+_add(
+    Op(
+        "linear",
+        linear_rule,
+        "matmul",
+        (F.linear,),
+        reused=("weight", "bias"),
+        doc="one GEMM over the batch reading the reused weight once",
+    )
+)
+_add(
+    Op(
+        "addmm",
+        vmap_rule,
+        "matmul",
+        (torch.addmm, T.addmm, torch.baddbmm, torch.einsum, F.bilinear),
+    )
+)
+_add(Op("embedding", embedding_rule, "gather", (F.embedding,), reused=("weight",)))
+_add(
+    Op(
+        "index_select",
+        vmap_rule,
+        "gather",
+        (torch.index_select, T.index_select, torch.gather, T.gather),
+    )
+)
+_add(Op("layer_norm", layer_norm_rule, "norm", (F.layer_norm,), reused=("weight", "bias")))
+_add(
+    Op(
+        "rnn_cell",
+        rnn_cell_rule,
+        "cell",
+        (torch.lstm_cell, torch.gru_cell, torch.rnn_tanh_cell, torch.rnn_relu_cell),
+        reused=("w_ih", "w_hh", "b_ih", "b_hh"),
+        doc="nn.LSTMCell/GRUCell/RNNCell: one fused cell call over the batch",
+    )
+)
+GETITEM = _add(
+    Op(
+        "getitem",
+        getitem_rule,
+        "shape",
+        (T.__getitem__,),
+        special=_special_getitem,
+        doc="basic & advanced indexing; param[int] is a batched row lookup",
+    )
+)
+DROPOUT = TABLE["dropout"]
+TENSOR = _add(
+    Op(
+        "tensor",
+        tensor_data_rule,
+        "data",
+        (torch.tensor, torch.as_tensor),
+        special=_special_tensor,
+        doc="a per-instance constant from Python values",
+    )
+)
+INPUT = _add(Op("input", input_data_rule, "data", (), doc="a per-instance tensor argument of map"))
+TAKE = _add(
+    Op(
+        "take",
+        take_rule,
+        "data",
+        (),
+        reused=("base",),
+        doc="param[i] with a per-instance Python int: one index_select",
+    )
+)
+
+# Shared constants: made once per map call, whatever instance asks (hoisting).
+HOISTED_FACTORIES = {
+    torch.zeros,
+    torch.ones,
+    torch.full,
+    torch.empty,
+    torch.arange,
+    torch.eye,
+    torch.linspace,
+    torch.zeros_like,
+    torch.ones_like,
+    torch.full_like,
+}
+
+# Ops whose rule reads every node (data ops); the rest read the first node as template.
+DATA_OPS = {TENSOR, INPUT, TAKE}
+
+
+# ---- LazyTensor methods and operators, from the table ------------------------------------
+
+
+def _method(op, func):
+    special = op.special
+    if special is not None:
+
+        def m(self, *args, **kwargs):
+            return special(func, (self, *args), kwargs)
+    else:
+
+        def m(self, *args, **kwargs):
+            return record(op, func, (self, *args), kwargs)
+
+    m.__name__ = getattr(func, "__name__", op.name)
+    return m
+
+
+def _reflected(op, func):
+    def m(self, other):
+        return record(op, func, (other, self), {})
+
+    return m
+
+
+def _install_methods():
+    names = {}
+    for func, op in FUNCS.items():
+        owner = getattr(func, "__objclass__", None)
+        name = getattr(func, "__name__", None)
+        if (
+            owner is torch._C.TensorBase
+            or owner is Tensor
+            or func
+            in (
+                T.__getitem__,
+                T.__matmul__,
+            )
+        ):
+            if name and not hasattr(LazyTensor, name):
+                names[name] = (op, func)
+        elif name and isinstance(func, type(T.add)):
+            names.setdefault(name, (op, func))
+    for name, (op, func) in names.items():
+        if name in LazyTensor.__dict__:
+            continue
+        setattr(LazyTensor, name, _method(op, func))
+    # operators whose Tensor implementation is a Python wrapper in torch/_tensor.py
+    for name, opname, func in [
+        ("__add__", "add", torch.add),
+        ("__sub__", "sub", torch.sub),
+        ("__mul__", "mul", torch.mul),
+        ("__truediv__", "div", torch.div),
+        ("__matmul__", "matmul", torch.matmul),
+        ("__pow__", "pow", torch.pow),
+        ("__neg__", "neg", torch.neg),
+        ("__abs__", "abs", torch.abs),
+        ("__lt__", "lt", torch.lt),
+        ("__le__", "le", torch.le),
+        ("__gt__", "gt", torch.gt),
+        ("__ge__", "ge", torch.ge),
+        ("__eq__", "eq", torch.eq),
+        ("__ne__", "ne", torch.ne),
+        ("__floordiv__", "floor_divide", torch.floor_divide),
+        ("__mod__", "remainder", torch.remainder),
+        ("__and__", "logical_and", torch.logical_and),
+        ("__or__", "logical_or", torch.logical_or),
+        ("__getitem__", "getitem", T.__getitem__),
+    ]:
+        setattr(LazyTensor, name, _method(TABLE[opname], func))
+    for name, opname, func in [
+        ("__radd__", "add", torch.add),
+        ("__rsub__", "sub", torch.sub),
+        ("__rmul__", "mul", torch.mul),
+        ("__rtruediv__", "div", torch.div),
+        ("__rmatmul__", "matmul", torch.matmul),
+        ("__rpow__", "pow", torch.pow),
+        ("__rfloordiv__", "floor_divide", torch.floor_divide),
+    ]:
+        setattr(LazyTensor, name, _reflected(TABLE[opname], func))
+    LazyTensor.__hash__ = object.__hash__
+
+    def T_prop(self):
+        return self.permute(*reversed(range(self.ndim))) if self.ndim > 2 else self.t()
+
+    LazyTensor.T = property(T_prop)
+    LazyTensor.mT = property(lambda self: self.transpose(-2, -1))
+    LazyTensor.unbind = _method(TABLE["unbind"], torch.unbind)
+
+
+_install_methods()
+
+
+def supported_names() -> list[str]:
+    names = set(TABLE)
+    for f in FUNCS:
+        n = getattr(f, "__name__", None)
+        if n:
+            names.add(n)
+    return sorted(names)
+
+
+__all__ = ["DATA_OPS", "FUNCS", "HOISTED_FACTORIES", "TABLE", "Op", "supported_names"]

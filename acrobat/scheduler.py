@@ -1,0 +1,51 @@
+"""Turns the pending graph into an ordered list of batches.
+
+Nodes were bucketed by (phase, depth, signature) as they were recorded, so scheduling is a
+sort of the bucket keys by (phase, depth): every input of a node is either computed already
+or lives in an earlier (phase, depth) bucket. Only phases up to ``max_phase`` run, so a
+flush forced by one instance's value demand does not split the next phase's batches
+(ACRoBat's program phases: a phase runs once every instance has finished the previous one).
+"""
+
+from __future__ import annotations
+
+from acrobat import config
+from acrobat.graph import Runtime, lint
+
+
+def _order(key):
+    return key[0], key[1]
+
+
+def schedule(rt: Runtime, max_phase: float = float("inf")) -> list[list]:
+    """Pop the runnable buckets of ``rt`` and return them as batches, in execution order."""
+    buckets = rt.buckets
+    if config.VERIFY:
+        lint(buckets)
+    keys = sorted(buckets, key=_order)
+    if keys and keys[-1][0] > max_phase:
+        run = [k for k in keys if k[0] <= max_phase]
+        batches = [buckets.pop(k) for k in run]
+    else:
+        batches = [buckets[k] for k in keys]
+        rt.buckets = {}
+    return batches
+
+
+def lower_bound(batches: list[list]) -> int:
+    """Fewest batches any schedule needs for these nodes: one per distinct signature along
+    the longest chain is a loose bound; we report distinct signatures, which a perfect
+    scheduler needs at least once each."""
+    return len({nodes[0].sig for nodes in batches})
+
+
+def describe(batches: list[list]) -> str:
+    """A readable listing of a schedule (``print(acrobat.explain(...))`` / DEBUG >= 2)."""
+    lines = []
+    for nodes in batches:
+        n0 = nodes[0]
+        shapes = ", ".join("x".join(map(str, t.shape)) or "()" for t in n0.inputs)
+        lines.append(
+            f"phase {n0.phase:>2} depth {n0.depth:>4}  {n0.op.name:<14} x{len(nodes):<5} ({shapes})"
+        )
+    return "\n".join(lines)

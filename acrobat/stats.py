@@ -1,0 +1,61 @@
+"""Counters and timings of one ``f.map`` call (ACRoBat's Table 6 split)."""
+
+from __future__ import annotations
+
+
+class Stats:
+    """``nodes`` recorded, ``batches`` executed, kernel ``launches`` (torch calls issued by
+    batched rules, a block counting its inner ops), ``gathers`` (copies made to collect
+    operands; views are free) and their bytes, fiber ``suspensions`` and ``flushes``, and
+    times in seconds: ``t_record`` (running user code + recording the graph), ``t_schedule``
+    (ordering batches), ``t_gather`` and ``t_kernel`` (executing), ``t_total``."""
+
+    __slots__ = (
+        "nodes",
+        "batches",
+        "launches",
+        "gathers",
+        "gather_bytes",
+        "suspensions",
+        "flushes",
+        "instances",
+        "t_record",
+        "t_schedule",
+        "t_gather",
+        "t_kernel",
+        "t_total",
+        "by_op",
+    )
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+        self.by_op: dict[str, list[int]] = {}  # op name -> [batches, nodes]
+
+    def batches_of(self, op_name: str) -> int:
+        return self.by_op.get(op_name, (0, 0))[0]
+
+    @property
+    def us_per_node(self) -> float:
+        """Graph construction + scheduling time per recorded node, in microseconds."""
+        return 1e6 * (self.t_record + self.t_schedule) / max(self.nodes, 1)
+
+    @property
+    def nodes_per_batch(self) -> float:
+        return self.nodes / max(self.batches, 1)
+
+    def as_dict(self) -> dict:
+        d = {name: getattr(self, name) for name in self.__slots__}
+        d["us_per_node"] = self.us_per_node
+        d["nodes_per_batch"] = self.nodes_per_batch
+        return d
+
+    def __repr__(self) -> str:
+        return (
+            f"Stats(instances={self.instances}, nodes={self.nodes}, batches={self.batches}, "
+            f"launches={self.launches}, gathers={self.gathers} ({self.gather_bytes / 1e6:.2f} MB), "
+            f"suspensions={self.suspensions}, flushes={self.flushes}, "
+            f"record={1e3 * self.t_record:.2f} ms, schedule={1e3 * self.t_schedule:.2f} ms, "
+            f"gather={1e3 * self.t_gather:.2f} ms, kernels={1e3 * self.t_kernel:.2f} ms, "
+            f"total={1e3 * self.t_total:.2f} ms, {self.us_per_node:.2f} us/node)"
+        )

@@ -1,0 +1,140 @@
+"""``LazyTensor``: a handle on one output of one recorded DFG node.
+
+Shape, dtype and device are known when the node is recorded, so user code can ask for
+them freely; asking for a *value* (``bool``, ``int``, ``float``, ``.item()``,
+``.tolist()``) is a demand that suspends the instance's fiber until the batched graph
+has been executed (see ``fibers.py``).
+
+A LazyTensor is not a ``torch.Tensor``: it is a tensor-like that implements
+``__torch_function__``. While ``f.map`` runs, a ``TorchFunctionMode`` routes every torch
+call to the op table (``ops.py``); methods and operators are installed on this class
+from the same table, so ``x @ W``, ``x.chunk(4)`` and ``torch.tanh(x)`` all land in
+``graph.record``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from acrobat.errors import LazyValueError, user_line
+
+
+class LazyTensor:
+    __slots__ = ("node", "idx", "shape", "dtype", "key")
+
+    def __init__(self, node, idx: int, shape: torch.Size, dtype: torch.dtype):
+        self.node = node  # the producing graph.Node
+        self.idx = idx  # which output of that node
+        self.shape = shape  # per-instance shape (no batch dimension)
+        self.dtype = dtype
+        self.key = (shape, dtype)  # this operand's part of a batching signature
+
+    # ---- metadata: answered without a demand ---------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.node.rt.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))  # type: ignore[attr-defined]
+
+    @property
+    def is_floating_point_type(self) -> bool:
+        return self.dtype.is_floating_point
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def layout(self):
+        return torch.strided
+
+    def __repr__(self) -> str:
+        n = self.node
+        state = "pending" if n.outs is None else "computed"
+        shape = "x".join(map(str, self.shape)) or "scalar"
+        return (
+            f"LazyTensor({n.op.name}#{self.idx}, {shape}, {self.dtype}, "
+            f"instance {n.instance}, {state})"
+        )
+
+    __hash__ = object.__hash__  # identity, like torch.Tensor
+
+    # ---- value demands ---------------------------------------------------------------
+    def _value(self) -> torch.Tensor:
+        from acrobat import fibers
+
+        return fibers.demand(self)
+
+    def item(self):
+        if self.shape.numel() != 1:
+            raise ValueError(
+                f"a Tensor with {self.shape.numel()} elements cannot be converted to Scalar"
+            )
+        return self._value().item()
+
+    def tolist(self):
+        return self._value().tolist()
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.is_floating_point or self.dtype == torch.bool:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def numpy(self):
+        return self._value().detach().numpy()
+
+    # ---- escape hatch: used without a running map -----------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Reached only when no acrobat mode is active: the lazy tensor escaped f.map.
+        raise LazyValueError(
+            f"a LazyTensor was passed to {getattr(func, '__name__', func)} outside f.map "
+            f"(at {user_line(2)}). Lazy tensors only live inside the f.map call that made "
+            "them; use the real tensors that f.map returns instead of storing lazy ones."
+        )
+
+    # In-place updates would alias across instances of a batch: refuse them loudly.
+    def _inplace(self, *args, **kwargs):
+        from acrobat.errors import UnsupportedOpError
+
+        raise UnsupportedOpError(
+            f"in-place tensor updates are not supported inside f.map (at {user_line(2)}): "
+            "lazy tensors are immutable values; write `x = x + y` instead of `x += y`."
+        )
+
+    __iadd__ = __isub__ = __imul__ = __itruediv__ = __imatmul__ = __ipow__ = _inplace
+    __setitem__ = _inplace
+    add_ = sub_ = mul_ = div_ = copy_ = zero_ = fill_ = clamp_ = _inplace

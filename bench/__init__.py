@@ -1,0 +1,1 @@
+"""Benchmark harness and baselines; see ``python -m bench.run --help``."""

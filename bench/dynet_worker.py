@@ -1,0 +1,65 @@
+"""Times one DyNet model in a process of its own (DyNet is configured once, at import).
+
+Run by :mod:`bench.run`, one process per (task, autobatch strategy)::
+
+    python -m bench.dynet_worker --model treelstm --size small --batch 8 \\
+        --strategy 1 --reps 10 --out /tmp/result.npz
+
+The task is rebuilt from (model, size, batch, seed), so its weights and inputs are
+those of the parent's task. The ``.npz`` holds ``times_ms`` and the outputs of the
+last timed run, flattened: ``out_<instance>_<leaf>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+
+import numpy as np
+import torch
+
+from bench.dynet_models import DEFAULT_MEM, configure
+from bench.registry import MODELS
+from models.common import flatten
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+    parser.add_argument("--size", required=True)
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategy", type=int, default=1, help="DyNet autobatch value")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (model setup)")
+    parser.add_argument("--mem", default=DEFAULT_MEM, help="DyNet memory, MB")
+    parser.add_argument("--out", required=True, help="path of the .npz to write")
+    args = parser.parse_args(argv)
+
+    configure(autobatch=args.strategy, mem=args.mem)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    task = importlib.import_module(MODELS[args.model]).make_task(args.size, args.batch, args.seed)
+    dynet_model = importlib.import_module(f"bench.dynet_models.{args.model}")
+    net = dynet_model.build(task)
+
+    for _ in range(args.warmup):
+        dynet_model.forward(net, task.inputs)
+    times_ms = []
+    for _ in range(args.reps):
+        start = time.perf_counter()
+        outputs = dynet_model.forward(net, task.inputs)
+        times_ms.append((time.perf_counter() - start) * 1e3)
+
+    arrays = {
+        f"out_{i}_{j}": np.asarray(leaf)
+        for i, output in enumerate(outputs)
+        for j, leaf in enumerate(flatten(output))
+    }
+    np.savez(args.out, times_ms=np.asarray(times_ms), **arrays)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""Benchmark: model x size x batch x system, timed side by side in one run.
+
+Systems, each checked against the eager outputs of the same task:
+
+- ``acrobat``: ``task.fn.map``, the cells wrapped as ``acrobat.block``;
+- ``acrobat-plain``: the same with plain cells (every op recorded);
+- ``eager``: per-instance PyTorch, ``fn.eager`` in a loop;
+- ``hand``: hand-batched PyTorch (``bench.hand.<model>``), where it exists;
+- ``dynet-1``, ``dynet-2``: DyNet autobatching, agenda-based and depth-based
+  (``bench.dynet_models.<model>``, each strategy in its own process), when
+  DyNet (``pip install dynet38``) is installed.
+
+Example::
+
+    python -m bench.run --models treelstm,birnn --sizes small --batches 8,64 --reps 10
+    python -m bench.run --quick          # smoke test: small, batch 8, 3 reps
+
+Writes ``<out>.md`` (also printed) and ``<out>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import importlib.util
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import acrobat
+from bench.dynet_models import STRATEGIES
+from bench.dynet_models import available as dynet_available
+from bench.registry import MODELS
+from models.common import Task, outputs_close, run_eager
+
+try:
+    from tqdm import tqdm
+except ImportError:  # progress bar only when tqdm is installed
+    tqdm = None
+
+DYNET_TIMEOUT_S = 600
+
+
+@dataclass
+class Measurement:
+    """Timings and checks of one system on one (model, size, batch)."""
+
+    model: str
+    size: str
+    batch: int
+    system: str
+    times_ms: list[float]
+    max_abs_diff: float | None = None
+    ok: bool | None = None
+    error: str | None = None
+    stats: dict | None = None  # acrobat.stats() after the last timed run
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms) if self.times_ms else math.nan
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times_ms) if self.times_ms else math.nan
+
+
+def time_calls(fn: Callable[[], list], reps: int, warmup: int) -> tuple[list[float], list]:
+    """Runs ``fn`` ``warmup`` times untimed, then ``reps`` times timed; times and last outputs."""
+    for _ in range(warmup):
+        fn()
+    gc.collect()
+    times_ms, outputs = [], []
+    for _ in range(reps):
+        start = time.perf_counter()
+        outputs = fn()
+        times_ms.append((time.perf_counter() - start) * 1e3)
+    return times_ms, outputs
+
+
+def acrobat_stats() -> dict | None:
+    """``acrobat.stats()`` as a dict, or None where the runtime has no stats (yet)."""
+    stats_fn = getattr(acrobat, "stats", None)
+    if stats_fn is None:
+        return None
+    stats = stats_fn()
+    if stats is None:
+        return None
+    if hasattr(stats, "as_dict"):
+        return dict(stats.as_dict())
+    return {key: value for key, value in vars(stats).items() if not key.startswith("_")}
+
+
+def torch_systems(name: str, task: Task, plain_task: Task) -> dict[str, Callable[[], list]]:
+    """The in-process systems for one task: acrobat (blocks, plain), eager, hand if present."""
+    systems = {
+        "acrobat": lambda: task.fn.map(task.inputs, **task.kwargs),
+        "acrobat-plain": lambda: plain_task.fn.map(plain_task.inputs, **plain_task.kwargs),
+        "eager": lambda: run_eager(task),
+    }
+    if importlib.util.find_spec(f"bench.hand.{name}") is not None:
+        hand = importlib.import_module(f"bench.hand.{name}")
+        systems["hand"] = lambda: hand.run(task)
+    return systems
+
+
+def run_dynet(task: Task, strategy: int, args: argparse.Namespace) -> tuple[list[float], list]:
+    """Times DyNet with one autobatch strategy in a subprocess; times and outputs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.npz"
+        command = [
+            sys.executable, "-m", "bench.dynet_worker",
+            "--model", task.name, "--size", task.size, "--batch", str(task.batch),
+            "--seed", str(task.seed), "--strategy", str(strategy),
+            "--reps", str(args.reps), "--warmup", str(args.warmup), "--out", str(out),
+        ]  # fmt: skip
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=DYNET_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"DyNet worker failed:\n{done.stderr[-2000:]}")
+        with np.load(out) as result:
+            times_ms = result["times_ms"].tolist()
+            outputs: list[list[np.ndarray]] = [[] for _ in task.inputs]
+            # Keys are out_<instance>_<leaf>; leaves were saved in order.
+            for key in sorted(k for k in result.files if k.startswith("out_")):
+                _, instance, leaf = key.split("_")
+                outputs[int(instance)].append((int(leaf), result[key]))
+    return times_ms, [[array for _, array in sorted(leaves)] for leaves in outputs]
+
+
+def bench_case(
+    module, name: str, size: str, batch: int, args: argparse.Namespace
+) -> list[Measurement]:
+    """Every system on one (model, size, batch)."""
+    task = module.make_task(size, batch, seed=args.seed, blocks=True)
+    plain_task = module.make_task(size, batch, seed=args.seed, blocks=False)
+    with torch.no_grad():
+        reference = run_eager(task)
+
+    runners: dict[str, Callable[[], tuple[list[float], list]]] = {}
+    for system, fn in torch_systems(name, task, plain_task).items():
+        runners[system] = lambda fn=fn: time_calls(fn, args.reps, args.warmup)
+    if args.dynet and dynet_available() and importlib.util.find_spec(f"bench.dynet_models.{name}"):
+        for strategy in STRATEGIES:
+            runners[f"dynet-{strategy}"] = lambda s=strategy: run_dynet(task, s, args)
+
+    results = []
+    for system, runner in runners.items():
+        measurement = Measurement(name, size, batch, system, [])
+        try:
+            with torch.no_grad():
+                measurement.times_ms, outputs = runner()
+                if system.startswith("acrobat"):
+                    measurement.stats = acrobat_stats()
+            check = outputs_close(outputs, reference, atol=args.atol, rtol=args.rtol)
+            measurement.ok, measurement.max_abs_diff = check.ok, check.max_abs_diff
+        except Exception as error:  # one failing system must not stop the benchmark
+            measurement.error = f"{type(error).__name__}: {error}"
+            if args.verbose:
+                traceback.print_exc()
+        results.append(measurement)
+        log(f"  {system:14s} {format_measurement(measurement)}")
+    return results
+
+
+def format_measurement(m: Measurement) -> str:
+    if m.error:
+        return f"ERROR {m.error.splitlines()[0][:100]}"
+    verdict = "ok" if m.ok else "MISMATCH"
+    return f"median {m.median_ms:9.2f} ms  min {m.min_ms:9.2f} ms  {verdict} ({m.max_abs_diff:.1e})"
+
+
+def speedup(base: Measurement | None, other: Measurement | None) -> float | None:
+    """How many times faster ``base`` is than ``other`` (median over median)."""
+    if base is None or other is None or base.error or other.error:
+        return None
+    return other.median_ms / base.median_ms
+
+
+def summarize(measurements: list[Measurement]) -> list[dict]:
+    """One row per (model, size, batch): acrobat's time, speedups and runtime stats."""
+    cases: dict[tuple, dict[str, Measurement]] = {}
+    for m in measurements:
+        cases.setdefault((m.model, m.size, m.batch), {})[m.system] = m
+    rows = []
+    for (model, size, batch), systems in cases.items():
+        acro = systems.get("acrobat")
+        dynets = [m for s, m in systems.items() if s.startswith("dynet") and not m.error]
+        dynet_best = min(dynets, key=lambda m: m.median_ms, default=None)
+        rows.append({
+            "model": model, "size": size, "batch": batch,
+            "acrobat_ms": acro.median_ms if acro and not acro.error else None,
+            "vs_eager": speedup(acro, systems.get("eager")),
+            "vs_dynet_best": speedup(acro, dynet_best),
+            "dynet_best": dynet_best.system if dynet_best else None,
+            "vs_hand": speedup(acro, systems.get("hand")),
+            "vs_plain": speedup(acro, systems.get("acrobat-plain")),
+            "stats": acro.stats if acro else None,
+        })  # fmt: skip
+    return rows
+
+
+def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def md_table(header: list[str], rows: list[list[str]], left: int = 0) -> list[str]:
+    """A Markdown table; the first ``left`` columns are left-aligned, the others right-aligned."""
+    align = ["---"] * left + ["---:"] * (len(header) - left)
+    return [" | ".join(["", *cells, ""]).strip() for cells in [header, align, *rows]]
+
+
+TIME_SPLIT = ("t_record", "t_schedule", "t_gather", "t_kernel")
+
+
+def markdown(measurements: list[Measurement], summary: list[dict], config: dict) -> str:
+    acrobat = {(m.model, m.size, m.batch): m for m in measurements if m.system == "acrobat"}
+    times = []
+    for m in measurements:
+        case = [m.model, m.size, str(m.batch), m.system]
+        if m.error:
+            error = m.error.splitlines()[0][:80].replace("|", "\\|")
+            times.append([*case, "—", "—", "—", "—", f"error: {error}"])
+            continue
+        gain = speedup(acrobat.get((m.model, m.size, m.batch)), m)
+        check = "yes" if m.ok else "**NO**"
+        times.append(
+            [*case, _num(m.median_ms), _num(m.min_ms), _num(gain, suffix="x"),
+             f"{m.max_abs_diff:.1e}", check]
+        )  # fmt: skip
+
+    speedups = []
+    for row in summary:
+        stats = row["stats"] or {}
+        dynet = _num(row["vs_dynet_best"], suffix=f"x ({row['dynet_best']})")
+        split = [
+            _num(stats[key] * 1e3, 1) if stats.get(key) is not None else "—" for key in TIME_SPLIT
+        ]
+        speedups.append(
+            [row["model"], row["size"], str(row["batch"]), _num(row["acrobat_ms"]),
+             _num(row["vs_eager"], suffix="x"), dynet, _num(row["vs_hand"], suffix="x"),
+             _num(row["vs_plain"], suffix="x"),
+             *(_num(stats.get(key), 0) for key in ("nodes", "batches", "launches", "gathers")),
+             _num(stats.get("us_per_node")), " / ".join(split) if stats else "—"]
+        )  # fmt: skip
+
+    lines = [
+        "# acrobat benchmark",
+        "",
+        f"torch {config['torch']}, {config['threads']} torch threads, {config['machine']}; "
+        f"{config['reps']} timed reps after {config['warmup']} warm-up. Correct: every output "
+        f"within atol {config['atol']:g} + rtol {config['rtol']:g} of eager.",
+        "",
+        "## Times",
+        "",
+        "acrobat speedup = this system's median / acrobat's median.",
+        "",
+        *md_table(
+            ["model", "size", "batch", "system", "median ms", "min ms", "acrobat speedup",
+             "max abs diff", "correct"],
+            times, left=4,
+        ),
+        "",
+        "## acrobat (blocks) vs the others",
+        "",
+        *md_table(
+            ["model", "size", "batch", "acrobat ms", "vs eager", "vs dynet-best", "vs hand",
+             "vs acrobat-plain", "nodes", "batches", "launches", "gathers", "µs/node",
+             "record / schedule / gather / kernel ms"],
+            speedups, left=3,
+        ),
+    ]  # fmt: skip
+    if not any(row["stats"] for row in summary):
+        lines += ["", "(`acrobat.stats()` is not available: no runtime statistics.)"]
+    return "\n".join(lines) + "\n"
+
+
+def finite(value):
+    """``value`` with NaN and infinities replaced by None, so that the JSON is strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def log(message: str) -> None:
+    if tqdm is not None:
+        tqdm.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    csv = lambda text: [item for item in text.split(",") if item]
+    parser.add_argument("--models", type=csv, default=list(MODELS), help="comma-separated")
+    parser.add_argument("--sizes", type=csv, default=["small", "large"], help="comma-separated")
+    parser.add_argument("--batches", type=lambda t: [int(b) for b in csv(t)], default=[8, 64])
+    parser.add_argument("--reps", type=int, default=10, help="timed repetitions (>= 1)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--atol", type=float, default=1e-4)
+    parser.add_argument("--rtol", type=float, default=1e-4)
+    parser.add_argument("--no-dynet", dest="dynet", action="store_false", help="skip DyNet")
+    parser.add_argument(
+        "--out", default=None, help="output path without suffix (bench/results/latest)"
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke test: small, batch 8, 3 reps")
+    parser.add_argument("--verbose", action="store_true", help="print tracebacks of errors")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.batches, args.reps = ["small"], [8], 3
+    if args.out is None:
+        args.out = "bench/results/quick" if args.quick else "bench/results/latest"
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
+    unknown = [name for name in args.models if name not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[Measurement]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.dynet and not dynet_available():
+        log("DyNet not installed (pip install dynet38): skipping the dynet systems")
+
+    modules = {}
+    for name in args.models:
+        try:
+            modules[name] = importlib.import_module(MODELS[name])
+        except Exception as error:
+            log(
+                f"skipping {name}: {MODELS[name]} does not import ({type(error).__name__}: {error})"
+            )
+
+    cases = [
+        (name, size, batch) for name in modules for size in args.sizes for batch in args.batches
+    ]
+    progress = tqdm(cases, desc="bench", unit="case") if tqdm is not None else cases
+    measurements: list[Measurement] = []
+    for name, size, batch in progress:
+        log(f"{name} {size} batch {batch}")
+        try:
+            measurements += bench_case(modules[name], name, size, batch, args)
+        except Exception as error:  # e.g. make_task failing for one size
+            log(f"  skipped: {type(error).__name__}: {error}")
+
+    config = {
+        "models": list(modules), "sizes": args.sizes, "batches": args.batches,
+        "reps": args.reps, "warmup": args.warmup, "seed": args.seed,
+        "atol": args.atol, "rtol": args.rtol, "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "python": platform.python_version(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+    }  # fmt: skip
+    summary = summarize(measurements)
+    report = markdown(measurements, summary, config)
+    print(report)
+    md_path, json_path = Path(f"{args.out}.md"), Path(f"{args.out}.json")
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(report)
+    records = [{**asdict(m), "median_ms": m.median_ms, "min_ms": m.min_ms} for m in measurements]
+    payload = {"config": config, "results": records, "summary": summary}
+    json_path.write_text(json.dumps(finite(payload), indent=1, default=str))
+    log(f"wrote {md_path} and {json_path}")
+    return measurements
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+import acrobat
+
+# Deterministic property tests in CI; `HYPOTHESIS_PROFILE=dev` explores more.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _verify_graph():
+    """Every test runs with the graph verifier on (graph.lint at each flush)."""
+    with acrobat.config.override(VERIFY=True):
+        yield

@@ -1,0 +1,50 @@
+"""Shared test helpers: the map == [eager] oracle and schedule-shape checks."""
+
+from __future__ import annotations
+
+import torch
+
+
+def assert_close_tree(got, want, atol=1e-5, rtol=1e-5, path="out"):
+    """Nested tuples/lists/dicts of tensors and Python values are equal up to tolerance."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{path}: got {type(got).__name__}, want a tensor"
+        assert got.shape == want.shape, f"{path}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+        assert got.dtype == want.dtype, f"{path}: dtype {got.dtype} != {want.dtype}"
+        if want.dtype.is_floating_point:
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=path)
+        else:
+            assert torch.equal(got, want), f"{path}: {got} != {want}"
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want), f"{path}: {type(got).__name__} != {type(want).__name__}"
+        assert len(got) == len(want), f"{path}: length {len(got)} != {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close_tree(g, w, atol, rtol, f"{path}[{i}]")
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), f"{path}: keys differ"
+        for k in want:
+            assert_close_tree(got[k], want[k], atol, rtol, f"{path}[{k!r}]")
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+def check_map(f, inputs, atol=1e-5, rtol=1e-5, **shared):
+    """The contract: f.map(inputs) == [f.eager(x) for x in inputs]. Returns the stats."""
+    got, stats = f.map(inputs, stats=True, **shared)
+    want = [f.eager(x, **shared) for x in inputs]
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close_tree(g, w, atol, rtol, path=f"instance {i}")
+    return stats
+
+
+def check_schedule(stats, *, batches=None, max_batches=None, launches=None, suspensions=None):
+    """Assert the schedule's shape, not only the values (catches correct-but-slow changes)."""
+    if batches is not None:
+        assert stats.batches == batches, f"{stats.batches} batches, expected {batches}: {stats}"
+    if max_batches is not None:
+        assert stats.batches <= max_batches, f"{stats.batches} batches > {max_batches}: {stats}"
+    if launches is not None:
+        assert stats.launches == launches, f"{stats.launches} launches != {launches}: {stats}"
+    if suspensions is not None:
+        assert stats.suspensions == suspensions, f"{stats.suspensions} suspensions: {stats}"

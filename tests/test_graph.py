@@ -1,0 +1,159 @@
+"""Graph construction: depth, phases, taint (reuse vs gather), hoisting, signatures, and
+the schedule's shape."""
+
+import random
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import acrobat
+from tests.helpers import check_map, check_schedule
+
+torch.manual_seed(0)
+W = torch.randn(8, 6)
+U = torch.randn(8, 8)
+V = torch.randn(8, 8)
+b = torch.randn(8)
+
+
+@acrobat.autobatch
+def project(x):
+    return x @ W.t() + b
+
+
+def test_reused_weight_is_one_batch_and_hoisted():
+    xs = [torch.randn(6) for _ in range(16)]
+    stats = check_map(project, xs)
+    # the 16 inputs (one data batch), ONE matmul reading the hoisted W.t(), ONE add
+    assert stats.nodes == 16 * 3
+    check_schedule(stats, batches=3)
+
+
+@acrobat.autobatch
+def two_directions(xs):
+    fwd, bwd = [], []
+    h = g = torch.zeros(8)
+    for x in xs:
+        h = torch.tanh(x @ W.t() + h @ U)
+        fwd.append(h)
+    for x in reversed(xs):
+        g = torch.tanh(x @ W.t() + g @ V)
+        bwd.append(g)
+    with acrobat.phase("output"):
+        return torch.stack([torch.sigmoid(f + r) for f, r in zip(fwd, reversed(bwd))])
+
+
+def test_directions_batch_separately_and_output_phase_is_one_batch():
+    rng = random.Random(0)
+    seqs = [[torch.randn(6) for _ in range(rng.randint(2, 7))] for _ in range(12)]
+    got, stats = two_directions.map(seqs, stats=True)
+    for g, s in zip(got, seqs):
+        torch.testing.assert_close(g, two_directions.eager(s))
+    # inputs; per step and direction: matmul x W^T (hoisted to depth 1 with all tokens),
+    # h @ U/V, add, add, tanh; then the output phase: ONE add and ONE sigmoid batch.
+    # The first step reads the hoisted zeros state (its h @ U is shared), so it fuses less.
+    assert stats.batches <= 1 + 2 + 2 * 4 * 7 + 2, stats
+    total_tokens = sum(len(s) for s in seqs)
+    assert stats.by_op["sigmoid"] == [1, total_tokens]
+    # x @ W^T of every token of both directions: ONE batch (same reused W, depth 1); the
+    # recurrent h @ U and g @ V: one batch per step and direction (different weights), except
+    # the first step whose zeros state is hoisted (shared, computed once)
+    longest = max(len(s) for s in seqs)
+    assert stats.by_op["matmul"] == [1 + 2 * (longest - 1), 4 * total_tokens - 2 * len(seqs)]
+
+
+def test_phase_makes_output_ops_one_batch():
+    @acrobat.autobatch
+    def f(h, n):
+        outs = []
+        for _ in range(n):
+            h = torch.tanh(h + 1.0)
+            outs.append(h)
+        with acrobat.phase("out"):
+            return [torch.sigmoid(o) for o in outs]
+
+    lengths = [1, 3, 5, 2, 4]
+    h0s = [torch.randn(4) for _ in lengths]
+    got, stats = f.map(h0s, lengths, stats=True)
+    for g, h0, n in zip(got, h0s, lengths):
+        for a, e in zip(g, f.eager(h0, n)):
+            torch.testing.assert_close(a, e)
+    # inputs, add+tanh per step (5 depths x 2), then ONE sigmoid batch for all outputs
+    check_schedule(stats, batches=1 + 2 * 5 + 1)
+
+
+def test_depth_is_dataflow_depth():
+    @acrobat.autobatch
+    def f(x):
+        a = torch.tanh(x)  # depth 2 (x is an input node at depth 0 -> its op depth 1)
+        b2 = torch.sigmoid(x)  # also depth 2: independent of a, batches with nothing else
+        return a * b2
+
+    got, stats = f.map([torch.randn(3) for _ in range(4)], stats=True)
+    check_schedule(stats, batches=4)  # input, tanh, sigmoid, mul
+
+
+def _random_tree(rng, height):
+    if height == 0 or rng.random() < 0.3:
+        return rng.randrange(10)
+    return (_random_tree(rng, height - 1), _random_tree(rng, height - 1))
+
+
+emb = torch.nn.Embedding(10, 8)
+cell_w = torch.nn.Linear(16, 16)
+
+
+@acrobat.block
+def cell(hl, hr):
+    a, g = cell_w(torch.cat([hl, hr])).chunk(2)
+    return torch.tanh(a) * torch.sigmoid(g)
+
+
+@acrobat.autobatch
+def tree_rnn(t):
+    if isinstance(t, int):
+        return torch.tanh(emb(torch.tensor(t)))
+    return cell(tree_rnn(t[0]), tree_rnn(t[1]))
+
+
+def _height(t):
+    return 0 if isinstance(t, int) else 1 + max(_height(t[0]), _height(t[1]))
+
+
+@given(st.integers(0, 10_000), st.integers(1, 7))
+def test_tree_schedule_is_O_height(seed, h):
+    rng = random.Random(seed)
+    trees = [_random_tree(rng, h) for _ in range(64)]
+    with torch.no_grad():
+        stats = check_map(tree_rnn, trees)
+    height = max(_height(t) for t in trees)
+    # word constants, one embedding batch, one tanh batch, then one cell batch per level
+    check_schedule(stats, max_batches=3 + height)
+
+
+def test_hoisted_constant_state_is_shared():
+    h0_calls = []
+
+    @acrobat.autobatch
+    def f(x):
+        h = torch.zeros(4)
+        h0_calls.append(h)
+        return x + h
+
+    f.map([torch.randn(4) for _ in range(5)])
+    assert all(h is h0_calls[0] for h in h0_calls), "torch.zeros(4) should be made once per map"
+
+
+def test_schedule_listing_and_lint():
+    from acrobat import graph, scheduler
+
+    @acrobat.autobatch
+    def f(x):
+        return F.relu(x) * 2
+
+    f.map([torch.randn(3)])
+    listing = scheduler.describe([[graph.Node(acrobat.OPS["relu"], None, (), None, (), None,
+                                              None, 1, 0, 0, None)]])
+    assert "relu" in listing and "depth" in listing

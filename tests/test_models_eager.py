@@ -1,0 +1,157 @@
+"""The benchmark models: SST parsing, eager outputs, and the baselines that must match them.
+
+``fn.map == [fn.eager]`` is checked here on the real models at batch 8; with the
+eager stub of acrobat it holds trivially, with the runtime it is the real check.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import pytest
+import torch
+
+from bench.dynet_models import available as dynet_available
+from models import sst
+from models.common import flatten, outputs_close, run_eager
+
+MODELS = ["treelstm", "mvrnn", "birnn"]
+HAND = ["treelstm", "mvrnn", "birnn"]
+LEAF = re.compile(r"\(\d+ [^()\s]+\)")  # a leaf: "(label word)"
+
+
+def make_task(name: str, batch: int, blocks: bool = True):
+    return importlib.import_module(f"models.{name}").make_task("small", batch, blocks=blocks)
+
+
+# --- SST ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("split, count", [("test", 2210), ("dev", 1101)])
+def test_sst_reads_shipped_split(split, count):
+    lines = (sst.DATA_DIR / f"{split}.txt").read_text(encoding="utf-8").splitlines()
+    trees = sst.load_trees(split)
+    assert len(trees) == len(lines) == count
+    for line, tree in zip(lines, trees):
+        words = sst.leaves(tree)
+        assert len(words) == len(LEAF.findall(line))
+        assert sst.num_nodes(tree) == 2 * len(words) - 1  # strictly binary
+        assert repr(tree) == line
+
+
+def test_sst_root_labels_match_published_counts():
+    labels = [tree.label for tree in sst.load_trees("test")]
+    assert [labels.count(k) for k in range(5)] == [279, 633, 389, 510, 399]
+
+
+def test_sst_tree_helpers():
+    tree = sst.parse_tree("(3 (2 It) (4 (2 's) (3 lovely)))")
+    assert not tree.is_leaf and tree.left.is_leaf and tree.left.word == "It"
+    assert sst.height(tree) == 2 and sst.height(tree.left) == 0
+    vocab = sst.Vocab(["lovely", "It", "lovely"])
+    assert sst.sentence_ids(vocab.index(tree)) == [2, 0, 1]  # "'s" is unknown
+
+
+@pytest.mark.parametrize(
+    "line", ["(3 (2 a) (2 b) (2 c))", "(3 (2 a)", "(3 (2 a) (2 b)) (2 c)", "(3 word (2 b))"]
+)
+def test_sst_rejects_malformed_trees(line):
+    with pytest.raises(ValueError):
+        sst.parse_tree(line)
+
+
+def test_vocab_keeps_most_frequent_and_unk_is_zero():
+    vocab = sst.Vocab(["b", "a", "b", "c", "b", "a"], max_size=2)
+    assert vocab.words == ["<unk>", "b", "a"]
+    assert (vocab["b"], vocab["a"], vocab["c"], vocab["never seen"]) == (1, 2, 0, 0)
+    assert len(sst.split_vocab("test", max_size=1000)) == 1001
+
+
+# --- models, eager -----------------------------------------------------------------------
+
+
+def expected_shapes(name: str, task, instance) -> list[tuple]:
+    dim = task.model.hidden if name == "treelstm" else task.model.dim
+    if name == "birnn":
+        return [(len(instance), 5)]
+    return [(dim,), (5,)]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_eager_outputs_have_right_shapes_and_are_finite(name):
+    task = make_task(name, batch=4)
+    with torch.no_grad():
+        outputs = run_eager(task)
+    assert len(outputs) == 4
+    for instance, output in zip(task.inputs, outputs):
+        leaves = flatten(output)
+        assert [tuple(t.shape) for t in leaves] == expected_shapes(name, task, instance)
+        assert all(torch.isfinite(t).all() for t in leaves)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_make_task_is_deterministic(name):
+    a, b = make_task(name, batch=2), make_task(name, batch=2, blocks=False)
+    with torch.no_grad():
+        assert outputs_close(run_eager(a), run_eager(b), atol=0, rtol=0)
+
+
+# --- baselines and the batched run -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HAND)
+def test_hand_batched_matches_eager(name):
+    task = make_task(name, batch=8)
+    hand = importlib.import_module(f"bench.hand.{name}")
+    with torch.no_grad():
+        check = outputs_close(hand.run(task), run_eager(task), atol=1e-5, rtol=1e-5)
+    assert check, check.message
+
+
+@pytest.mark.parametrize("blocks", [True, False], ids=["blocks", "plain"])
+@pytest.mark.parametrize("name", MODELS)
+def test_map_matches_eager(name, blocks):
+    task = make_task(name, batch=8, blocks=blocks)
+    with torch.no_grad():
+        batched = task.fn.map(task.inputs, **task.kwargs)
+        check = outputs_close(batched, run_eager(task), atol=1e-5, rtol=1e-5)
+    assert len(batched) == 8
+    assert check, check.message
+
+
+@pytest.mark.skipif(not dynet_available(), reason="DyNet (dynet38) is not installed")
+@pytest.mark.parametrize("name", MODELS)
+def test_dynet_matches_eager(name):
+    from bench.dynet_models import configure
+
+    configure(autobatch=1, mem="256")  # once per process: DyNet reads it at first import
+    dynet_model = importlib.import_module(f"bench.dynet_models.{name}")
+    task = make_task(name, batch=4)
+    with torch.no_grad():
+        check = outputs_close(dynet_model.run(task), run_eager(task), atol=1e-4, rtol=1e-4)
+    assert check, check.message
+
+
+def test_bench_harness_writes_report(tmp_path, monkeypatch):
+    import acrobat
+    from bench import run
+
+    class Stats:  # the shape of acrobat.stats() once the runtime has it
+        nodes, batches, launches, gathers, gather_bytes = 100, 10, 12, 3, 4096
+        t_record, t_schedule, t_gather, t_kernel, us_per_node = 1e-3, 2e-4, 1e-4, 5e-3, 1.5
+
+        def as_dict(self):
+            return {
+                k: getattr(self, k) for k in dir(self) if not k.startswith("_") and k != "as_dict"
+            }
+
+    monkeypatch.setattr(acrobat, "stats", lambda: Stats(), raising=False)
+    out = tmp_path / "results"
+    args = ["--models", "birnn", "--sizes", "small", "--batches", "2", "--reps", "1"]
+    measurements = run.main([*args, "--warmup", "0", "--no-dynet", "--out", str(out)])
+    assert {m.system for m in measurements} == {"acrobat", "acrobat-plain", "eager", "hand"}
+    assert all(m.ok and m.error is None for m in measurements)
+    report = (tmp_path / "results.md").read_text()
+    assert "| birnn | small | 2 | acrobat |" in report and "| 100 |" in report
+    assert (tmp_path / "results.json").exists()
