@@ -109,11 +109,21 @@ def run_batch(nodes: list, stats) -> None:
 
 
 def _explain_failure(nodes: list, exc: Exception) -> None:
-    """A batched op failed: find the instance whose node fails on its own and say so."""
+    """A batched op failed: re-run each node on its own (eagerly, with its own operands);
+    the first that fails names the culprit instance. If none fails, the batching rule is
+    at fault, and the error says so."""
+    from acrobat.graph import substitute
+
     for nd in nodes:
-        xs = [t.node.outs[t.idx][t.node.row : t.node.row + 1] for t in nd.inputs]
+        vals = [t.node.outs[t.idx][t.node.row] for t in nd.inputs]
         try:
-            nd.op.rule(nd, xs, 1)
+            if nd.func is not None:
+                it = iter(vals)
+                args = substitute(nd.args, it)
+                kwargs = {k: substitute(v, it) for k, v in (nd.kwargs or {}).items()}
+                nd.func(*args, **kwargs)
+            else:  # a block: its program on a batch of one
+                nd.op.rule(nd, [v.unsqueeze(0) for v in vals], 1)
         except Exception as own:
             raise AcrobatError(f"{nd.op.name} failed for instance {nd.instance}: {own}") from own
     raise AcrobatError(

@@ -203,7 +203,8 @@ def demand(t: LazyTensor) -> torch.Tensor:
         fiber.host = None
         if host is not None:
             return host
-    return node.outs[t.idx][node.row]
+    with torch._C.DisableTorchFunction():  # plain indexing, not a recorded row lookup
+        return node.outs[t.idx][node.row].detach()
 
 
 def _flush(rt: Runtime, max_phase=float("inf")) -> None:

@@ -295,33 +295,27 @@ def layer_norm_rule(node, xs, n):
 
 
 def rnn_cell_rule(node, xs, n):
-    """torch.lstm_cell & co. take (B, in): fold the batch into their batch dimension."""
-    it = iter(xs)
-    hidden_in = node.args[1]
-    x_shape = node.args[0].shape if _is_lazy(node.args[0]) else None
-    if x_shape is None or not all(
-        _is_lazy(h) for h in (hidden_in if isinstance(hidden_in, (tuple, list)) else [hidden_in])
-    ):
+    """torch.lstm_cell & co. take (B, in): fold the batch into their batch dimension.
+    Reused hidden states (a hoisted zeros state) are expanded to the batch."""
+    x, hx = node.args[0], node.args[1]
+    if not _is_lazy(x) or any(_is_lazy(w) for w in node.args[2:]):
         return vmap_rule(node, xs, n)
-    for w in node.args[2:]:
-        if _is_lazy(w):
-            return vmap_rule(node, xs, n)
+    it = iter(xs)
+    X = next(it)
+    lead = X.shape[:-1]  # (n, *instance batch dims)
 
-    def fold(t):
-        return t.reshape(-1, t.shape[-1])
+    def fold_state(h):
+        H = next(it) if _is_lazy(h) else h.expand((n, *h.shape))
+        return H.reshape(-1, H.shape[-1])
 
-    args = substitute(node.args, it)
-    x = fold(args[0])
-    h = (
-        type(args[1])(fold(t) for t in args[1])
-        if isinstance(args[1], (tuple, list))
-        else fold(args[1])
-    )
-    out = node.func(x, h, *args[2:])
-    metas = node.info.metas
+    if isinstance(hx, (tuple, list)):
+        H = type(hx)(fold_state(h) for h in hx)
+    else:
+        H = fold_state(hx)
+    out = node.func(X.reshape(-1, X.shape[-1]), H, *node.args[2:])
     if isinstance(out, Tensor):
-        return (out.reshape((n, *metas[0][0])),)
-    return tuple(o.reshape((n, *m[0])) for o, m in zip(out, metas))
+        return (out.reshape((*lead, out.shape[-1])),)
+    return tuple(o.reshape((*lead, o.shape[-1])) for o in out)
 
 
 def getitem_rule(node, xs, n):

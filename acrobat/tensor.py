@@ -94,10 +94,14 @@ class LazyTensor:
             raise ValueError(
                 f"a Tensor with {self.shape.numel()} elements cannot be converted to Scalar"
             )
-        return self._value().item()
+        value = self._value()
+        with torch._C.DisableTorchFunction():
+            return value.item()
 
     def tolist(self):
-        return self._value().tolist()
+        value = self._value()
+        with torch._C.DisableTorchFunction():
+            return value.tolist()
 
     def __bool__(self) -> bool:
         return bool(self.item())
@@ -114,7 +118,9 @@ class LazyTensor:
         return int(self.item())
 
     def numpy(self):
-        return self._value().detach().numpy()
+        value = self._value()
+        with torch._C.DisableTorchFunction():
+            return value.numpy()
 
     # ---- escape hatch: used without a running map -----------------------------------
     @classmethod

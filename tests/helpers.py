@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -24,6 +26,9 @@ def assert_close_tree(got, want, atol=1e-5, rtol=1e-5, path="out"):
         assert got.keys() == want.keys(), f"{path}: keys differ"
         for k in want:
             assert_close_tree(got[k], want[k], atol, rtol, f"{path}[{k!r}]")
+    elif isinstance(want, float):
+        assert isinstance(got, float), f"{path}: {got!r} is not a float"
+        assert math.isclose(got, want, rel_tol=rtol, abs_tol=atol), f"{path}: {got} != {want}"
     else:
         assert got == want, f"{path}: {got!r} != {want!r}"
 

@@ -1,0 +1,180 @@
+"""Bad input gets a clear error that names the op, the instance and the user's line, and
+one failing instance never corrupts another's result (or the next map call)."""
+
+import gc
+
+import greenlet
+import pytest
+import torch
+
+import acrobat
+from tests.helpers import check_map
+
+W = torch.randn(4, 4)
+
+
+@acrobat.autobatch
+def good(x):
+    return torch.tanh(x @ W)
+
+
+def test_unsupported_function_names_function_and_line():
+    @acrobat.autobatch
+    def f(x):
+        return torch.fft.fft(x)  # unsupported-op-line
+
+    with pytest.raises(acrobat.UnsupportedOpError) as err:
+        f.map([torch.randn(4), torch.randn(4)])
+    msg = str(err.value)
+    assert "fft" in msg
+    assert "test_errors.py" in msg and "unsupported-op-line" in msg
+    check_map(good, [torch.randn(4) for _ in range(3)])  # map usable afterwards
+
+
+def test_unsupported_method_suggests_nearby_ops():
+    @acrobat.autobatch
+    def f(x):
+        return torch.cumsum(x, 0)
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="cumsum"):
+        f.map([torch.randn(4)])
+
+
+def test_shape_mismatch_names_instance_and_line_at_record_time():
+    @acrobat.autobatch
+    def f(x):
+        return x @ W  # shape-mismatch-line
+
+    xs = [torch.randn(4), torch.randn(4), torch.randn(5)]
+    with pytest.raises(acrobat.ShapeError) as err:
+        f.map(xs)
+    msg = str(err.value)
+    assert "instance 2" in msg and "shape-mismatch-line" in msg and "matmul" in msg
+
+
+def test_instance_exception_is_reraised_with_instance_and_others_cleaned_up():
+    class Boom(Exception):
+        pass
+
+    @acrobat.autobatch
+    def f(x, k):
+        y = torch.sigmoid(x)
+        if k == 3:
+            raise Boom("bad instance")
+        return y
+
+    with pytest.raises(Boom) as err:
+        f.map([torch.randn(2) for _ in range(5)], range(5))
+    assert any("instance 3" in note for note in getattr(err.value, "__notes__", []))
+    gc.collect()
+    # no fiber survives the failed call
+    live = [o for o in gc.get_objects() if type(o) is greenlet.greenlet and o and not o.dead]
+    assert len(live) <= 1  # at most the current (main) greenlet
+    check_map(good, [torch.randn(4) for _ in range(4)])
+
+
+def test_map_argument_errors():
+    with pytest.raises(acrobat.AcrobatError, match="different lengths"):
+        good.map([torch.randn(4)] * 3, [1, 2])
+    with pytest.raises(acrobat.AcrobatError, match="at least one iterable"):
+        good.map()
+    with pytest.raises(acrobat.AcrobatError, match="not an iterable"):
+        good.map(5)
+    assert good.map([]) == []
+
+
+def test_return_types():
+    @acrobat.autobatch
+    def pytree(x):
+        return {"a": torch.sigmoid(x), "b": [x.sum(), 3, None], "c": (1.5, "s")}
+
+    check_map(pytree, [torch.randn(3) for _ in range(3)])
+
+    @acrobat.autobatch
+    def bad(x):
+        return object()
+
+    with pytest.raises(acrobat.AcrobatError, match="instance 0 .*returned a object"):
+        bad.map([torch.randn(2)])
+
+
+def test_lazy_escaping_map_errors_on_use():
+    stash = []
+
+    @acrobat.autobatch
+    def leak(x):
+        y = torch.tanh(x)
+        stash.append(y)
+        return y
+
+    leak.map([torch.randn(2)])
+    escaped = stash[0]
+    with pytest.raises(acrobat.LazyValueError, match="outside f.map"):
+        torch.sigmoid(escaped)
+    with pytest.raises(acrobat.LazyValueError):
+        escaped + 1
+    with pytest.raises(acrobat.LazyValueError):
+        escaped.tolist()
+
+    @acrobat.autobatch
+    def reuse(x):
+        return x + escaped
+
+    with pytest.raises(acrobat.LazyValueError, match="another f.map"):
+        reuse.map([torch.randn(2)])
+
+
+def test_inplace_update_is_refused():
+    @acrobat.autobatch
+    def f(x):
+        y = torch.tanh(x)
+        y += 1
+        return y
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="x = x \\+ y"):
+        f.map([torch.randn(2)])
+
+
+def test_batched_runtime_failure_names_instance():
+    emb = torch.nn.Embedding(5, 3)
+
+    @acrobat.autobatch
+    def f(i):
+        return emb(i)
+
+    idx = [torch.tensor(1), torch.tensor(9), torch.tensor(2)]
+    with pytest.raises(acrobat.AcrobatError, match="instance 1"):
+        f.map(idx)
+
+
+def test_take_out_of_range_is_caught_at_record_time():
+    table = torch.randn(5, 3)
+
+    @acrobat.autobatch
+    def f(i):
+        return table[i] * 2  # take-line
+
+    with pytest.raises(IndexError, match="instance 2.*take-line"):
+        f.map([0, 4, 7])
+
+
+def test_recursion_limit_gives_clear_error():
+    import sys
+
+    @acrobat.autobatch
+    def deep(x, n):
+        return x if n == 0 else deep(x + 1, n - 1)
+
+    limit = sys.getrecursionlimit()
+    with pytest.raises(acrobat.AcrobatError, match="recursion limit"):
+        deep.map([torch.zeros(1)], [limit + 100])
+    check_map(good, [torch.randn(4)])
+
+
+def test_nested_map_is_refused():
+    @acrobat.autobatch
+    def outer(x):
+        return good.map([x])
+
+    with pytest.raises(acrobat.AcrobatError, match="inside another f.map"):
+        outer.map([torch.randn(4)])

@@ -1,0 +1,225 @@
+"""Tensor-dependent control flow: value demands suspend an instance's fiber, the pending
+graph runs batched across all suspended instances, fork-join runs children concurrently."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import acrobat
+from tests.helpers import assert_close_tree, check_map, check_schedule
+
+torch.manual_seed(0)
+W = torch.randn(6, 6) / 3
+U = torch.randn(6, 6) / 3
+
+
+@acrobat.autobatch
+def until_small(x, limit):
+    """A data-dependent while loop: iterate until the norm drops below a threshold."""
+    steps = 0
+    while float((x * x).sum()) > 0.5 and steps < limit:
+        x = torch.tanh(x @ W) * 0.9
+        steps += 1
+    return x, steps
+
+
+def test_while_loop_on_values_batches_across_instances():
+    xs = [torch.randn(6) * s for s in (0.1, 1, 2, 3, 4, 5)]
+    with torch.no_grad():
+        stats = check_map(until_small, xs, limit=30)
+    # every round: all live instances' steps in one batch per op, one flush per round
+    longest = max(until_small.eager(x, limit=30)[1] for x in xs)
+    assert stats.flushes <= longest + 2
+    assert stats.batches_of("matmul") <= longest
+    assert stats.suspensions >= len(xs)
+
+
+@acrobat.autobatch
+def branchy(x):
+    h = torch.sigmoid(x @ W)
+    if bool(h.sum() > 3.0):
+        h = torch.tanh(h @ U)
+    else:
+        h = h * 2 - 1
+    n = int((h > 0).sum())
+    for _ in range(n % 3):
+        h = h + torch.relu(h @ W)
+    return h, n, h.argmax().item(), h.tolist()
+
+
+def test_item_int_bool_tolist():
+    xs = [torch.randn(6) for _ in range(10)]
+    with torch.no_grad():
+        check_map(branchy, xs)
+
+
+def drnn_like(h, depth):
+    """Generate a tree top-down: children only if the node's own value says so."""
+    p = torch.sigmoid(h.sum())
+    out = [torch.tanh(h)]
+    if depth < 3 and p.item() > 0.4:
+        left = acrobat.fork(drnn_like, torch.tanh(h @ W), depth + 1)
+        right = acrobat.fork(drnn_like, torch.tanh(h @ U), depth + 1)
+        out += left.result() + right.result()
+    return out
+
+
+generate = acrobat.autobatch(drnn_like)
+
+
+def test_fork_join_generates_identical_trees_and_batches_siblings():
+    hs = [torch.randn(6) for _ in range(12)]
+    with torch.no_grad():
+        got, stats = generate.map(hs, [0] * len(hs), stats=True)
+        want = [generate.eager(h, 0) for h in hs]
+    for g, w in zip(got, want):
+        assert_close_tree(g, w)
+    # sibling subtrees of different instances batch together: far fewer batches than nodes
+    assert stats.nodes > 4 * stats.batches
+
+
+def test_concurrent_returns_results_in_order():
+    @acrobat.autobatch
+    def f(x):
+        a, b, c = acrobat.concurrent(
+            lambda: torch.tanh(x).sum().item(),
+            lambda: torch.sigmoid(x),
+            lambda: 7,
+        )
+        return b * a, c
+
+    with torch.no_grad():
+        check_map(f, [torch.randn(4) for _ in range(5)])
+
+
+def test_fork_eager_outside_map():
+    fut = acrobat.fork(lambda a: a + 1, 1)
+    assert fut.done() and fut.result() == 2
+
+
+def test_deadlock_through_fork_is_detected():
+    @acrobat.autobatch
+    def f(x):
+        box = {}
+
+        def child():
+            return box["parent"].result()  # waits for a future that waits for it
+
+        box["parent"] = acrobat.fork(lambda: box["child"].result())
+        box["child"] = acrobat.fork(child)
+        return box["parent"].result()
+
+    with pytest.raises(acrobat.AcrobatError, match="deadlock"):
+        f.map([torch.randn(2)])
+
+
+def test_exception_in_suspended_world_cleans_up():
+    @acrobat.autobatch
+    def f(x, bad):
+        v = torch.tanh(x).sum().item()
+        if bad:
+            raise ValueError("instance failed after a demand")
+        return x * v
+
+    with pytest.raises(ValueError) as err:
+        f.map([torch.randn(3) for _ in range(4)], [False, False, True, False])
+    assert any("instance 2" in n for n in err.value.__notes__)
+    xs = [torch.randn(3) for _ in range(3)]
+    with torch.no_grad():
+        got = f.map(xs, [False] * 3)  # usable again, and correct
+        want = [f.eager(x, False) for x in xs]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_phases_wait_for_all_instances():
+    @acrobat.autobatch
+    def f(x):
+        steps = []
+        h = x
+        while h.sum().item() > -1 and len(steps) < 4:
+            h = h - 0.7
+            steps.append(h)
+        with acrobat.phase("out"):
+            return [torch.sigmoid(s) for s in steps]
+
+    xs = [torch.full((3,), float(v)) for v in (0.1, 0.5, 1.0, 2.0)]
+    with torch.no_grad():
+        stats = check_map(f, xs)
+    assert stats.batches_of("sigmoid") == 1  # all instances' outputs, one batch
+
+
+# ---- hypothesis: random branching programs ------------------------------------------
+
+OPS = [
+    lambda h: torch.tanh(h @ W),
+    lambda h: torch.sigmoid(h @ U) - 0.5,
+    lambda h: h * 0.5 + 0.1,
+    lambda h: torch.relu(h) - h.mean(),
+]
+
+
+@st.composite
+def programs(draw):
+    """A program is a list of steps: ('op', k) | ('if', k_then, k_else, threshold) |
+    ('while', k, threshold, cap) | ('fork', k1, k2)."""
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["op", "if", "while", "fork"]))
+        k = draw(st.integers(0, len(OPS) - 1))
+        k2 = draw(st.integers(0, len(OPS) - 1))
+        thr = draw(st.floats(-1.0, 1.0))
+        steps.append((kind, k, k2, thr, draw(st.integers(1, 4))))
+    return steps
+
+
+def interpret(program, h, trace):
+    for kind, k, k2, thr, cap in program:
+        if kind == "op":
+            h = OPS[k](h)
+        elif kind == "if":
+            taken = h.sum().item() > thr
+            trace.append(taken)
+            h = OPS[k](h) if taken else OPS[k2](h)
+        elif kind == "while":
+            n = 0
+            while float(h.mean()) > thr / 4 and n < cap:
+                h = OPS[k](h)
+                n += 1
+            trace.append(n)
+        else:
+            a = acrobat.fork(lambda x: OPS[k](x), h)
+            b = acrobat.fork(lambda x: OPS[k2](x), h)
+            h = a.result() + b.result()
+    return h
+
+
+@acrobat.autobatch
+def run_program(h, program):
+    trace = []
+    out = interpret(program, h, trace)
+    return out, trace
+
+
+@given(programs(), st.integers(1, 8), st.integers(0, 1000))
+def test_random_branching_programs(program, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    hs = [torch.randn(6, generator=g) for _ in range(n)]
+    with torch.no_grad():
+        got = run_program.map(hs, program=program)
+        want = [run_program.eager(h, program=program) for h in hs]
+    for (g_out, g_trace), (w_out, w_trace) in zip(got, want):
+        assert g_trace == w_trace  # identical control decisions
+        torch.testing.assert_close(g_out, w_out, atol=1e-5, rtol=1e-5)
+
+
+def test_no_switches_without_demands():
+    @acrobat.autobatch
+    def f(x):
+        return torch.tanh(x @ W)
+
+    with torch.no_grad():
+        stats = check_map(f, [torch.randn(6) for _ in range(8)])
+    check_schedule(stats, suspensions=0)
+    assert stats.flushes == 1

@@ -1,0 +1,963 @@
+"""Per-op tests, generated from the op table.
+
+``CASES`` maps every row of ``acrobat.ops.TABLE`` (except the data ops ``input``, ``take``
+and ``tensor``, tested explicitly at the end of this file) to case builders. A case is a
+per-instance function plus the specs of its arguments: per-instance tensors (stacked by
+acrobat) and shared tensors or modules (reused operands), with shapes written over size
+symbols that hypothesis draws (1..5). ``test_op`` runs every case through the oracle
+``check_map`` with batch sizes 1..6, instances of equal shapes or (``ragged``) of shapes
+drawn per instance, and asserts that the row really ran as a batch and that n equally
+shaped instances take exactly as many batches as one.
+
+A new row without a case fails ``test_every_row_has_a_case``; a new alias that no case
+calls fails ``test_every_alias_is_called``.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import acrobat
+from acrobat.ops import TABLE
+from tests.helpers import assert_close_tree, check_map
+
+DATA_OPS = ("input", "take", "tensor")  # tested by the explicit tests at the end
+
+
+# ---- case specs -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A tensor argument. ``shape`` is a template like ``"a b"``, ``"a*b 3"`` or ``""``
+    (0-d), or a tuple of templates of which each example picks one. Float values are
+    uniform in [lo, hi); integer values are in [lo, hi) where hi may be a size symbol."""
+
+    shape: str | tuple[str, ...] = "a"
+    dtype: torch.dtype = torch.float32
+    lo: float | str = -2.0
+    hi: float | str = 2.0
+    shared: bool = False
+
+
+def X(shape="a", **kw) -> Arg:
+    """A per-instance tensor."""
+    return Arg(shape, **kw)
+
+
+def W(shape="a", **kw) -> Arg:
+    """A shared real tensor: one value for the whole map call (a reused operand)."""
+    return Arg(shape, shared=True, **kw)
+
+
+@dataclass(frozen=True)
+class Module:
+    """A shared object (an nn.Module) built from the example's sizes."""
+
+    build: Callable[[dict], object]
+    uses: str = ""  # the size symbols the module fixes for every instance
+
+
+POS = {"lo": 0.5, "hi": 2.0}  # log, sqrt, divisors, pow bases
+LONG = {"dtype": torch.long, "lo": -2, "hi": 3}  # small integers: comparisons see ties
+BOOL = {"dtype": torch.bool}
+
+# Right-aligned suffixes of one shape (and size-1 dims): any two broadcast together.
+RANKS = ("", "c", "b c", "a b c")
+BCAST = (*RANKS, "1 c", "b 1", "a 1 c")
+RANKS1 = ("c", "b c", "a b c")  # at least one dim
+RANKS2 = ("b c", "a b c")
+
+
+@dataclass
+class Case:
+    label: str
+    fn: Callable
+    args: dict
+    recorded: bool = True  # the row runs as a batch (False: hoisted, or an identity)
+    dims: dict = field(default_factory=dict)  # symbol -> (lo, hi) overriding 1..5
+
+
+def case(label, fn, *, recorded=True, dims=None, **args) -> Case:
+    return Case(label, fn, args, recorded, dims or {})
+
+
+# ---- calling an alias the way users do -------------------------------------------------
+
+_OPERATORS = {
+    "__add__": operator.add,
+    "__sub__": operator.sub,
+    "__mul__": operator.mul,
+    "__truediv__": operator.truediv,
+    "__floordiv__": operator.floordiv,
+    "__mod__": operator.mod,
+    "__pow__": operator.pow,
+    "__matmul__": operator.matmul,
+    "__and__": operator.and_,
+    "__or__": operator.or_,
+    "__eq__": operator.eq,
+    "__ne__": operator.ne,
+    "__lt__": operator.lt,
+    "__le__": operator.le,
+    "__gt__": operator.gt,
+    "__ge__": operator.ge,
+    "__neg__": operator.neg,
+    "__abs__": abs,
+    "__getitem__": operator.getitem,
+}
+
+
+def _is_method(f) -> bool:
+    owner = getattr(f, "__objclass__", None)
+    return owner in (torch._C.TensorBase, torch.Tensor) or getattr(
+        f, "__qualname__", ""
+    ).startswith("Tensor.")
+
+
+CALLED: set = set()  # every alias call() was asked to call (test_every_alias_is_called)
+
+
+def call(alias, *args, **kwargs):
+    """``alias(*args)`` as written in user code: ``x + y`` for an operator, ``x.add(y)``
+    for a Tensor method (a LazyTensor is not a Tensor, so ``Tensor.add(x, y)`` would not
+    reach it), ``torch.add(x, y)`` / ``F.relu(x)`` otherwise."""
+    CALLED.add(alias)
+    name = getattr(alias, "__name__", "")
+    if name in _OPERATORS:
+        assert not kwargs, name
+        return _OPERATORS[name](*args)
+    if _is_method(alias):
+        return getattr(args[0], name)(*args[1:], **kwargs)
+    return alias(*args, **kwargs)
+
+
+def aliases(name, operators=True):
+    out = list(dict.fromkeys(TABLE[name].aliases))
+    if not operators:
+        out = [a for a in out if getattr(a, "__name__", "") not in _OPERATORS]
+    return out
+
+
+def each(name, *args, **kwargs):
+    """Every alias of row ``name`` called on the same arguments, as a tuple of results."""
+    return tuple(call(a, *args, **kwargs) for a in aliases(name, operators=not kwargs))
+
+
+def plain(r):
+    """A torch.return_types namedtuple as a plain tuple (see test_max_namedtuple_result)."""
+    return tuple(r) if isinstance(r, tuple) else r
+
+
+# ---- the cases, one or more per row ----------------------------------------------------
+
+CASES: dict[str, list[Case]] = {}
+
+
+def add(name, *cases):
+    CASES.setdefault(name, []).extend(cases)
+
+
+def alias_case(name, arity, spec, label="aliases"):
+    if arity == 1:
+        return case(label, lambda x: each(name, x), x=spec)
+    return case(label, lambda x, y: each(name, x, y), x=spec, y=spec)
+
+
+# unary elementwise: every alias on ranks 0..3
+for _name in (
+    "neg abs sigmoid tanh relu gelu silu elu leaky_relu softplus exp sin cos square sign "
+    "floor ceil round erf contiguous clone detach float double long int bool half"
+).split():
+    add(_name, alias_case(_name, 1, X(RANKS)))
+for _name in "log log1p sqrt rsqrt reciprocal".split():
+    add(_name, alias_case(_name, 1, X(RANKS, **POS)))
+add("logical_not", alias_case("logical_not", 1, X(RANKS, **BOOL)),
+    alias_case("logical_not", 1, X(RANKS), label="float input"))
+
+add("gelu", case("tanh approximation", lambda x: F.gelu(x, approximate="tanh"), x=X(RANKS)))
+add("elu", case("alpha", lambda x: (F.elu(x, 0.5), F.elu(x, alpha=2.0)), x=X(RANKS)))
+add("leaky_relu", case("slope", lambda x: (F.leaky_relu(x, 0.3),
+                                            F.leaky_relu(x, negative_slope=0.01)), x=X(RANKS)))
+add("softplus", case("beta threshold", lambda x: F.softplus(x, beta=2.0, threshold=1.0),
+                     x=X(RANKS)))
+add("round", case("decimals", lambda x: (torch.round(x * 7, decimals=1),
+                                         (x * 7).round(decimals=-1)), x=X(RANKS)))
+add(
+    "clamp",
+    case("min max", lambda x: each("clamp", x, min=-0.5, max=0.5), x=X(RANKS)),
+    case("positional min", lambda x: (torch.clamp(x, -1.0), x.clip(None, 0.25)), x=X(RANKS)),
+    case("lazy tensor bounds", lambda x, y: torch.clamp(x, min=y), x=X(BCAST), y=X(BCAST)),
+    case("shared tensor bound", lambda x, w: (x.clamp(max=w), torch.clamp(x, w - 1, w)),
+         x=X(BCAST), w=W(BCAST)),
+)
+add("contiguous", case("transposed", lambda x: x.transpose(0, -1).contiguous(), x=X(RANKS1)))
+for _name in "float double long int bool half".split():
+    add(_name, case("from long", lambda x, _n=_name: getattr(x, _n)(), x=X(RANKS, **LONG)))
+add(
+    "to",
+    case("dtype", lambda x: (x.to(torch.float64), x.to(dtype=torch.long), x.to(torch.float32),
+                             x.to("cpu"), x.to("cpu", torch.float16)), x=X(RANKS)),
+    case("like lazy", lambda x, y: (x.to(y), y.to(x)), x=X(RANKS), y=X(RANKS, **LONG)),
+    case("like shared", lambda x, w: x.to(w), x=X(RANKS), w=W("2", dtype=torch.float64)),
+)
+add(
+    "type_as",
+    case("lazy", lambda x, y: (x.type_as(y), y.type_as(x)), x=X(RANKS), y=X(RANKS, **LONG)),
+    case("shared", lambda x, w: x.type_as(w), x=X(RANKS), w=W("2", dtype=torch.float64)),
+)
+
+# binary elementwise: every alias with two lazy operands (broadcasting, 0-d), with a shared
+# operand on either side, and with a Python scalar on either side (operators reflect)
+_BINARY_DOMAIN = {
+    "add": {}, "sub": {}, "mul": {}, "maximum": {}, "minimum": {},
+    "div": POS, "floor_divide": POS, "remainder": POS, "pow": POS,
+    "eq": LONG, "ne": LONG, "lt": LONG, "le": LONG, "gt": LONG, "ge": LONG,
+    "logical_and": BOOL, "logical_or": BOOL,
+}  # fmt: skip
+_SCALAR = {"add": 1.5, "sub": 1.5, "mul": -2, "div": 1.5, "floor_divide": 0.75,
+           "remainder": 1.5, "pow": 2, "eq": 1, "ne": 1, "lt": 1, "le": 0, "gt": 0, "ge": 1}
+_REFLECTED = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+              "div": operator.truediv, "floor_divide": operator.floordiv,
+              "remainder": operator.mod, "pow": operator.pow, "eq": operator.eq,
+              "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+              "ge": operator.ge}  # 2 - x calls x.__rsub__(2), 2 < x calls x.__gt__(2)
+for _name, _dom in _BINARY_DOMAIN.items():
+    add(
+        _name,
+        alias_case(_name, 2, X(BCAST, **_dom)),
+        case("shared operand", lambda x, w, _n=_name: each(_n, x, w) + each(_n, w, x),
+             x=X(BCAST, **_dom), w=W(BCAST, **_dom)),
+    )
+    if _dom is LONG:
+        add(_name, case("float", lambda x, y, _n=_name: each(_n, x, y), x=X(BCAST), y=X(BCAST)))
+for _name, _s in _SCALAR.items():
+    add(_name, case("python scalar", lambda x, _n=_name, _s=_s: each(_n, x, _s),
+                    x=X(RANKS, **_BINARY_DOMAIN[_name])))
+for _name, _op in _REFLECTED.items():
+    add(_name, case("reflected scalar", lambda x, _f=_op: (_f(2, x), _f(0.5, x)),
+                    x=X(RANKS, **_BINARY_DOMAIN[_name])))
+add(
+    "add",
+    case("alpha", lambda x, y: (torch.add(x, y, alpha=2), x.add(y, alpha=-0.5)),
+         x=X(BCAST), y=X(BCAST)),
+    case("int + float", lambda x, y: (x + y, y + x, x + 1), x=X(RANKS, **LONG), y=X(RANKS)),
+)
+add("sub", case("alpha", lambda x, y: torch.sub(x, y, alpha=3), x=X(BCAST), y=X(BCAST)))
+add("div", case("rounding mode",
+                lambda x, y: (torch.div(x, y, rounding_mode="floor"),
+                              x.div(y, rounding_mode="trunc")), x=X(BCAST), y=X(BCAST, **POS)))
+add("logical_and", case("int bitwise &", lambda x, y: (x & y, y & 3), x=X(BCAST, **LONG),
+                        y=X(BCAST, **LONG)))
+add("logical_or", case("int bitwise |", lambda x, y: (x | y, y | 3), x=X(BCAST, **LONG),
+                       y=X(BCAST, **LONG)))
+add("logical_and", case("reflected", lambda x: True & x, x=X(RANKS, **BOOL)))
+add("logical_or", case("reflected", lambda x: False | x, x=X(RANKS, **BOOL)))
+add(
+    "where",
+    case("lazy", lambda c, x, y: (torch.where(c, x, y), x.where(c, y)),
+         c=X(BCAST, **BOOL), x=X(BCAST), y=X(BCAST)),
+    case("scalar other", lambda c, x: (torch.where(c, x, 0.0), torch.where(c, 1.0, x)),
+         c=X(BCAST, **BOOL), x=X(BCAST)),
+    case("comparison", lambda x: torch.where(x > 0, x, -x * 0.5), x=X(RANKS)),
+    case("shared operands", lambda c, x, w, m: (torch.where(c, w, x), torch.where(m, x, w)),
+         c=X(BCAST, **BOOL), x=X(BCAST), w=W(BCAST), m=W(BCAST, **BOOL)),
+)
+add(
+    "masked_fill",
+    case("aliases", lambda x, m: (torch.masked_fill(x, m, -1.0), x.masked_fill(m, 0.5)),
+         x=X(RANKS), m=X(RANKS, **BOOL)),
+    case("broadcast mask", lambda x, m: x.masked_fill(m, 2.0), x=X("a b c"), m=X(("c", "b 1"),
+                                                                                  **BOOL)),
+    case("shared mask", lambda x, m: x.masked_fill(m, -3.0), x=X(RANKS), m=W(RANKS, **BOOL)),
+    case("lazy 0-d value", lambda x, m, v: x.masked_fill(m, v), x=X(RANKS1), m=X(RANKS1, **BOOL),
+         v=X("")),
+)
+add(
+    "lerp",
+    case("scalar weight", lambda x, y: (torch.lerp(x, y, 0.3), x.lerp(y, 0.75)),
+         x=X(BCAST), y=X(BCAST)),
+    case("tensor weight", lambda x, y, w: (torch.lerp(x, y, w), x.lerp(y, y * 0.5)),
+         x=X(RANKS), y=X(RANKS), w=X(RANKS)),
+    case("shared", lambda x, w: torch.lerp(x, w, w), x=X(BCAST), w=W(BCAST)),
+)
+add(
+    "addcmul",
+    case("aliases", lambda x, y, z: (torch.addcmul(x, y, z), x.addcmul(y, z, value=0.5)),
+         x=X(BCAST), y=X(BCAST), z=X(BCAST)),
+    case("shared", lambda x, w: (torch.addcmul(w, x, w, value=-2), torch.addcmul(x, w, w)),
+         x=X(BCAST), w=W(BCAST)),
+)
+
+# dropout: an identity in eval mode (no node at all); a batched mask in training, checked
+# through a deterministic function of it (x / (1 - 0.5) is exactly 2 x)
+add(
+    "dropout",
+    case("eval", lambda x, drop: (F.dropout(x, 0.5, training=False), drop(x),
+                                  F.dropout(x, p=0.0), torch.dropout(x, 0.3, False)),
+         recorded=False, x=X(RANKS), drop=Module(lambda d: nn.Dropout(0.3).eval())),
+    case("training", lambda x, drop: tuple(torch.where(y == 0, x * 2, y) for y in (
+        F.dropout(x, 0.5), F.dropout(x, p=0.5, training=True), torch.dropout(x, 0.5, True),
+        drop(x))), x=X(RANKS), drop=Module(lambda d: nn.Dropout(0.5).train())),
+)
+# random: values differ from eager; check functions of them that do not (and see the
+# explicit tests below)
+add("rand_like", case("bounds", lambda x: (torch.rand_like(x) < 1.0, torch.rand_like(x) >= 0,
+                                           torch.randn_like(x) * 0.0 + x), x=X(RANKS)))
+add(
+    "zeros_like",
+    case("hoisted", lambda x: (x + torch.zeros_like(x), torch.ones_like(x, dtype=torch.long),
+                               x * torch.full_like(x, 3.0),
+                               torch.zeros_like(torch.empty_like(x))),
+         recorded=False, x=X(RANKS)),
+)
+
+# shape ops
+add(
+    "reshape",
+    case("flat", lambda x: (torch.reshape(x, (-1,)), x.reshape(-1), x.reshape((1, -1)),
+                            x.reshape(1, -1)), x=X(RANKS)),
+    case("split a dim", lambda x: x.reshape(x.shape[0], 2, -1), x=X("a 2*b")),
+    case("shared source", lambda x, w: x.reshape(-1) + w.reshape(-1).sum(), x=X(RANKS),
+         w=W("a b")),
+)
+add(
+    "view",
+    case("flat", lambda x: (x.view(-1), x.view(1, *x.shape), x.view((-1, 1))), x=X(RANKS)),
+    case("split a dim", lambda x: x.view(x.shape[0], 2, -1), x=X("a 2*b")),
+)
+add(
+    "view_as",
+    case("lazy", lambda x, y: x.view_as(y), x=X("a b*c"), y=X("a b c")),
+    case("shared", lambda x, w: x.view_as(w), x=X("a b c"), w=W("a*b c")),
+)
+add(
+    "reshape_as",
+    case("lazy", lambda x, y: x.reshape_as(y), x=X("a b*c"), y=X("a b c")),
+    case("shared", lambda x, w: x.reshape_as(w), x=X("a b c"), w=W("a*b c")),
+)
+add(
+    "flatten",
+    case("aliases", lambda x: (torch.flatten(x), x.flatten(), x.flatten(-1)), x=X(RANKS)),
+    case("dims", lambda x: (x.flatten(1), torch.flatten(x, 0, -2), x.flatten(start_dim=-2)),
+         x=X(RANKS2)),
+)
+add(
+    "unflatten",
+    case("aliases", lambda x: (torch.unflatten(x, -1, (2, -1)), x.unflatten(0, (1, -1))),
+         x=X(("2*c", "b 2*c"))),
+)
+add(
+    "squeeze",
+    case("all", lambda x: (torch.squeeze(x), x.squeeze()), x=X(("1", "a 1", "1 a 1 b"))),
+    case("dims", lambda x: (x.squeeze(1), x.squeeze(-1), torch.squeeze(x, 0), x.squeeze((1, 2)),
+                            x.squeeze(dim=-2)), x=X(("a 1 1", "1 b 1", "a b c"))),
+)
+add(
+    "unsqueeze",
+    case("dims", lambda x: (torch.unsqueeze(x, 0), x.unsqueeze(-1), x.unsqueeze(dim=x.ndim)),
+         x=X(RANKS)),
+    case("middle", lambda x: (x.unsqueeze(1), x.unsqueeze(-2)), x=X(RANKS1)),
+)
+add(
+    "expand",
+    case("new dims", lambda x: (x.expand(3, *x.shape), x.expand(2, 1, *x.shape)), x=X(RANKS)),
+    case("size-1 dims", lambda x: (x.expand(-1, 4), x.expand(2, -1, 3)), x=X("a 1")),
+    case("expand_as lazy", lambda x, y: x.expand_as(y), x=X(("1", "c", "1 c")), y=X("b c")),
+    case("expand_as shared", lambda x, w: (x.expand_as(w), w.expand_as(x.expand_as(w))),
+         x=X(("1", "c", "1 c")), w=W("b c")),
+)
+
+# reductions: every alias over all elements, over a dim (negative too, keepdim), over a
+# tuple of dims, with a dtype, on 0-d tensors
+_REDUCE = "sum mean prod amax amin max min argmax argmin logsumexp all any".split()
+for _name in _REDUCE:
+    _spec = X(RANKS1, **BOOL) if _name in ("all", "any") else X(RANKS1)
+    _spec0 = X("", **BOOL) if _name in ("all", "any") else X("")
+    add(
+        _name,
+        case("dim", lambda x, _n=_name: tuple(map(plain, each(_n, x, 0) + each(_n, x, -1)
+                                                  + each(_n, x, x.ndim - 1, True)
+                                                  + each(_n, x, dim=0, keepdim=True))),
+             x=_spec),
+        case("0-d", lambda x, _n=_name: tuple(map(plain, each(_n, x, 0) + each(_n, x, -1))),
+             x=_spec0),
+    )
+    if _name != "logsumexp":
+        add(_name, case("everything", lambda x, _n=_name: each(_n, x), x=_spec),
+            case("0-d everything", lambda x, _n=_name: each(_n, x), x=_spec0))
+for _name in ("sum", "mean", "amax", "amin", "logsumexp", "all", "any"):
+    _spec = X(RANKS2, **BOOL) if _name in ("all", "any") else X(RANKS2)
+    add(_name, case("tuple dims", lambda x, _n=_name: each(_n, x, (0, -1)) + each(
+        _n, x, dim=[-1, 0], keepdim=True), x=_spec))
+for _name in ("sum", "mean", "prod"):
+    add(_name, case("dtype", lambda x, _n=_name: each(_n, x, dtype=torch.float64)
+                    + each(_n, x, -1, dtype=torch.float64), x=X(RANKS1)))
+add(
+    "sum",
+    case("long", lambda x: (x.sum(), x.sum(-1), torch.sum(x, 0, True)), x=X(RANKS1, **LONG)),
+    case("keepdim everything", lambda x: torch.sum(x, dim=None, keepdim=True), x=X(RANKS1)),
+)
+add("max", case("values indices", lambda x: (x.max(-1).values, x.max(dim=0)[1],
+                                             *torch.max(x, 0, keepdim=True)), x=X(RANKS1)),
+    case("binary", lambda x, y: (torch.max(x, y), x.max(y)), x=X(BCAST), y=X(BCAST)))
+add("min", case("values indices", lambda x: (x.min(-1).indices, x.min(dim=0)[0]), x=X(RANKS1)),
+    case("binary", lambda x, w: torch.min(x, w), x=X(BCAST), w=W(BCAST)))
+add("argmax", case("long ties", lambda x: (x.argmax(), x.argmax(-1)), x=X(RANKS1, **LONG)))
+
+for _name in ("softmax", "log_softmax"):
+    add(
+        _name,
+        case("dims", lambda x, _n=_name: each(_n, x, 0) + each(_n, x, -1), x=X(RANKS1)),
+        case("kwargs", lambda x, _n=_name: (getattr(F, _n)(x, dim=-1, dtype=torch.float64),
+                                            getattr(torch, _n)(x, 0, dtype=torch.float64),
+                                            getattr(x, _n)(dim=x.ndim - 1)), x=X(RANKS1)),
+        case("0-d", lambda x, _n=_name: each(_n, x, 0) + each(_n, x, -1), x=X("")),
+        case("implicit dim", lambda x, _n=_name: _implicit_softmax(_n, x), x=X(RANKS)),
+    )
+
+
+def _implicit_softmax(name, x):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Implicit dimension choice ..."
+        return getattr(F, name)(x)
+
+
+for _tx, _ty, _tz in (("a", "d", "d"), ("a b", "d b", "a d"), ("a b c", "d b c", "a b d")):
+    add(
+        "cat",
+        case(f"aliases {_tx}", lambda x, y: each("cat", [x, y], 0) + (torch.cat((y, x, y)),),
+             x=X(_tx), y=X(_ty)),
+        case(f"last dim {_tx}", lambda x, z: (torch.cat([x, z], -1), torch.cat((z, x), dim=-1),
+                                              torch.cat(tensors=[x, z, x], dim=x.ndim - 1)),
+             x=X(_tx), z=X(_tz)),
+    )
+add(
+    "cat",
+    case("shared parts", lambda x, w: (torch.cat([x, w], -1), torch.cat([w, x, w])),
+         x=X("b c"), w=W("b c")),
+    case("one part, mixed dtypes", lambda x, y: (torch.cat([x]), torch.cat([x, y])),
+         x=X("a b"), y=X("c b", **LONG)),
+)
+for _t in RANKS:
+    add(
+        "stack",
+        case(f"dims {_t!r}", lambda x, y: (torch.stack([x, y]), torch.stack((x, y), -1),
+                                           torch.stack([y, x, y], dim=x.ndim // 2),
+                                           torch.stack(tensors=[x, y], dim=-1)),
+             x=X(_t), y=X(_t)),
+    )
+add(
+    "stack",
+    case("shared parts", lambda x, w: (torch.stack([x, w]), torch.stack([w, x], 1)),
+         x=X("b c"), w=W("b c")),
+    case("one part", lambda x: torch.stack([x]), x=X(RANKS)),
+)
+add(
+    "chunk",
+    case("aliases", lambda x: each("chunk", x, 2) + each("chunk", x, 3, -1), x=X(RANKS1)),
+    case("kwargs", lambda x: torch.chunk(x, chunks=2, dim=x.ndim - 1), x=X(RANKS1)),
+)
+add(
+    "split",
+    case("aliases", lambda x: each("split", x, 2) + each("split", x, 1, -1), x=X(RANKS1)),
+    case("sections", lambda x: torch.split(x, [x.shape[-1] - 1, 1], dim=-1)
+         + x.split([1, x.shape[0] - 1]), x=X(RANKS1)),
+    case("kwargs", lambda x: (torch.split(x, split_size_or_sections=2, dim=-1),
+                              x.split(split_size=1)), x=X(RANKS1)),
+)
+add(
+    "unbind",
+    case("aliases", lambda x: each("unbind", x) + each("unbind", x, -1), x=X(RANKS1)),
+    case("iteration", lambda x: (list(x), tuple(r * 2 for r in x), len(x)), x=X(RANKS1)),
+    case("unpack", lambda x: (lambda a, b: a - b)(*x), x=X(("2", "2 b"))),
+)
+add(
+    "narrow",
+    case("aliases", lambda x: each("narrow", x, 0, x.shape[0] // 2, (x.shape[0] + 1) // 2)
+         + each("narrow", x, -1, 0, 1), x=X(RANKS1)),
+)
+add(
+    "select",
+    case("aliases", lambda x: each("select", x, 0, -1) + each("select", x, -1, 0), x=X(RANKS1)),
+    case("kwargs", lambda x: torch.select(x, dim=x.ndim - 1, index=x.shape[-1] // 2),
+         x=X(RANKS1)),
+)
+add(
+    "transpose",
+    case("aliases", lambda x: each("transpose", x, 0, -1), x=X(RANKS1)),
+    case("mT", lambda x: (x.mT, torch.transpose(x, -2, -1), x.transpose(1, 0)), x=X(RANKS2)),
+)
+add(
+    "t",
+    case("aliases", lambda x: each("t", x), x=X(("", "c", "b c"))),
+    case("T", lambda x: (x.T, x.T.T), x=X(("", "c", "b c"))),
+)
+add(
+    "permute",
+    case("aliases", lambda x: each("permute", x, (2, 0, 1)) + (x.permute(-1, 0, 1),
+                                                               x.permute([1, 2, 0])),
+         x=X("a b c")),
+    case("T of 3-d", lambda x: _T3(x), x=X("a b c")),
+    case("identity", lambda x: (x.permute(tuple(range(x.ndim))),
+                                torch.permute(x, tuple(range(x.ndim)))), x=X(("", "b c"))),
+)
+
+
+def _T3(x):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # x.T on 3-d is deprecated in torch
+        return x.T
+
+
+# matmul: every combination of per-instance/shared operands of ranks 1..3
+_MATMUL_FORMS = [f for f in aliases("matmul") if f.__name__ in ("matmul", "__matmul__")]
+_LEFT = {1: "k", 2: "m k", 3: "b m k"}
+_RIGHT = {1: "k", 2: "k p", 3: "b k p"}
+for _ra in (1, 2, 3):
+    for _rb in (1, 2, 3):
+        for _mode, (_fa, _fb) in {"lazy@lazy": (X, X), "lazy@shared": (X, W),
+                                  "shared@lazy": (W, X)}.items():
+            add("matmul", case(f"{_mode} {_ra}d@{_rb}d",
+                               lambda a, b: tuple(call(f, a, b) for f in _MATMUL_FORMS),
+                               a=_fa(_LEFT[_ra]), b=_fb(_RIGHT[_rb])))
+add(
+    "matmul",
+    case("broadcast batch", lambda a, b: (a @ b, b.mT @ a.mT), a=X("1 m k"), b=X("b k p")),
+    case("mm", lambda a, b, w: (torch.mm(a, b), a.mm(w), torch.mm(w.t(), a.t())),
+         a=X("m k"), b=X("k p"), w=W("k p")),
+    case("bmm", lambda a, b, w: (torch.bmm(a, b), a.bmm(w), w.transpose(1, 2).bmm(a.mT)),
+         a=X("b m k"), b=X("b k p"), w=W("b k p")),
+    case("mv", lambda a, v, w, m: (torch.mv(a, v), a.mv(w), m.mv(v), torch.mv(m, v)),
+         a=X("m k"), v=X("k"), w=W("k"), m=W("p k")),
+    case("dot", lambda x, y, w: (torch.dot(x, y), x.dot(w), w.dot(x), torch.dot(w, y)),
+         x=X("k"), y=X("k"), w=W("k")),
+)
+
+add(
+    "linear",
+    case("F.linear", lambda x, w, b: (F.linear(x, w, b), F.linear(x, w), F.linear(x, w, bias=b),
+                                      F.linear(input=x, weight=w)),
+         x=X(("k", "m k", "b m k")), w=W("p k"), b=W("p")),
+    case("nn.Linear", lambda x, lin: lin(x), x=X(("k", "m k")),
+         lin=Module(lambda d: nn.Linear(d["k"], d["p"]), uses="k p")),
+    case("lazy weight and bias", lambda x, y, b: (F.linear(x, y), F.linear(y, y, b)),
+         x=X(("k", "m k")), y=X("p k"), b=X("p")),
+    case("shared input", lambda w, y: F.linear(w, y), w=W("m k"), y=X("p k")),
+)
+add(
+    "addmm",
+    case("addmm", lambda x, w, b: (torch.addmm(b, x, w), b.addmm(x, w, beta=0.5, alpha=2)),
+         x=X("m k"), w=W("k p"), b=W("p")),
+    case("lazy bias", lambda x, y, b: torch.addmm(b, x, y), x=X("m k"), y=X("k p"), b=X("m p")),
+    case("baddbmm", lambda x, y, b: (torch.baddbmm(b, x, y), torch.baddbmm(b, x, x.mT, beta=0)),
+         x=X("b m k"), y=X("b k m"), b=W("m")),
+    case("einsum", lambda x, y, w: (torch.einsum("ij,j->i", w, x), torch.einsum("i,i->", x, y),
+                                    torch.einsum("i,j->ij", [x, y])),
+         x=X("k"), y=X("k"), w=W("p k")),
+    case("bilinear", lambda x, y, w, b: (F.bilinear(x, y, w, b), F.bilinear(x, y, w)),
+         x=X("m i"), y=X("m j"), w=W("o i j"), b=W("o")),
+)
+add(
+    "embedding",
+    case("F.embedding", lambda i, w: (F.embedding(i, w), F.embedding(i, w, padding_idx=0)),
+         i=X(RANKS, dtype=torch.long, lo=0, hi="v"), w=W("v d")),
+    case("nn.Embedding", lambda i, emb: torch.tanh(emb(i)),
+         i=X(RANKS, dtype=torch.long, lo=0, hi="v"),
+         emb=Module(lambda d: nn.Embedding(d["v"], 3), uses="v")),
+    case("lazy table", lambda i, w: F.embedding(i, w), i=W("c", dtype=torch.long, lo=0, hi="v"),
+         w=X("v d")),
+)
+add(
+    "index_select",
+    case("index_select", lambda x, i: (torch.index_select(x, 0, i), x.index_select(-1, i)),
+         x=X("a a"), i=X(("", "c"), dtype=torch.long, lo=0, hi="a")),
+    case("shared source", lambda w, i: torch.index_select(w, 0, i), w=W("a b"),
+         i=X(("", "c"), dtype=torch.long, lo=0, hi="a")),
+    case("shared index", lambda x, i: x.index_select(1, i), x=X("b a"),
+         i=W("c", dtype=torch.long, lo=0, hi="a")),
+    case("gather", lambda x, i: (torch.gather(x, 1, i), x.gather(-1, i)), x=X("a b"),
+         i=X("a c", dtype=torch.long, lo=0, hi="b")),
+)
+add(
+    "layer_norm",
+    case("F.layer_norm", lambda x, w, b: (F.layer_norm(x, (x.shape[-1],), w, b),
+                                          F.layer_norm(x, x.shape[-1:], eps=1e-3),
+                                          F.layer_norm(x, x.shape[-1:], bias=b)),
+         x=X(RANKS1), w=W("c"), b=W("c")),
+    case("nn.LayerNorm", lambda x, ln: ln(x), x=X(("c", "a c")),
+         ln=Module(lambda d: nn.LayerNorm(d["c"]), uses="c")),
+    case("two dims, no affine", lambda x: F.layer_norm(x, x.shape[-2:]), x=X(RANKS2)),
+    case("lazy weight", lambda x, w: F.layer_norm(x, w.shape, w), x=X("a c"), w=X("c")),
+)
+
+
+def _cells(kind):
+    def build(d):
+        if kind == "lstm":
+            return nn.LSTMCell(d["i"], d["h"])
+        if kind == "gru":
+            return nn.GRUCell(d["i"], d["h"])
+        return nn.RNNCell(d["i"], d["h"], nonlinearity=kind)
+
+    return Module(build, uses="i h")
+
+
+add(
+    "rnn_cell",
+    case("nn.LSTMCell 1-d", lambda x, h, c, cell: cell(x, (h, c)), x=X("i"), h=X("h"),
+         c=X("h"), cell=_cells("lstm")),
+    case("nn.LSTMCell 2-d", lambda x, h, c, cell: cell(x, (h, c)), x=X("m i"), h=X("m h"),
+         c=X("m h"), cell=_cells("lstm")),
+    case("nn.GRUCell 1-d", lambda x, h, cell: cell(x, h), x=X("i"), h=X("h"),
+         cell=_cells("gru")),
+    case("nn.GRUCell 2-d", lambda x, h, cell: cell(x, h), x=X("m i"), h=X("m h"),
+         cell=_cells("gru")),
+    case("nn.RNNCell tanh", lambda x, h, cell: cell(x, h), x=X("m i"), h=X("m h"),
+         cell=_cells("tanh")),
+    case("nn.RNNCell relu", lambda x, h, cell: cell(x, h), x=X("i"), h=X("h"),
+         cell=_cells("relu")),
+    case("zero state", lambda x, lstm, gru: (lstm(x), gru(x)), x=X("i"), lstm=_cells("lstm"),
+         gru=_cells("gru")),
+    case("chained", lambda x, cell: cell(x, cell(x, None)), x=X("i"), cell=_cells("gru")),
+    case("torch functions", lambda x, h, c, lstm, rnn: (
+        torch.lstm_cell(x, (h, c), lstm.weight_ih, lstm.weight_hh),
+        torch.rnn_tanh_cell(x, h, rnn.weight_ih, rnn.weight_hh, rnn.bias_ih, rnn.bias_hh)),
+        x=X("m i"), h=X("m h"), c=X("m h"), lstm=_cells("lstm"), rnn=_cells("tanh")),
+)
+
+add(
+    "getitem",
+    case("basic", lambda x: (x[0], x[-1], x[1:], x[::2], x[None], x[..., 0], x[0, ..., None],
+                             x[-1:, None], x[:, 1:], x[:, -1], x[..., None, :1]), x=X(RANKS2)),
+    case("1-d", lambda x: (x[0], x[-1], x[1:], x[:-1], x[None], x[...], x[..., None]),
+         x=X("c")),
+    case("0-d", lambda x: (x[None], x[...], x[()], x[None, None]), x=X("")),
+    case("list", lambda x: (x[[0, -1]], x[:, [0, 0]], x[0, [0, -1]], x[[-1, 0], 0]),
+         x=X(RANKS2)),
+    case("non-adjacent lists", lambda x: (x[[0, -1], :, [0, 0]], x[[0], 1:, 0]), x=X("a b c")),
+    case("shared index tensor", lambda x, i: (x[i], x[:, i], x[i, 0]), x=X("a a"),
+         i=W(("", "c", "b c"), dtype=torch.long, lo=0, hi="a")),
+    case("lazy index into shared", lambda w, i: (w[i], w[i] * 2), w=W("v d"),
+         i=X(RANKS, dtype=torch.long, lo=0, hi="v")),
+    case("lazy index into lazy", lambda x, i: x[i], x=X(("a", "a d")),
+         i=X(RANKS, dtype=torch.long, lo=0, hi="a")),
+    case("lazy index in a tuple", lambda x, i: (x[i, :], x[:, i]), x=X("a a"),
+         i=X(("", "c"), dtype=torch.long, lo=0, hi="a")),
+    case("negative lazy index", lambda x, i: x[i - x.shape[0]], x=X("a"),
+         i=X("c", dtype=torch.long, lo=0, hi="a")),
+)
+
+
+# ---- the generated test ----------------------------------------------------------------
+
+
+def _parse(template: str):
+    return [tok.split("*") for tok in template.split()]
+
+
+def _size(token, dims):
+    out = 1
+    for part in token:
+        out *= int(part) if part.isdigit() else dims[part]
+    return out
+
+
+def _symbols(template: str) -> set:
+    return {p for tok in _parse(template) for p in tok if not p.isdigit()}
+
+
+def _make(spec: Arg, template, dims, gen):
+    shape = tuple(_size(tok, dims) for tok in _parse(template))
+    if spec.dtype == torch.bool:
+        return torch.rand(shape, generator=gen) < 0.5
+    if spec.dtype.is_floating_point:
+        return (torch.rand(shape, generator=gen) * (spec.hi - spec.lo) + spec.lo).to(spec.dtype)
+    hi = dims[spec.hi] if isinstance(spec.hi, str) else spec.hi
+    return torch.randint(int(spec.lo), hi, shape, generator=gen, dtype=spec.dtype)
+
+
+@dataclass
+class Example:
+    instances: list
+    shared: dict
+    ragged: bool
+
+
+def build(c: Case, draw: Callable[[int, int], int], max_n=6) -> Example:
+    """One example of case ``c``; ``draw(lo, hi)`` picks integers (hypothesis, or random)."""
+    templates = {}
+    for name, spec in c.args.items():
+        if isinstance(spec, Arg):
+            alts = (spec.shape,) if isinstance(spec.shape, str) else spec.shape
+            templates[name] = alts[draw(0, len(alts) - 1)] if len(alts) > 1 else alts[0]
+    n = draw(1, max_n)
+    ragged = bool(draw(0, 1))
+    seed = draw(0, 2**16)
+    symbols, fixed = set(), set()
+    for name, spec in c.args.items():
+        if isinstance(spec, Module):
+            fixed |= set(spec.uses.split())
+            continue
+        syms = _symbols(templates[name]) | {v for v in (spec.lo, spec.hi) if isinstance(v, str)}
+        symbols |= syms
+        if spec.shared:
+            fixed |= syms
+    symbols |= fixed
+
+    def sizes():
+        return {s: draw(*c.dims.get(s, (1, 5))) for s in sorted(symbols)}
+
+    base = sizes()
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # module initialisation
+    shared = {}
+    for name, spec in c.args.items():
+        if isinstance(spec, Module):
+            shared[name] = spec.build(base)
+        elif spec.shared:
+            shared[name] = _make(spec, templates[name], base, gen)
+    instances = []
+    for i in range(n):
+        dims = base
+        if ragged and i > 0:
+            dims = {**base, **{s: v for s, v in sizes().items() if s not in fixed}}
+        instances.append(
+            {
+                name: _make(spec, templates[name], dims, gen)
+                for name, spec in c.args.items()
+                if isinstance(spec, Arg) and not spec.shared
+            }
+        )
+    return Example(instances, shared, ragged)
+
+
+def _fn(c: Case):
+    return acrobat.autobatch(lambda inst, **shared: c.fn(**inst, **shared))
+
+
+def run_case(name: str, c: Case, ex: Example):
+    f = _fn(c)
+    with torch.no_grad():
+        stats = check_map(f, ex.instances, **ex.shared)
+        if c.recorded:
+            assert name in stats.by_op, f"{name} never ran as a batch: {stats.by_op}"
+        else:
+            assert name not in stats.by_op, f"{name} should not be a node: {stats.by_op}"
+        if not ex.ragged and len(ex.instances) > 1:
+            # equally shaped instances batch completely: n of them take as many batches as one
+            _, one = f.map(ex.instances[:1], stats=True, **ex.shared)
+            assert stats.batches == one.batches, (stats.by_op, one.by_op)
+
+
+def _case_params():
+    for name in TABLE:
+        for c in CASES.get(name, []):
+            marks = XFAIL.get((name, c.label), ())
+            yield pytest.param(name, c, id=f"{name}-{c.label}", marks=marks)
+
+
+# Known bugs that need a fix outside acrobat/ops.py (see the reasons).
+XFAIL: dict[tuple[str, str], pytest.MarkDecorator] = {}
+
+
+@pytest.mark.parametrize("name, c", list(_case_params()))
+@settings(max_examples=5)
+@given(data=st.data())
+def test_op(name, c, data):
+    ex = build(c, lambda lo, hi: data.draw(st.integers(lo, hi)))
+    run_case(name, c, ex)
+
+
+def test_every_row_has_a_case():
+    missing = [name for name in TABLE if name not in CASES and name not in DATA_OPS]
+    assert not missing, f"op table rows without a test case in CASES: {missing}"
+    unknown = [name for name in CASES if name not in TABLE]
+    assert not unknown, f"CASES for ops not in the table: {unknown}"
+    data_rows = sorted(name for name, op in TABLE.items() if op.kind == "data")
+    assert data_rows == sorted(DATA_OPS), "a new data op needs an explicit test below"
+
+
+class _SeenFuncs(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.funcs = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.funcs.add(func)
+        return func(*args, **(kwargs or {}))
+
+
+# Plain Python wrappers that call the Tensor method without dispatching themselves
+# (F.sigmoid is ``input.sigmoid()``): the mode sees the method they call instead.
+_UNDISPATCHED = {F.sigmoid, F.tanh}
+
+
+def test_every_alias_is_called():
+    """Each alias of each row is called by some case of that row (run eagerly): either
+    through ``call`` or seen by a TorchFunctionMode (module forwards, F wrappers)."""
+    rng = random.Random(0)
+    CALLED.clear()
+    uncalled = []
+    for name, cases in CASES.items():
+        seen = _SeenFuncs()
+        for c in cases:
+            ex = build(c, rng.randint, max_n=1)
+            with torch.no_grad(), warnings.catch_warnings(), seen:
+                warnings.simplefilter("ignore")
+                c.fn(**ex.instances[0], **ex.shared)
+        uncalled += [(name, a) for a in TABLE[name].aliases
+                     if a not in seen.funcs and a not in CALLED and a not in _UNDISPATCHED]
+    assert not uncalled, f"aliases no case calls: {uncalled}"
+
+
+# ---- random ops: distributions, not values -----------------------------------------------
+
+
+@acrobat.autobatch
+def _noise(x):
+    return torch.rand_like(x), torch.randn_like(x), F.dropout(x, 0.5, training=True)
+
+
+def test_random_ops_draw_per_instance():
+    torch.manual_seed(0)
+    xs = [torch.ones(400) for _ in range(4)]
+    with torch.no_grad():
+        got = _noise.map(xs)
+    for (u, g, d), x in zip(got, xs):
+        assert u.shape == g.shape == d.shape == x.shape and u.dtype == torch.float32
+        assert 0 <= u.min() and u.max() < 1 and 0.4 < u.mean() < 0.6
+        assert g.min() < 0 < g.max() and abs(g.mean()) < 0.2
+        assert set(d.unique().tolist()) == {0.0, 2.0} and 0.35 < (d == 0).float().mean() < 0.65
+    # the instances' draws are independent: no two share their noise
+    for k in range(3):
+        assert all(not torch.equal(got[0][k], got[i][k]) for i in range(1, 4))
+
+
+# ---- data ops and namedtuples: explicit tests -----------------------------------------------
+
+torch.manual_seed(0)
+EMB = nn.Embedding(10, 4)
+PARAM = torch.randn(7, 3)
+PARAM1 = torch.randn(5)
+
+
+@given(st.lists(st.integers(-7, 6), min_size=1, max_size=8))
+def test_take_python_int_rows(ids):
+    @acrobat.autobatch
+    def f(i):
+        return torch.tanh(PARAM[i]), PARAM1[i % 5] * 2, PARAM[i] @ PARAM.t()
+
+    stats = check_map(f, ids)
+    # one index_select per parameter, however many instances
+    assert stats.by_op["take"] == [2, 2 * len(ids)]
+
+
+def test_take_out_of_range_names_the_instance():
+    @acrobat.autobatch
+    def f(i):
+        return PARAM[i]
+
+    with pytest.raises(IndexError, match="instance 1"):
+        f.map([0, 7, 1])
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=8))
+def test_tensor_int_constants_feed_embedding(ids):
+    @acrobat.autobatch
+    def f(i):
+        return torch.tanh(EMB(torch.tensor(i)))
+
+    with torch.no_grad():
+        stats = check_map(f, ids)
+    assert stats.by_op["tensor"] == [1, len(ids)]
+    assert stats.by_op["embedding"] == [1, len(ids)]
+
+
+@given(st.lists(st.tuples(st.integers(-5, 5), st.floats(-3, 3, width=32), st.booleans()),
+                min_size=1, max_size=6))
+def test_tensor_constants(values):
+    @acrobat.autobatch
+    def f(v):
+        i, x, b = v
+        return (
+            torch.tensor(i),
+            torch.tensor(x),
+            torch.tensor(b),
+            torch.tensor(i, dtype=torch.float32) * torch.tensor(x),
+            torch.as_tensor(i) + 1,
+            torch.tensor([i, i + 1, 2]),
+            torch.tensor([x, 1.0], dtype=torch.float64),
+            torch.where(torch.tensor(b), torch.tensor(x), torch.tensor(0.0)),
+            torch.tensor([[i, 0], [0, i]]) + 0,  # nested lists: a real constant
+        )
+
+    stats = check_map(f, values)
+    assert stats.by_op["tensor"][0] <= 7  # one batch per (shape, dtype), not per instance
+
+
+def test_tensor_of_lazy_is_an_error():
+    @acrobat.autobatch
+    def f(x):
+        return torch.tensor(x)
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="torch.stack"):
+        f.map([torch.randn(3)])
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=6), st.booleans())
+def test_input_structures(sizes, same):
+    gen = torch.Generator().manual_seed(len(sizes))
+    insts = []
+    for k in sizes:
+        k = 3 if same else k
+        insts.append({
+            "x": torch.randn(k, generator=gen),
+            "pair": (torch.randint(0, 5, (k, 2), generator=gen), torch.rand(()) < 0.5),
+            "list": [torch.randn(2, generator=gen)],
+            "n": k,
+        })
+
+    @acrobat.autobatch
+    def f(inst):
+        x, (i, b), (y,), k = inst["x"], inst["pair"], inst["list"], inst["n"]
+        return x, i, b, y, x.sum() * k + y[0], {"x": x * 2, "b": b}
+
+    stats = check_map(f, insts)
+    shapes = {len(inst["x"]) for inst in insts}
+    # one input batch per distinct (shape, dtype): x (and i) per size, b and y once each
+    assert stats.by_op["input"][0] == 2 * len(shapes) + 2
+    assert stats.by_op["input"][1] == 4 * len(insts)
+
+
+def test_input_two_iterables_and_shared():
+    @acrobat.autobatch
+    def f(x, y, scale):
+        return x * scale + y
+
+    xs = [torch.randn(3) for _ in range(4)]
+    ys = [torch.randn(3) for _ in range(4)]
+    got = f.map(xs, ys, scale=torch.tensor(2.0))
+    for g, x, y in zip(got, xs, ys):
+        assert_close_tree(g, f.eager(x, y, scale=torch.tensor(2.0)))
+
+
+@pytest.mark.xfail(strict=True, reason="fibers._materialize rejects torch.return_types "
+                   "structseqs (they have no _fields): returning x.max(dim) raises")
+def test_max_namedtuple_result():
+    @acrobat.autobatch
+    def f(x):
+        return x.max(-1)
+
+    check_map(f, [torch.randn(2, 3) for _ in range(3)])
