@@ -132,6 +132,8 @@ def _wrap_inputs(a):
         return record_data(INPUT, (INPUT, a.shape, a.dtype, a.device), a, a.shape, a.dtype)
     if t is tuple or t is list:
         return t([_wrap_inputs(x) for x in a])
+    if isinstance(a, tuple) and hasattr(a, "_fields"):  # namedtuple
+        return t(*(_wrap_inputs(x) for x in a))
     if t is dict:
         return {k: _wrap_inputs(v) for k, v in a.items()}
     return a

@@ -190,6 +190,8 @@ def _meta_of(a):
         return torch.empty(a.shape, dtype=a.dtype, device="meta")
     if t is tuple or t is list:
         return t([_meta_of(x) for x in a])
+    if t is dict:
+        return {k: _meta_of(v) for k, v in a.items()}
     if t is slice:
         return slice(_meta_of(a.start), _meta_of(a.stop), _meta_of(a.step))
     return a
@@ -201,6 +203,8 @@ def _zeros_of(a, device):
         return torch.zeros(a.shape, dtype=a.dtype, device=device)
     if t is tuple or t is list:
         return t([_zeros_of(x, device) for x in a])
+    if t is dict:
+        return {k: _zeros_of(v, device) for k, v in a.items()}
     return a
 
 
