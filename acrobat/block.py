@@ -176,11 +176,19 @@ class Block:
         inputs: list[LazyTensor] = []
         parts = []
         for a in args:  # flat loop first: block arguments are mostly tensors and modules
-            if type(a) is LazyTensor:
+            t = type(a)
+            if t is LazyTensor:
                 inputs.append(a)
                 parts.append(a.key)
-            else:
+            elif t is tuple or t is list or t is dict:
                 parts.append(_key(a, keep, inputs))
+            elif t is int or t is str or a is None:
+                parts.append(a)
+            elif t is float or t is bool:
+                parts.append((t, a))
+            else:  # a module or other object: by identity (kept alive by the trace)
+                keep.append(a)
+                parts.append(("id", id(a)))
         key = (tuple(parts), _key(kwargs, keep, inputs) if kwargs else None)
         if not inputs:
             return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op

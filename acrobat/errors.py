@@ -27,7 +27,11 @@ def _is_internal(filename: str) -> bool:
 
 def user_line(depth: int = 1) -> str:
     """The innermost stack frame outside acrobat and torch, as 'file:line in fn: code'."""
-    frame = sys._getframe(depth)
+    return frame_line(sys._getframe(depth))
+
+
+def frame_line(frame) -> str:
+    """'file:line in fn: code' of ``frame`` or its nearest caller outside acrobat/torch."""
     while frame is not None and _is_internal(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:

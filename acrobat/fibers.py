@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import time
 from functools import partial
 
@@ -19,7 +20,7 @@ from greenlet import greenlet
 from torch.overrides import TorchFunctionMode
 
 from acrobat import graph
-from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, user_line
+from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
 from acrobat.executor import execute
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
 from acrobat.ops import FUNCS, HOISTED_FACTORIES, INPUT, supported_names
@@ -116,7 +117,7 @@ class Future:
                 raise AcrobatError("Future.result() must be called from instance code in f.map")
             child.joiners.append(me)
             me.waiting = child
-            me.where = user_line(2)
+            me.where = sys._getframe(1)
             rt.stats.suspensions += 1
             rt.main.switch()
             me.waiting = None
@@ -196,7 +197,7 @@ def demand(t: LazyTensor) -> torch.Tensor:
             )
         fiber = rt.fiber
         fiber.waiting = t
-        fiber.where = user_line(3)
+        fiber.where = sys._getframe(1)  # turned into a source line only for error messages
         rt.blocked.append(fiber)
         rt.stats.suspensions += 1
         rt.main.switch()
@@ -265,7 +266,9 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
         if not blocked:
             stuck = [f for f in rt.all_fibers if not f.done]
             if stuck:
-                names = "; ".join(f"instance {f.instance} waiting at {f.where}" for f in stuck[:4])
+                names = "; ".join(
+                    f"instance {f.instance} waiting at {frame_line(f.where)}" for f in stuck[:4]
+                )
                 raise AcrobatError(
                     f"deadlock: fibers wait for each other and none can make progress ({names})"
                 )

@@ -1,7 +1,8 @@
 """The dataflow graph, built one node per recorded op, with everything the scheduler
 needs computed inline at record time (no later pass over the graph):
 
-* depth  = 1 + max(depth of the inputs in the same phase)   (ACRoBat section 4.1)
+* depth  = 1 + max(depth of the pending inputs in the same phase) (ACRoBat section 4.1);
+           inputs computed by an earlier flush count as depth 0
 * phase  = max(the fiber's phase, the inputs' phases)       (program phases, A.3)
 * taint  = a LazyTensor operand depends on per-instance data; a real ``torch.Tensor``
            operand (a parameter, or a value computed from parameters and constants only)
@@ -300,8 +301,12 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
     depth = 0
     for t in inputs:
         producer = t.node
-        if producer.rt is not rt:
-            _check_inputs(inputs, rt)
+        if producer.outs is not None:
+            # Computed by an earlier flush: depth restarts after each flush, so instances
+            # that resume from a value demand line up again however long their histories.
+            if producer.rt is not rt:
+                _check_inputs(inputs, rt)
+            continue
         p = producer.phase
         if p == phase:
             if producer.depth > depth:

@@ -262,17 +262,18 @@ def matmul_rule(node, xs, n):
         an, bn = a.ndim, b.ndim
         if an >= 2 and an == bn:
             return (torch.matmul(A, B),)
+        # per-instance matrix x vector: a broadcast multiply + sum beats CPU bmm 3-4x
         if an == 1 and bn == 2:
-            return (torch.matmul(A.unsqueeze(1), B).squeeze(1),)
+            return ((A.unsqueeze(-1) * B).sum(-2),)
         if an == 2 and bn == 1:
-            return (torch.matmul(A, B.unsqueeze(-1)).squeeze(-1),)
+            return ((A * B.unsqueeze(-2)).sum(-1),)
         if an == 1 and bn == 1:
             return ((A * B).sum(-1),)
     return vmap_rule(node, xs, n)
 
 
 def linear_rule(node, xs, n):
-    x, w = node.args[0], _arg(node, 1, "weight")
+    x, w = _arg(node, 0, "input"), _arg(node, 1, "weight")
     bias = _arg(node, 2, "bias")
     if _is_lazy(x) and not _is_lazy(w) and not _is_lazy(bias):
         return (F.linear(xs[0], w, bias),)
@@ -337,6 +338,34 @@ def _basic_or_adjacent(idx):
     basic indices, or advanced ones (lists/tensors) that are all adjacent."""
     adv = [i for i, v in enumerate(idx) if isinstance(v, (list, Tensor)) or type(v) is bool]
     return not adv or adv == list(range(adv[0], adv[0] + len(adv)))
+
+
+def masked_fill_rule(node, xs, n):
+    """masked_fill takes a 0-d value tensor only: a per-instance value batches as a where."""
+    value = _arg(node, 2, "value")
+    if not _is_lazy(value):
+        return elementwise_rule(node, xs, n)
+    if len(node.args) != 3:
+        return vmap_rule(node, xs, n)
+    x, mask = node.args[0], node.args[1]
+    out_nd = len(node.info.metas[0][0])
+    it = iter(xs)
+    X, M, V = [_align(a, it, n, out_nd) for a in (x, mask, value)]
+    return (torch.where(M, V.to(node.info.metas[0][1]), X),)
+
+
+def index_select_rule(node, xs, n):
+    """torch.vmap's index_select rule is wrong for a 0-d index (it keeps every row, torch
+    2.x); a 0-d index selects exactly like a 1-element 1-d one, so batch it as that."""
+    if node.func is torch.index_select or node.func is Tensor.index_select:
+        x, dim, index = _arg(node, 0, "input"), _arg(node, 1, "dim"), _arg(node, 2, "index")
+        if index.ndim == 0:
+            lazy = {id(t): v for t, v in zip(node.inputs, xs)}
+            X = lazy[id(x)] if _is_lazy(x) else x
+            I = lazy[id(index)].reshape(n, 1) if _is_lazy(index) else index.reshape(1)
+            dims = (0 if _is_lazy(x) else None, 0 if _is_lazy(index) else None)
+            return (torch.vmap(lambda a, i: a.index_select(dim, i), in_dims=dims)(X, I),)
+    return vmap_rule(node, xs, n)
 
 
 def dropout_rule(node, xs, n):
@@ -428,7 +457,7 @@ def _special_getitem(func, args, kwargs):
 def _special_dropout(func, args, kwargs):
     training = _bind_kw(args, kwargs, 2, "training", True)
     p = _bind_kw(args, kwargs, 1, "p", 0.5)
-    if func is torch.dropout or func is Tensor.dropout:
+    if func is torch.dropout:  # torch.dropout(input, p, train); Tensor has no dropout method
         training = _bind_kw(args, kwargs, 2, "train", True)
     if not training or p == 0:
         return args[0]
@@ -521,13 +550,22 @@ _BINARY = {
     "logical_and": (torch.logical_and, T.logical_and, T.__and__),
     "logical_or": (torch.logical_or, T.logical_or, T.__or__),
     "where": (torch.where, T.where),
-    "masked_fill": (torch.masked_fill, T.masked_fill),
     "lerp": (torch.lerp, T.lerp),
     "addcmul": (torch.addcmul, T.addcmul),
 }
 for _name, _aliases in {**_UNARY, **_BINARY}.items():
     _add(Op(_name, elementwise_rule, "elementwise", _aliases, fusible=True))
 
+_add(
+    Op(
+        "masked_fill",
+        masked_fill_rule,
+        "elementwise",
+        (torch.masked_fill, T.masked_fill),
+        fusible=True,
+        doc="a per-instance value tensor batches as torch.where",
+    )
+)
 _add(
     Op(
         "dropout",
@@ -640,7 +678,7 @@ _add(Op("embedding", embedding_rule, "gather", (F.embedding,), reused=("weight",
 _add(
     Op(
         "index_select",
-        vmap_rule,
+        index_select_rule,
         "gather",
         (torch.index_select, T.index_select, torch.gather, T.gather),
     )
@@ -740,6 +778,7 @@ def _install_methods():
         if (
             owner is torch._C.TensorBase
             or owner is Tensor
+            or getattr(func, "__qualname__", "").startswith("Tensor.")  # Python methods
             or func
             in (
                 T.__getitem__,
@@ -772,8 +811,8 @@ def _install_methods():
         ("__ne__", "ne", torch.ne),
         ("__floordiv__", "floor_divide", torch.floor_divide),
         ("__mod__", "remainder", torch.remainder),
-        ("__and__", "logical_and", torch.logical_and),
-        ("__or__", "logical_or", torch.logical_or),
+        ("__and__", "logical_and", T.__and__),  # bitwise, as in torch (ints stay ints)
+        ("__or__", "logical_or", T.__or__),
         ("__getitem__", "getitem", T.__getitem__),
     ]:
         setattr(LazyTensor, name, _method(TABLE[opname], func))
@@ -785,6 +824,9 @@ def _install_methods():
         ("__rmatmul__", "matmul", torch.matmul),
         ("__rpow__", "pow", torch.pow),
         ("__rfloordiv__", "floor_divide", torch.floor_divide),
+        ("__rmod__", "remainder", torch.remainder),
+        ("__rand__", "logical_and", torch.bitwise_and),
+        ("__ror__", "logical_or", torch.bitwise_or),
     ]:
         setattr(LazyTensor, name, _reflected(TABLE[opname], func))
     LazyTensor.__hash__ = object.__hash__
