@@ -112,7 +112,7 @@ def elementwise_rule(node, xs, n):
 
 def reshape_rule(node, xs, n):
     """View-like ops whose per-instance output shape is known: reshape the batch to it."""
-    if type(node.args[0]) is not LazyTensor:
+    if type(_arg(node, 0, "input")) is not LazyTensor:
         return vmap_rule(node, xs, n)
     return (xs[0].reshape((n, *node.info.metas[0][0])),)
 
@@ -150,7 +150,7 @@ def _first_lazy_ndim(node):
 
 def reduce_rule(node, xs, n):
     """sum/mean/amax/argmax/max/min/prod/logsumexp/all/any over a dim, dims or everything."""
-    x = node.args[0]
+    x = _arg(node, 0, "input")
     if type(x) is not LazyTensor or len(xs) != 1:
         return vmap_rule(node, xs, n)
     nd = x.ndim
@@ -177,7 +177,7 @@ def reduce_rule(node, xs, n):
 
 
 def softmax_rule(node, xs, n):
-    x = node.args[0]
+    x = _arg(node, 0, "input")
     if type(x) is not LazyTensor or len(xs) != 1:
         return vmap_rule(node, xs, n)
     dim = _arg(node, 1, "dim")
@@ -205,7 +205,7 @@ def cat_rule(node, xs, n):
 
 def split_rule(node, xs, n):
     """chunk / split / unbind / narrow / select / transpose / movedim style ops with dims."""
-    x = node.args[0]
+    x = _arg(node, 0, "input")
     if type(x) is not LazyTensor or len(xs) != 1:
         return vmap_rule(node, xs, n)
     nd = x.ndim
@@ -246,6 +246,8 @@ def _is_lazy(a):
 
 def matmul_rule(node, xs, n):
     """x @ W with W reused is ONE GEMM over the batch; per-instance @ per-instance is a bmm."""
+    if node.kwargs:  # torch.matmul(input=a, other=b): xs follow the keywords' order
+        return vmap_rule(node, xs, n)
     a, b = node.args[0], node.args[1]
     la, lb = _is_lazy(a), _is_lazy(b)
     A = xs[0] if la else a
@@ -298,6 +300,8 @@ def layer_norm_rule(node, xs, n):
 def rnn_cell_rule(node, xs, n):
     """torch.lstm_cell & co. take (B, in): fold the batch into their batch dimension.
     Reused hidden states (a hoisted zeros state) are expanded to the batch."""
+    if node.kwargs or len(node.args) < 2:  # operands by name: the generic rule
+        return vmap_rule(node, xs, n)
     x, hx = node.args[0], node.args[1]
     if not _is_lazy(x) or any(_is_lazy(w) for w in node.args[2:]):
         return vmap_rule(node, xs, n)
@@ -451,6 +455,14 @@ def _special_getitem(func, args, kwargs):
         if type(idx) is int and rt.tracer is None and base.ndim >= 1:
             return _special_take(base, idx)
         return graph.hoist(func, args, kwargs)
+    for i in idx if type(idx) is tuple else (idx,):
+        if type(i) is LazyTensor and i.dtype == torch.bool:
+            raise UnsupportedOpError(
+                f"indexing with a per-instance boolean mask (at {user_line(3)}) gives a "
+                "data-dependent shape, which cannot be batched: keep the shape with "
+                "torch.where(mask, x, 0) or x.masked_fill(mask.logical_not(), 0), or read "
+                "the mask with mask.tolist() and index with the positions"
+            )
     return record(GETITEM, func, args, kwargs)
 
 

@@ -320,7 +320,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions (>= 1)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch.set_num_threads; 1 is steadier on a busy machine and matches DyNet (1 thread)",
+    )  # fmt: skip
     parser.add_argument("--atol", type=float, default=1e-4)
     parser.add_argument("--rtol", type=float, default=1e-4)
     parser.add_argument("--no-dynet", dest="dynet", action="store_false", help="skip DyNet")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,7 +38,6 @@ class Task:
     model: torch.nn.Module
     seed: int = 0
     blocks: bool = True
-    extra: dict = field(default_factory=dict)  # model-specific facts (vocab, dims)
 
 
 def run_eager(task: Task) -> list:

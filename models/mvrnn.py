@@ -79,14 +79,16 @@ compose_block = acrobat.block(compose_cell)
 def encode_blocks(tree: Tree, model: MVRNN) -> tuple[torch.Tensor, torch.Tensor]:
     """Root vector and logits of one tree, the composition an ``acrobat.block``."""
     p, _ = phrase(tree, model, compose_block)
-    return p, model.out(p)
+    with acrobat.phase("output"):  # every root's classifier: one batch
+        return p, model.out(p)
 
 
 @acrobat.autobatch
 def encode_plain(tree: Tree, model: MVRNN) -> tuple[torch.Tensor, torch.Tensor]:
     """Same as :func:`encode_blocks` with the composition's ops recorded one by one."""
     p, _ = phrase(tree, model, compose_cell)
-    return p, model.out(p)
+    with acrobat.phase("output"):  # every root's classifier: one batch
+        return p, model.out(p)
 
 
 def make_task(size: str, batch: int, seed: int = 0, blocks: bool = True) -> Task:

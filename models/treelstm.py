@@ -78,14 +78,16 @@ def tree_state(tree: Tree, model: TreeLSTM, cells: Cells) -> tuple[torch.Tensor,
 def encode_blocks(tree: Tree, model: TreeLSTM) -> tuple[torch.Tensor, torch.Tensor]:
     """Root hidden state and logits of one tree, each cell an ``acrobat.block``."""
     h, _ = tree_state(tree, model, BLOCKS)
-    return h, model.out(h)
+    with acrobat.phase("output"):  # every root's classifier: one batch
+        return h, model.out(h)
 
 
 @acrobat.autobatch
 def encode_plain(tree: Tree, model: TreeLSTM) -> tuple[torch.Tensor, torch.Tensor]:
     """Same as :func:`encode_blocks` with the cells' ops recorded one by one."""
     h, _ = tree_state(tree, model, PLAIN)
-    return h, model.out(h)
+    with acrobat.phase("output"):  # every root's classifier: one batch
+        return h, model.out(h)
 
 
 def make_task(size: str, batch: int, seed: int = 0, blocks: bool = True) -> Task:
