@@ -23,7 +23,7 @@ from acrobat import graph
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
 from acrobat.executor import execute
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
-from acrobat.ops import FUNCS, HOISTED_FACTORIES, INPUT, supported_names
+from acrobat.ops import FUNCS, HOISTED_FACTORIES, HOISTED_GETTERS, INPUT, supported_names
 from acrobat.scheduler import schedule
 
 _IMPURE = {"rand_like", "dropout"}
@@ -45,7 +45,7 @@ class RecordMode(TorchFunctionMode):
             if op.name in _IMPURE:
                 return func(*args, **kwargs)
             return hoist(func, args, kwargs)
-        if func in HOISTED_FACTORIES:
+        if func in HOISTED_FACTORIES or func in HOISTED_GETTERS:
             return hoist(func, args, kwargs)
         if has_lazy(args) or (kwargs and has_lazy(kwargs)):
             raise _unsupported(func)
@@ -347,8 +347,10 @@ def _materialize(value, instance: int, fn_name: str):
         return [_materialize(v, instance, fn_name) for v in value]
     if t is tuple:
         return tuple(_materialize(v, instance, fn_name) for v in value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
         return t(*(_materialize(v, instance, fn_name) for v in value))
+    if isinstance(value, tuple) and hasattr(t, "n_fields"):  # torch.return_types
+        return t([_materialize(v, instance, fn_name) for v in value])
     if t is dict:
         return {k: _materialize(v, instance, fn_name) for k, v in value.items()}
     raise AcrobatError(

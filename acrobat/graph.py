@@ -234,13 +234,16 @@ def infer(op, func, args, kwargs, rt) -> Info:
     with torch._C.DisableTorchFunction():
         try:
             out = func(*_meta_of(args), **_meta_of(kwargs))
-        except NotImplementedError:
-            out = func(*_zeros_of(args, rt.device), **_zeros_of(kwargs, rt.device))
-        except Exception as exc:
-            inst = rt.fiber.instance if rt.fiber is not None else None
-            raise ShapeError(
-                f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
-            ) from exc
+        except Exception:
+            # No meta kernel, or one that reads values (a 0-d index tensor): evaluate on
+            # zeros of the right shapes instead; a real shape error raises here too.
+            try:
+                out = func(*_zeros_of(args, rt.device), **_zeros_of(kwargs, rt.device))
+            except Exception as exc:
+                inst = rt.fiber.instance if rt.fiber is not None else None
+                raise ShapeError(
+                    f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
+                ) from exc
     if isinstance(out, torch.Tensor):
         info = Info(((out.shape, out.dtype),), True, None)
     elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
@@ -287,7 +290,8 @@ def record(op, func, args: tuple, kwargs: dict):
         return rt.tracer.record(op, func, args, kwargs)
     inputs: list[LazyTensor] = []
     fargs = tuple([freeze(a, inputs) for a in args])
-    sig = (op, fargs, freeze_kwargs(kwargs, inputs)) if kwargs else (op, fargs)
+    # ``func`` is part of the signature: aliases of a row may differ (rand_like/randn_like)
+    sig = (func, fargs, freeze_kwargs(kwargs, inputs)) if kwargs else (func, fargs)
     info = rt.sig_info.get(sig)
     if info is None:
         info = rt.sig_info[sig] = infer(op, func, args, kwargs, rt)

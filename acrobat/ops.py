@@ -452,7 +452,7 @@ def _special_getitem(func, args, kwargs):
     lazy_base = type(base) is LazyTensor
     if not lazy_base and not has_lazy(idx):
         rt = graph.RT
-        if type(idx) is int and rt.tracer is None and base.ndim >= 1:
+        if type(idx) is int and rt.tracer is None and base.ndim >= 1 and base.dtype != torch.bool:
             return _special_take(base, idx)
         return graph.hoist(func, args, kwargs)
     for i in idx if type(idx) is tuple else (idx,):
@@ -529,6 +529,7 @@ _UNARY = {
     "ceil": (torch.ceil, T.ceil),
     "round": (torch.round, T.round),
     "logical_not": (torch.logical_not, T.logical_not),
+    "bitwise_not": (torch.bitwise_not, T.bitwise_not, T.__invert__),
     "erf": (torch.erf, T.erf),
     "clamp": (torch.clamp, T.clamp, torch.clip, T.clip),
     "contiguous": (T.contiguous,),
@@ -753,6 +754,12 @@ HOISTED_FACTORIES = {
     torch.full_like,
 }
 
+# Tensor properties that make a new tensor object per access (``W.T``): hoisted so every
+# instance reads the same shared object (its identity is what signatures compare).
+HOISTED_GETTERS = {
+    prop.__get__ for prop in (Tensor.T, Tensor.mT, Tensor.H, Tensor.mH, Tensor.real)
+}
+
 # Ops whose rule reads every node (data ops); the rest read the first node as template.
 DATA_OPS = {TENSOR, INPUT, TAKE}
 
@@ -863,4 +870,6 @@ def supported_names() -> list[str]:
     return sorted(names)
 
 
-__all__ = ["DATA_OPS", "FUNCS", "HOISTED_FACTORIES", "TABLE", "Op", "supported_names"]
+__all__ = [
+    "DATA_OPS", "FUNCS", "HOISTED_FACTORIES", "HOISTED_GETTERS", "TABLE", "Op", "supported_names",
+]

@@ -169,7 +169,7 @@ def programs(draw):
         kind = draw(st.sampled_from(["op", "if", "while", "fork"]))
         k = draw(st.integers(0, len(OPS) - 1))
         k2 = draw(st.integers(0, len(OPS) - 1))
-        thr = draw(st.floats(-1.0, 1.0))
+        thr = draw(st.floats(-1.0, 1.0, allow_subnormal=False))
         steps.append((kind, k, k2, thr, draw(st.integers(1, 4))))
     return steps
 
