@@ -91,7 +91,7 @@ def test_block_sees_parameter_updates():
         m.lin.weight.mul_(0.5)  # in-place update bumps the version: a cached trace must see it
         after = encode_block.map(ts, m=m)
         want = [encode_block.eager(t, m=m) for t in ts]
-    for a, w, b in zip(after, want, before):
+    for a, w in zip(after, want):
         torch.testing.assert_close(a, w)
     assert any(not torch.allclose(a, b) for a, b in zip(after, before))
 
@@ -197,9 +197,9 @@ def test_training_steps_match_eager():
     opt1 = torch.optim.SGD(m1.parameters(), lr=0.1)
     opt2 = torch.optim.SGD(m2.parameters(), lr=0.1)
     for _ in range(3):
-        for m, opt, outs in (
-            (m1, opt1, lambda: encode_block.map(ts, m=m1)),
-            (m2, opt2, lambda: [encode_block.eager(t, m=m2) for t in ts]),
+        for opt, outs in (
+            (opt1, lambda: encode_block.map(ts, m=m1)),
+            (opt2, lambda: [encode_block.eager(t, m=m2) for t in ts]),
         ):
             opt.zero_grad()
             loss = nn.functional.cross_entropy(torch.stack(list(outs())), targets)

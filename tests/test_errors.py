@@ -98,7 +98,7 @@ def test_return_types():
     def bad(x):
         return object()
 
-    with pytest.raises(acrobat.AcrobatError, match="instance 0 .*returned a object"):
+    with pytest.raises(acrobat.AcrobatError, match=r"instance 0 .*returned a object"):
         bad.map([torch.randn(2)])
 
 
@@ -113,7 +113,7 @@ def test_lazy_escaping_map_errors_on_use():
 
     leak.map([torch.randn(2)])
     escaped = stash[0]
-    with pytest.raises(acrobat.LazyValueError, match="outside f.map"):
+    with pytest.raises(acrobat.LazyValueError, match=r"outside f.map"):
         torch.sigmoid(escaped)
     with pytest.raises(acrobat.LazyValueError):
         escaped + 1
@@ -124,7 +124,7 @@ def test_lazy_escaping_map_errors_on_use():
     def reuse(x):
         return x + escaped
 
-    with pytest.raises(acrobat.LazyValueError, match="another f.map"):
+    with pytest.raises(acrobat.LazyValueError, match=r"another f.map"):
         reuse.map([torch.randn(2)])
 
 
@@ -135,7 +135,7 @@ def test_inplace_update_is_refused():
         y += 1
         return y
 
-    with pytest.raises(acrobat.UnsupportedOpError, match="x = x \\+ y"):
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"x = x \\+ y"):
         f.map([torch.randn(2)])
 
 
@@ -158,7 +158,7 @@ def test_take_out_of_range_is_caught_at_record_time():
     def f(i):
         return table[i] * 2  # take-line
 
-    with pytest.raises(IndexError, match="instance 2.*take-line"):
+    with pytest.raises(IndexError, match=r"instance 2.*take-line"):
         f.map([0, 4, 7])
 
 
@@ -180,5 +180,5 @@ def test_nested_map_is_refused():
     def outer(x):
         return good.map([x])
 
-    with pytest.raises(acrobat.AcrobatError, match="inside another f.map"):
+    with pytest.raises(acrobat.AcrobatError, match=r"inside another f.map"):
         outer.map([torch.randn(4)])

@@ -189,8 +189,8 @@ def interpret(program, h, trace):
                 n += 1
             trace.append(n)
         else:
-            a = acrobat.fork(lambda x: OPS[k](x), h)
-            b = acrobat.fork(lambda x: OPS[k2](x), h)
+            a = acrobat.fork(OPS[k], h)
+            b = acrobat.fork(OPS[k2], h)
             h = a.result() + b.result()
     return h
 

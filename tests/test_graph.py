@@ -91,7 +91,7 @@ def test_depth_is_dataflow_depth():
         b2 = torch.sigmoid(x)  # also depth 2: independent of a, batches with nothing else
         return a * b2
 
-    got, stats = f.map([torch.randn(3) for _ in range(4)], stats=True)
+    _, stats = f.map([torch.randn(3) for _ in range(4)], stats=True)
     check_schedule(stats, batches=4)  # input, tanh, sigmoid, mul
 
 

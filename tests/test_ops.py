@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -1292,30 +1292,16 @@ def run_case(name: str, c: Case, ex: Example):
         assert stats.batches == one.batches, (stats.by_op, one.by_op)
 
 
-def _case_params(known_bugs: bool):
+def _case_params():
     for name in TABLE:
         for c in CASES.get(name, []):
-            mark = XFAIL.get((name, c.label))
-            if (mark is not None) == known_bugs:
-                yield pytest.param(name, c, id=f"{name}-{c.label}", marks=mark or ())
+            yield pytest.param(name, c, id=f"{name}-{c.label}")
 
 
-# Known bugs that need a fix outside acrobat/ops.py (see the reasons).
-XFAIL: dict[tuple[str, str], pytest.MarkDecorator] = {}
-
-
-@pytest.mark.parametrize("name, c", list(_case_params(known_bugs=False)))
+@pytest.mark.parametrize("name, c", list(_case_params()))
 @settings(max_examples=10)
 @given(data=st.data())
 def test_op(name, c, data):
-    ex = build(c, lambda lo, hi: data.draw(st.integers(lo, hi)))
-    run_case(name, c, ex)
-
-
-@pytest.mark.parametrize("name, c", list(_case_params(known_bugs=True)))
-@settings(max_examples=5, phases=[Phase.generate])  # no shrinking of known failures
-@given(data=st.data())
-def test_op_known_bug(name, c, data):
     ex = build(c, lambda lo, hi: data.draw(st.integers(lo, hi)))
     run_case(name, c, ex)
 
