@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from acrobat import fibers, graph
+from acrobat import analysis, fibers, graph
 from acrobat.errors import AcrobatError
 from acrobat.stats import Stats
 
@@ -64,7 +64,8 @@ class Autobatched:
         _LAST_STATS = st
         if lengths[0] == 0:
             return ([], st) if stats else []
-        results = fibers.run_map(self.fn, list(zip(*columns)), shared, st, self.__name__)
+        with analysis.auto_blocks(self.fn):
+            results = fibers.run_map(self.fn, list(zip(*columns)), shared, st, self.__name__)
         return (results, st) if stats else results
 
 

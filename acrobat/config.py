@@ -25,6 +25,10 @@ DEBUG: int = _env_int("ACROBAT_DEBUG", 0)
 #: at every flush. Tests turn it on; it costs a pass over the graph.
 VERIFY: bool = bool(_env_int("ACROBAT_VERIFY", 0))
 
+#: Automatic coarsening: straight-line functions reachable from an autobatched function
+#: run as blocks inside f.map (see analysis.py). Off: only @acrobat.block functions do.
+AUTO_BLOCKS: bool = bool(_env_int("ACROBAT_AUTO_BLOCKS", 1))
+
 #: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
 BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
 

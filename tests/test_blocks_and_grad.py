@@ -70,8 +70,9 @@ def test_tree_map_equals_eager(encode):
 def test_block_records_one_node_per_call_and_caches_its_trace():
     m = Cell(6)
     ts = trees(16)
-    with torch.no_grad():
+    with torch.no_grad(), acrobat.config.override(AUTO_BLOCKS=False):
         _, plain = encode_plain.map(ts, stats=True, m=m)
+    with torch.no_grad():
         _, blocked = encode_block.map(ts, stats=True, m=m)
         block_cell.cache.clear()
         _, again = encode_block.map(ts, stats=True, m=m)
