@@ -26,6 +26,7 @@ import builtins
 import contextlib
 import inspect
 import textwrap
+import threading
 import types
 import warnings
 from collections.abc import Iterator
@@ -35,16 +36,67 @@ from acrobat.errors import LazyValueError
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
 # demand such as int(t) makes tracing fail, and the function falls back to per-op).
-_SAFE_BUILTINS = {"len", "tuple", "list", "range", "int", "float", "min", "max", "abs",
-                  "isinstance", "getattr", "zip", "reversed", "enumerate", "sum"}
+_SAFE_BUILTINS = {
+    "len",
+    "tuple",
+    "list",
+    "range",
+    "int",
+    "float",
+    "min",
+    "max",
+    "abs",
+    "isinstance",
+    "getattr",
+    "zip",
+    "reversed",
+    "enumerate",
+    "sum",
+}
 # Method names that mutate Python containers or tensors in place: never straight-line.
-_MUTATORS = {"append", "extend", "insert", "pop", "remove", "update", "setdefault", "clear",
-             "add", "discard", "write", "send", "put", "popitem", "sort", "reverse"}
+_MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "update",
+    "setdefault",
+    "clear",
+    "add",
+    "discard",
+    "write",
+    "send",
+    "put",
+    "popitem",
+    "sort",
+    "reverse",
+}
 _FORBIDDEN = (
-    ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Raise,
-    ast.Assert, ast.Global, ast.Nonlocal, ast.Delete, ast.AugAssign, ast.IfExp, ast.BoolOp,
-    ast.Lambda, ast.Yield, ast.YieldFrom, ast.Await, ast.NamedExpr, ast.FunctionDef,
-    ast.AsyncFunctionDef, ast.ClassDef, ast.Match,
+    ast.If,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    ast.Raise,
+    ast.Assert,
+    ast.Global,
+    ast.Nonlocal,
+    ast.Delete,
+    ast.AugAssign,
+    ast.IfExp,
+    ast.BoolOp,
+    ast.Lambda,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+    ast.NamedExpr,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Match,
 )
 _CONSTANT_TYPES = (int, float, bool, str, type(None), complex)
 
@@ -127,15 +179,16 @@ def _check(fn, seen: set) -> bool:
     for sub in nodes:
         # comprehensions unroll over Python structure (part of a block's signature); a
         # filter (``if``) would branch, and an async one would suspend
-        if isinstance(sub, ast.comprehension):
-            if sub.ifs or sub.is_async or not _plain_target(sub.target, local):
-                return False
+        if isinstance(sub, ast.comprehension) and (
+            sub.ifs or sub.is_async or not _plain_target(sub.target, local)
+        ):
+            return False
     for sub in nodes:
         if isinstance(sub, _FORBIDDEN):
             return False
-        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id not in local:
-            if not _global_ok(fn, sub.id, seen):
-                return False
+        is_global = isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)
+        if is_global and sub.id not in local and not _global_ok(fn, sub.id, seen):
+            return False
         if isinstance(sub, ast.Call) and not _call_ok(sub.func, local):
             return False
     return True
@@ -256,7 +309,13 @@ class AutoBlock:
 
     def __call__(self, *args, **kwargs):
         rt = graph.RT
-        if self.disabled or rt is None or rt.fiber is None or rt.tracer is not None:
+        if (
+            self.disabled
+            or rt is None
+            or rt.fiber is None
+            or rt.tracer is not None
+            or rt.thread != threading.get_ident()  # another thread calling the function
+        ):
             return self.impl(*args, **kwargs)
         try:
             return self.block(*args, **kwargs)
@@ -273,10 +332,7 @@ def _trampoline_code(fn: types.FunctionType, dispatcher) -> types.CodeType:
     params, call = [], []
     star_seen = False
     for p in sig.parameters.values():
-        if p.kind is p.POSITIONAL_ONLY:
-            params.append(p.name)
-            call.append(p.name)
-        elif p.kind is p.POSITIONAL_OR_KEYWORD:
+        if p.kind is p.POSITIONAL_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD:
             params.append(p.name)
             call.append(p.name)
         elif p.kind is p.VAR_POSITIONAL:
@@ -295,15 +351,19 @@ def _trampoline_code(fn: types.FunctionType, dispatcher) -> types.CodeType:
     if any(p.kind is p.POSITIONAL_ONLY for p in sig.parameters.values()):
         last = max(i for i, p in enumerate(sig.parameters.values()) if p.kind is p.POSITIONAL_ONLY)
         params.insert(last + 1, "/")
-    src = f"def {fn.__name__}({', '.join(params)}):\n    return {_PLACEHOLDER!r}({', '.join(call)})\n"
+    src = (
+        f"def {fn.__name__}({', '.join(params)}):\n    return {_PLACEHOLDER!r}({', '.join(call)})\n"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SyntaxWarning)
         module = compile(src, fn.__code__.co_filename, "exec")
     code = next(c for c in module.co_consts if isinstance(c, types.CodeType))
-    consts = tuple(dispatcher if c == _PLACEHOLDER and type(c) is float else c
-                   for c in code.co_consts)
-    return code.replace(co_consts=consts, co_name=fn.__code__.co_name,
-                        co_firstlineno=fn.__code__.co_firstlineno)
+    consts = tuple(
+        dispatcher if c == _PLACEHOLDER and type(c) is float else c for c in code.co_consts
+    )
+    return code.replace(
+        co_consts=consts, co_name=fn.__code__.co_name, co_firstlineno=fn.__code__.co_firstlineno
+    )
 
 
 _DISPATCHERS: dict[types.CodeType, AutoBlock] = {}

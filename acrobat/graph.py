@@ -18,6 +18,7 @@ needs computed inline at record time (no later pass over the graph):
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import deque
 from types import NoneType
 from typing import Any
@@ -102,6 +103,7 @@ class Runtime:
         self.blocked: list = []
         self.main = None  # the scheduler's greenlet
         self.all_fibers: list = []
+        self.thread = threading.get_ident()  # map runs on one thread; others see no runtime
         self.nodes = 0
 
 

@@ -756,9 +756,7 @@ HOISTED_FACTORIES = {
 
 # Tensor properties that make a new tensor object per access (``W.T``): hoisted so every
 # instance reads the same shared object (its identity is what signatures compare).
-HOISTED_GETTERS = {
-    prop.__get__ for prop in (Tensor.T, Tensor.mT, Tensor.H, Tensor.mH, Tensor.real)
-}
+HOISTED_GETTERS = {prop.__get__ for prop in (Tensor.T, Tensor.mT, Tensor.H, Tensor.mH, Tensor.real)}
 
 # Ops whose rule reads every node (data ops); the rest read the first node as template.
 DATA_OPS = {TENSOR, INPUT, TAKE}
@@ -871,5 +869,11 @@ def supported_names() -> list[str]:
 
 
 __all__ = [
-    "DATA_OPS", "FUNCS", "HOISTED_FACTORIES", "HOISTED_GETTERS", "TABLE", "Op", "supported_names",
+    "DATA_OPS",
+    "FUNCS",
+    "HOISTED_FACTORIES",
+    "HOISTED_GETTERS",
+    "TABLE",
+    "Op",
+    "supported_names",
 ]

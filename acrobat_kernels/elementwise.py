@@ -1,0 +1,854 @@
+"""Batched elementwise kernels that gather their operands themselves (gather fusion).
+
+A batch of ``n`` instances runs the same small elementwise :class:`Program`, e.g. the
+tail of an LSTM cell. Instance ``i`` reads its k-th operand from row ``idx_k[i]`` of a
+2-D source tensor ``buf_k`` (rows of length ``F``, the flattened per-instance shape). The
+unfused way gathers each operand with ``index_select`` and then runs one torch op per
+node, a pass over memory each. Following ACRoBat section 5.2, the generated kernels
+instead read ``buf_k[idx_k[i], j]`` directly and evaluate the whole program per element,
+in registers, in one pass.
+
+Pipeline, in the order the code below runs it:
+
+1. ``OPS_TABLE``: one row per op: arity, torch implementation, numba and CUDA code
+   templates, which arguments must be constants. Everything else reads this table.
+2. :class:`Program`: the SSA program, validated and normalised on construction; it is
+   hashable and is the cache key of compiled kernels.
+3. :func:`run` checks the arguments and dispatches to a backend:
+
+   - ``"torch"``: the reference, ``index_select`` then torch ops; autograd-capable.
+   - ``"numba"``: CPU; :func:`numba_source` generates an ``@njit`` kernel, compiled once
+     per (program, serial|parallel) and kept in a dict for the life of the process.
+   - ``"cuda"``: :func:`cuda_source` generates one ``extern "C" __global__`` kernel,
+     compiled with ``cupy.RawKernel`` (needs cupy and a CUDA device).
+   - ``"auto"``: numba for CPU tensors, cuda for CUDA tensors, torch when the chosen
+     backend is unavailable or autograd needs the result.
+
+Example::
+
+    >>> import torch
+    >>> from acrobat_kernels import Program, run
+    >>> prog = Program(n_inputs=2, n_shared=1, outputs=(2,), ops=(
+    ...     ("add", (("in", 0), ("sh", 0))),     # %0 = in0 + sh0
+    ...     ("sigmoid", (("op", 0),)),           # %1 = sigmoid(%0)
+    ...     ("mul", (("op", 1), ("in", 1))),     # %2 = %1 * in1
+    ... ))
+    >>> a, b, bias = torch.randn(10, 4), torch.randn(3, 4), torch.randn(4)
+    >>> rows = torch.tensor([7, 2, 2])           # instance i reads row rows[i] of a
+    >>> (out,) = run(prog, 3, 4, [(a, rows), (b, None)], [bias], backend="numba")
+    >>> ref = torch.sigmoid(a[rows] + bias) * b
+    >>> torch.allclose(out, ref)
+    True
+
+Compiled-kernel caching: numba's ``cache=True`` needs a source file to key its on-disk
+cache, and ``exec``-ed source has none, so the numba kernels are compiled with
+``cache=False`` and kept in an in-process dict: the first call of each program (and
+again the first call that takes the parallel variant) pays numba's compile time, about
+0.3-1 s, in every process. ``cupy.RawKernel`` keeps its own on-disk cache of CUDA
+binaries.
+
+Numerics: every intermediate is computed in the program's dtype (constants are rounded
+to it first), as torch does, with IEEE semantics (``fastmath=False``, no FMA
+contraction); division by zero gives inf/nan, not an exception. ``sigmoid`` uses the
+overflow-free form ``exp(-|x|)``; NaN propagates through maximum/minimum/relu/clamp as in
+torch. The numba and torch results agree to within a few float32 ulps per op.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as TF
+
+__all__ = [
+    "OPS",
+    "OPS_TABLE",
+    "PARALLEL_MIN_ELEMENTS",
+    "OpDef",
+    "Program",
+    "available_backends",
+    "cuda_source",
+    "lstm_cell_tail",
+    "numba_source",
+    "run",
+]
+
+
+# --------------------------------------------------------------------------------------
+# 1. The op table
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything known about one op.
+
+    ``torch`` takes tensors (constants arrive as 0-d tensors, except in ``const_args``
+    positions, which arrive as Python floats). ``numba`` and ``cuda`` are assignment
+    templates, one statement each, over ``{o}`` (the result's name), ``{a} {b} {c}``
+    (the arguments) and the kernel constants ``ZERO ONE HALF RSQRT2``; a statement may
+    define helper names ``{o}_x``. CUDA templates name math functions as ``{exp}``
+    etc., filled with the float or double variant.
+    """
+
+    arity: int
+    torch: Callable
+    numba: tuple[str, ...]
+    cuda: tuple[str, ...]
+    const_args: tuple[int, ...] = ()
+
+
+def _compare(fn):
+    return lambda a, b: fn(a, b).to(torch.promote_types(a.dtype, b.dtype))
+
+
+def _unary(numba_fn: str, cuda_fn: str, torch_fn: Callable) -> OpDef:
+    return OpDef(1, torch_fn, (f"{{o}} = {numba_fn}({{a}})",), (f"{{o}} = {cuda_fn}({{a}})",))
+
+
+def _binary(symbol: str, torch_fn: Callable) -> OpDef:
+    return OpDef(2, torch_fn, (f"{{o}} = {{a}} {symbol} {{b}}",), (f"{{o}} = {{a}} {symbol} {{b}}",))
+
+
+def _comparison(symbol: str, torch_fn: Callable) -> OpDef:
+    return OpDef(
+        2,
+        _compare(torch_fn),
+        (f"{{o}} = ONE if {{a}} {symbol} {{b}} else ZERO",),
+        (f"{{o}} = ({{a}} {symbol} {{b}}) ? ONE : ZERO",),
+    )
+
+
+#: name -> :class:`OpDef`. Kernels, validation, the torch reference and the tests all
+#: read this table; adding a row adds an op everywhere.
+OPS_TABLE: dict[str, OpDef] = {
+    "neg": OpDef(1, torch.neg, ("{o} = -{a}",), ("{o} = -{a}",)),
+    "abs": _unary("abs", "{fabs}", torch.abs),
+    "add": _binary("+", torch.add),
+    "sub": _binary("-", torch.sub),
+    "mul": _binary("*", torch.mul),
+    "div": _binary("/", torch.div),
+    # exp(-|x|) never overflows; x >= 0 gives 1/(1+e), x < 0 gives e/(1+e).
+    "sigmoid": OpDef(
+        1,
+        torch.sigmoid,
+        (
+            "{o}_e = math.exp(-abs({a}))",
+            "{o}_r = ONE / (ONE + {o}_e)",
+            "{o} = {o}_r if {a} >= ZERO else {o}_e * {o}_r",
+        ),
+        (
+            "{o}_e = {exp}(-{fabs}({a}))",
+            "{o}_r = ONE / (ONE + {o}_e)",
+            "{o} = ({a} >= ZERO) ? {o}_r : {o}_e * {o}_r",
+        ),
+    ),
+    "tanh": _unary("math.tanh", "{tanh}", torch.tanh),
+    # Written so that NaN falls through to the argument, as torch.relu does.
+    "relu": OpDef(1, torch.relu, ("{o} = ZERO if {a} < ZERO else {a}",),
+                  ("{o} = ({a} < ZERO) ? ZERO : {a}",)),
+    "exp": _unary("math.exp", "{exp}", torch.exp),
+    "log": _unary("math.log", "{log}", torch.log),
+    "sqrt": _unary("math.sqrt", "{sqrt}", torch.sqrt),
+    "rsqrt": OpDef(1, torch.rsqrt, ("{o} = ONE / math.sqrt({a})",),
+                   ("{o} = ONE / {sqrt}({a})",)),
+    "square": OpDef(1, torch.square, ("{o} = {a} * {a}",), ("{o} = {a} * {a}",)),
+    # torch.maximum/minimum return NaN if either side is NaN (fmax/fmin would not).
+    "maximum": OpDef(
+        2,
+        torch.maximum,
+        ("{o} = {a} if ({a} >= {b} or {a} != {a}) else {b}",),
+        ("{o} = ({a} >= {b} || {a} != {a}) ? {a} : {b}",),
+    ),
+    "minimum": OpDef(
+        2,
+        torch.minimum,
+        ("{o} = {a} if ({a} <= {b} or {a} != {a}) else {b}",),
+        ("{o} = ({a} <= {b} || {a} != {a}) ? {a} : {b}",),
+    ),
+    # cond is a float; any nonzero value (NaN included) selects a.
+    "where": OpDef(
+        3,
+        lambda cond, a, b: torch.where(cond != 0, a, b),
+        ("{o} = {b} if {a} != ZERO else {c}",),
+        ("{o} = ({a} != ZERO) ? {b} : {c}",),
+    ),
+    "gt": _comparison(">", torch.gt),
+    "lt": _comparison("<", torch.lt),
+    "ge": _comparison(">=", torch.ge),
+    "le": _comparison("<=", torch.le),
+    # The erf form, in the operation order of torch's CPU kernel.
+    "gelu": OpDef(
+        1,
+        TF.gelu,
+        ("{o} = ({a} * HALF) * (ONE + math.erf({a} * RSQRT2))",),
+        ("{o} = ({a} * HALF) * (ONE + {erf}({a} * RSQRT2))",),
+    ),
+    # x / (1 + exp(-x)), as torch computes silu; exp overflow gives x / inf = -0.
+    "silu": OpDef(1, TF.silu, ("{o} = {a} / (ONE + math.exp(-{a}))",),
+                  ("{o} = {a} / (ONE + {exp}(-{a}))",)),
+    "leaky_relu": OpDef(
+        2,
+        lambda x, alpha: TF.leaky_relu(x, alpha),
+        ("{o} = {a} if {a} > ZERO else {a} * {b}",),
+        ("{o} = ({a} > ZERO) ? {a} : {a} * {b}",),
+        const_args=(1,),
+    ),
+    # min(max(x, lo), hi): hi wins when lo > hi, NaN passes through (torch.clamp).
+    "clamp": OpDef(
+        3,
+        lambda x, lo, hi: torch.clamp(x, lo, hi),
+        ("{o}_l = {b} if {a} < {b} else {a}", "{o} = {c} if {o}_l > {c} else {o}_l"),
+        ("{o}_l = ({a} < {b}) ? {b} : {a}", "{o} = ({o}_l > {c}) ? {c} : {o}_l"),
+        const_args=(1, 2),
+    ),
+}
+
+#: The supported op names and their arity.
+OPS: dict[str, int] = {name: row.arity for name, row in OPS_TABLE.items()}
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_REF_KINDS = ("in", "sh", "op")
+
+
+# --------------------------------------------------------------------------------------
+# 2. Programs
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Program:
+    """A straight-line elementwise program over per-instance and shared operands.
+
+    ``ops`` is in SSA order: ``ops[j] = (name, args)``, where each argument is a
+    reference ``("in", k)`` (per-instance operand k), ``("sh", k)`` (shared operand k)
+    or ``("op", m)`` with ``m < j`` (the result of ``ops[m]``), or a Python number (a
+    constant, rounded to ``dtype``). ``outputs`` lists the ops whose results
+    :func:`run` returns. Lists are accepted and normalised to tuples, so a Program is
+    hashable; construction raises ``ValueError`` for anything malformed.
+
+    >>> p = Program(1, 0, [("mul", [("in", 0), 2]), ("exp", [("op", 0)])], [1])
+    >>> print(p)
+    program(in0) -> (%1) float32:
+      %0 = mul in0, 2.0
+      %1 = exp %0
+    """
+
+    n_inputs: int
+    n_shared: int
+    ops: tuple[tuple[str, tuple], ...]
+    outputs: tuple[int, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        _validate_and_normalise(self)
+
+    def __str__(self) -> str:
+        params = [f"in{k}" for k in range(self.n_inputs)]
+        params += [f"sh{k}" for k in range(self.n_shared)]
+        outs = ", ".join(f"%{j}" for j in self.outputs)
+        lines = [f"program({', '.join(params)}) -> ({outs}) {self.dtype}:"]
+        for j, (name, args) in enumerate(self.ops):
+            lines.append(f"  %{j} = {name} " + ", ".join(_ref_str(a) for a in args))
+        return "\n".join(lines)
+
+
+def _ref_str(arg) -> str:
+    if isinstance(arg, float):
+        return repr(arg)
+    kind, k = arg
+    return f"%{k}" if kind == "op" else f"{kind}{k}"
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _validate_and_normalise(p: Program) -> None:
+    def fail(where: str, msg: str):
+        raise ValueError(f"Program{where}: {msg}")
+
+    if p.dtype not in _DTYPES:
+        fail(".dtype", f"expected one of {sorted(_DTYPES)}, got {p.dtype!r}")
+    for field in ("n_inputs", "n_shared"):
+        value = getattr(p, field)
+        if not isinstance(value, int) or value < 0:
+            fail(f".{field}", f"expected a non-negative int, got {value!r}")
+    if len(p.ops) == 0:
+        fail(".ops", "a program needs at least one op")
+
+    ops = []
+    for j, op in enumerate(p.ops):
+        where = f".ops[{j}]"
+        if not (isinstance(op, (tuple, list)) and len(op) == 2):
+            fail(where, f"expected (name, args), got {op!r}")
+        name, args = op
+        if name not in OPS_TABLE:
+            fail(where, f"unknown op {name!r}; supported ops: {', '.join(sorted(OPS))}")
+        row = OPS_TABLE[name]
+        if not isinstance(args, (tuple, list)) or len(args) != row.arity:
+            fail(where, f"{name} takes {row.arity} argument(s), got {args!r}")
+        norm_args = []
+        for pos, arg in enumerate(args):
+            if _is_number(arg):
+                norm_args.append(float(arg))
+                continue
+            if pos in row.const_args:
+                fail(where, f"argument {pos} of {name} must be a number, got {arg!r}")
+            if not (isinstance(arg, (tuple, list)) and len(arg) == 2 and arg[0] in _REF_KINDS
+                    and isinstance(arg[1], int) and not isinstance(arg[1], bool)):
+                fail(where, f"argument {pos} must be a number or ('in'|'sh'|'op', int), "
+                            f"got {arg!r}")
+            kind, k = arg
+            limit = {"in": p.n_inputs, "sh": p.n_shared, "op": j}[kind]
+            if not 0 <= k < limit:
+                what = {"in": f"{p.n_inputs} input(s)", "sh": f"{p.n_shared} shared operand(s)",
+                        "op": f"only ops[0..{j - 1}] come before it (SSA order)"}[kind]
+                fail(where, f"argument {pos} refers to ({kind!r}, {k}), but there are {what}")
+            norm_args.append((kind, k))
+        ops.append((name, tuple(norm_args)))
+
+    outputs = tuple(p.outputs)
+    if not outputs:
+        fail(".outputs", "a program needs at least one output")
+    for j in outputs:
+        if not (isinstance(j, int) and 0 <= j < len(ops)):
+            fail(".outputs", f"{j!r} is not an index into ops (0..{len(ops) - 1})")
+    object.__setattr__(p, "ops", tuple(ops))
+    object.__setattr__(p, "outputs", outputs)
+
+
+def _live_ops(p: Program) -> list[int]:
+    """Indices of the ops the outputs depend on, in program order."""
+    live = set(p.outputs)
+    for j in range(len(p.ops) - 1, -1, -1):
+        if j in live:
+            live.update(a[1] for a in p.ops[j][1] if isinstance(a, tuple) and a[0] == "op")
+    return sorted(live)
+
+
+def _constants(p: Program) -> dict[float, int]:
+    """Each distinct constant of the live ops -> its index (kernels bind ``c<index>``)."""
+    consts: dict[float, int] = {}
+    for j in _live_ops(p):
+        for a in p.ops[j][1]:
+            if isinstance(a, float) and a not in consts:
+                consts[a] = len(consts)
+    return consts
+
+
+def _program_id(p: Program) -> str:
+    return hashlib.sha1(repr(p).encode()).hexdigest()[:12]
+
+
+def lstm_cell_tail(dtype: str = "float32") -> Program:
+    """The elementwise tail of an LSTM cell, a ready-made example program.
+
+    Inputs are the pre-activation gates ``i, f, u, o`` and the previous cell state
+    ``c_prev``; outputs are ``c = sigmoid(i)*tanh(u) + sigmoid(f)*c_prev`` and
+    ``h = sigmoid(o)*tanh(c)``.
+    """
+    i, f, u, o, c_prev = (("in", k) for k in range(5))
+    ops = (
+        ("sigmoid", (i,)),                   # 0
+        ("tanh", (u,)),                      # 1
+        ("mul", (("op", 0), ("op", 1))),     # 2
+        ("sigmoid", (f,)),                   # 3
+        ("mul", (("op", 3), c_prev)),        # 4
+        ("add", (("op", 2), ("op", 4))),     # 5  c
+        ("sigmoid", (o,)),                   # 6
+        ("tanh", (("op", 5),)),              # 7
+        ("mul", (("op", 6), ("op", 7))),     # 8  h
+    )
+    return Program(n_inputs=5, n_shared=0, ops=ops, outputs=(5, 8), dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------
+# 3a. The torch backend (the reference)
+# --------------------------------------------------------------------------------------
+
+
+def _run_torch(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
+    dtype = _DTYPES[p.dtype]
+    device = sources[0][0].device if sources else (shared[0].device if shared else None)
+    inputs = [buf[:n] if idx is None else buf.index_select(0, idx) for buf, idx in sources]
+    values: dict[int, torch.Tensor] = {}
+
+    def operand(arg, pos: int, row: OpDef):
+        if isinstance(arg, float):
+            return arg if pos in row.const_args else torch.tensor(arg, dtype=dtype, device=device)
+        kind, k = arg
+        return inputs[k] if kind == "in" else shared[k] if kind == "sh" else values[k]
+
+    for j in _live_ops(p):
+        name, args = p.ops[j]
+        row = OPS_TABLE[name]
+        values[j] = row.torch(*(operand(a, pos, row) for pos, a in enumerate(args)))
+
+    results, seen = [], set()
+    for j in p.outputs:
+        out = values[j]
+        if tuple(out.shape) != (n, F):      # only shared operands and constants: broadcast
+            out = out.expand(n, F).contiguous()
+        elif j in seen:                     # each output is a distinct tensor
+            out = out.clone()
+        seen.add(j)
+        results.append(out)
+    return results
+
+
+# --------------------------------------------------------------------------------------
+# 3b. The numba backend (CPU)
+# --------------------------------------------------------------------------------------
+
+#: Below this many elements (n * F) the serial kernel runs: starting numba's threads
+#: costs more than it saves. The parallel kernel splits the instances over threads.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+_KERNEL_CONSTANTS = {"ZERO": 0.0, "ONE": 1.0, "HALF": 0.5, "RSQRT2": 0.7071067811865476}
+
+
+def _py_float(x: float) -> str:
+    if math.isnan(x):
+        return "math.nan"
+    if math.isinf(x):
+        return "math.inf" if x > 0 else "-math.inf"
+    return repr(x)
+
+
+def _operand_names(p: Program, consts: dict[float, int]):
+    """Name of each argument inside a kernel: x<k> inputs, s<k> shared, v<j> ops, c<m>."""
+
+    def name(arg) -> str:
+        if isinstance(arg, float):
+            return f"c{consts[arg]}"
+        kind, k = arg
+        return {"in": "x", "sh": "s", "op": "v"}[kind] + str(k)
+
+    return name
+
+
+def _used_operands(p: Program, kind: str) -> list[int]:
+    used = {a[1] for j in _live_ops(p) for a in p.ops[j][1] if isinstance(a, tuple) and a[0] == kind}
+    return sorted(used)
+
+
+def numba_source(p: Program) -> str:
+    """Python source of the numba kernel for ``p`` (the kernel is named ``kernel``).
+
+    Arguments: ``n, F, bad``, then per input ``buf, idx, use_idx, row_stride, rows``,
+    per shared operand ``values, step`` (step 0 broadcasts a scalar), then one output
+    array per program output. All arrays are flat; ``bad[0]`` is set when an index is
+    out of range. ``prange`` is bound to ``numba.prange`` or ``range`` at compile time.
+    """
+    consts = _constants(p)
+    name = _operand_names(p, consts)
+    params = ["n", "F", "bad"]
+    for k in range(p.n_inputs):
+        params += [f"buf{k}", f"idx{k}", f"use_idx{k}", f"stride{k}", f"rows{k}"]
+    for k in range(p.n_shared):
+        params += [f"sh{k}", f"step{k}"]
+    params += [f"out{m}" for m in range(len(p.outputs))]
+
+    inputs = _used_operands(p, "in")
+    lines = [f"def kernel({', '.join(params)}):"]
+    for cname, value in _KERNEL_CONSTANTS.items():
+        lines.append(f"    {cname} = DT({value!r})")
+    for value, m in consts.items():
+        lines.append(f"    c{m} = DT({_py_float(value)})")
+    lines.append("    for i in prange(n):")
+    lines.append("        ok = True")
+    for k in inputs:
+        lines.append(f"        r{k} = idx{k}[i] if use_idx{k} else i")
+        lines.append(f"        if r{k} < 0 or r{k} >= rows{k}:")
+        lines.append("            ok = False")
+        lines.append(f"        base{k} = r{k} * stride{k}")
+    lines.append("        if not ok:")
+    lines.append("            bad[0] = 1")
+    lines.append("            continue")
+    lines.append("        o = i * F")
+    lines.append("        for j in range(F):")
+    body = []
+    for k in inputs:
+        body.append(f"x{k} = buf{k}[base{k} + j]")
+    for k in _used_operands(p, "sh"):
+        body.append(f"s{k} = sh{k}[j * step{k}]")
+    for j in _live_ops(p):
+        op_name, args = p.ops[j]
+        fmt = dict(zip("abc", (name(a) for a in args)), o=f"v{j}")
+        body.extend(stmt.format(**fmt) for stmt in OPS_TABLE[op_name].numba)
+    for m, j in enumerate(p.outputs):
+        body.append(f"out{m}[o + j] = v{j}")
+    lines.extend("            " + stmt for stmt in body)
+    return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _numba():
+    """The numba module, or None when it does not import (imported on first use)."""
+    try:
+        import numba
+    except Exception:  # pragma: no cover - numba is a dependency, but be tolerant
+        return None
+    return numba
+
+
+_numba_kernels: dict[tuple[Program, bool], Callable] = {}
+
+
+def _numba_kernel(p: Program, parallel: bool) -> Callable:
+    """Compile (once per process) the serial or parallel numba kernel for ``p``."""
+    key = (p, parallel)
+    kernel = _numba_kernels.get(key)
+    if kernel is not None:
+        return kernel
+    numba = _numba()
+    import numpy as np
+
+    nt = numba.types
+    elem = nt.float32 if p.dtype == "float32" else nt.float64
+    flat, index = nt.Array(elem, 1, "C"), nt.Array(nt.int64, 1, "C")
+    sig = [nt.int64, nt.int64, index]
+    sig += [flat, index, nt.boolean, nt.int64, nt.int64] * p.n_inputs
+    sig += [flat, nt.int64] * p.n_shared
+    sig += [flat] * len(p.outputs)
+
+    namespace = {
+        "math": math,
+        "DT": np.float32 if p.dtype == "float32" else np.float64,
+        "prange": numba.prange if parallel else range,
+    }
+    source = numba_source(p)
+    exec(compile(source, f"<acrobat_kernels {_program_id(p)}>", "exec"), namespace)
+    # error_model="numpy": x / 0 gives inf/nan like torch instead of raising.
+    kernel = numba.njit(
+        nt.void(*sig), parallel=parallel, fastmath=False, cache=False, nogil=True,
+        error_model="numpy",
+    )(namespace["kernel"])
+    _numba_kernels[key] = kernel
+    return kernel
+
+
+def _flat_rows(buf: torch.Tensor):
+    """A flat numpy view of the memory spanned by ``buf``'s rows, and its row stride."""
+    rows, F = buf.shape
+    stride = buf.stride(0)
+    span = (rows - 1) * stride + F if rows else 0
+    return torch.as_strided(buf, (span,), (1,)).numpy(), stride
+
+
+def _run_numba(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
+    import numpy as np
+
+    dtype = _DTYPES[p.dtype]
+    parallel = n * F >= PARALLEL_MIN_ELEMENTS and _numba().get_num_threads() > 1
+    kernel = _numba_kernel(p, parallel)
+    no_index = np.zeros(0, dtype=np.int64)
+    bad = np.zeros(1, dtype=np.int64)
+    args: list = [n, F, bad]
+    for buf, idx in sources:
+        flat, stride = _flat_rows(buf)
+        use_idx = idx is not None
+        args += [flat, idx.numpy() if use_idx else no_index, use_idx, stride, buf.shape[0]]
+    for value in shared:
+        args += [value.reshape(-1).numpy(), 0 if value.numel() == 1 else 1]
+    outs = [torch.empty((n, F), dtype=dtype) for _ in p.outputs]
+    args += [out.view(-1).numpy() for out in outs]
+    kernel(*args)
+    if bad[0]:
+        _raise_bad_index(sources)
+    return outs
+
+
+def _raise_bad_index(sources) -> None:
+    for k, (buf, idx) in enumerate(sources):
+        if idx is None:
+            continue
+        wrong = ((idx < 0) | (idx >= buf.shape[0])).nonzero()
+        if len(wrong):
+            i = int(wrong[0, 0])
+            raise IndexError(
+                f"sources[{k}]: idx[{i}] = {int(idx[i])} is out of range for a buf with "
+                f"{buf.shape[0]} rows"
+            )
+    raise AssertionError("kernel reported an out-of-range index, but none was found")
+
+
+# --------------------------------------------------------------------------------------
+# 3c. The CUDA backend
+# --------------------------------------------------------------------------------------
+
+_CUDA_MATH = {
+    "float32": {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf",
+                "erf": "erff", "fabs": "fabsf"},
+    "float64": {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh",
+                "erf": "erf", "fabs": "fabs"},
+}
+_CUDA_THREADS = 256
+
+
+def _c_float(x: float) -> str:
+    if math.isnan(x):
+        return "(T)__longlong_as_double(0x7ff8000000000000LL)"
+    if math.isinf(x):
+        return ("" if x > 0 else "-") + "(T)__longlong_as_double(0x7ff0000000000000LL)"
+    # A double literal cast to T rounds exactly as np.float32(x) and torch do.
+    return f"(T){x!r}"
+
+
+def _cuda_kernel_name(p: Program) -> str:
+    return f"acrobat_ew_{_program_id(p)}"
+
+
+def cuda_source(p: Program) -> str:
+    """CUDA C++ source of one ``extern "C" __global__`` kernel for ``p``.
+
+    Parameters: ``n, F``, per input ``buf, idx, row_stride, rows`` (``idx`` may be
+    null: instance i then reads row i), per shared operand ``values, step``, then one
+    output pointer per program output. A grid-stride loop covers the ``n * F``
+    elements; an out-of-range index reads NaN instead of faulting. The source includes
+    no headers, so NVRTC (cupy) and ``nvcc`` both compile it.
+    """
+    ctype = "float" if p.dtype == "float32" else "double"
+    consts = _constants(p)
+    name = _operand_names(p, consts)
+    params = ["const long long n", "const long long F"]
+    for k in range(p.n_inputs):
+        params += [f"const {ctype}* __restrict__ buf{k}", f"const long long* __restrict__ idx{k}",
+                   f"const long long stride{k}", f"const long long rows{k}"]
+    for k in range(p.n_shared):
+        params += [f"const {ctype}* __restrict__ sh{k}", f"const long long step{k}"]
+    params += [f"{ctype}* __restrict__ out{m}" for m in range(len(p.outputs))]
+
+    lines = [
+        "// generated by acrobat_kernels for:\n// " + str(p).replace("\n", "\n// "),
+        f'extern "C" __global__ void {_cuda_kernel_name(p)}(',
+        "    " + ",\n    ".join(params),
+        ") {",
+        f"    typedef {ctype} T;",
+    ]
+    lines += [f"    const T {cname} = (T){value!r};" for cname, value in _KERNEL_CONSTANTS.items()]
+    lines += [f"    const T c{m} = {_c_float(value)};" for value, m in consts.items()]
+    lines += [
+        "    const long long total = n * F;",
+        "    const long long step = (long long)blockDim.x * gridDim.x;",
+        "    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;"
+        " e += step) {",
+        "        const long long i = e / F;",
+        "        const long long j = e - i * F;",
+    ]
+    nan = _c_float(math.nan)
+    for k in _used_operands(p, "in"):
+        lines.append(f"        const long long r{k} = idx{k} ? idx{k}[i] : i;")
+        lines.append(f"        const T x{k} = (r{k} >= 0 && r{k} < rows{k}) ? "
+                     f"buf{k}[r{k} * stride{k} + j] : {nan};")
+    for k in _used_operands(p, "sh"):
+        lines.append(f"        const T s{k} = sh{k}[j * step{k}];")
+    fmt_math = _CUDA_MATH[p.dtype]
+    for j in _live_ops(p):
+        op_name, args = p.ops[j]
+        fmt = dict(zip("abc", (name(a) for a in args)), o=f"v{j}", **fmt_math)
+        lines += [f"        const T {stmt.format(**fmt)};" for stmt in OPS_TABLE[op_name].cuda]
+    for m, j in enumerate(p.outputs):
+        lines.append(f"        out{m}[e] = v{j};")
+    lines += ["    }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _cupy():
+    """The cupy module, or None when it does not import (imported on first use)."""
+    try:
+        import cupy
+    except Exception:
+        return None
+    return cupy
+
+
+_cuda_kernels: dict[Program, object] = {}
+
+
+def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
+    cupy = _cupy()
+    if cupy is None or not torch.cuda.is_available():
+        raise RuntimeError(
+            "backend='cuda' needs cupy (pip install cupy-cuda12x) and a CUDA device; "
+            "use backend='torch' or 'numba' on this machine"
+        )
+    import numpy as np
+
+    tensors = [buf for buf, _ in sources] + list(shared)
+    if not tensors or any(t.device.type != "cuda" for t in tensors):
+        raise ValueError("backend='cuda' needs every buf, idx and shared tensor on a CUDA device")
+    device = tensors[0].device
+    kernel = _cuda_kernels.get(p)
+    if kernel is None:
+        kernel = _cuda_kernels[p] = cupy.RawKernel(cuda_source(p), _cuda_kernel_name(p))
+
+    def ptr(t):
+        return np.uint64(t.data_ptr())
+
+    args: list = [np.int64(n), np.int64(F)]
+    for buf, idx in sources:
+        args += [ptr(buf), np.uint64(0) if idx is None else ptr(idx),
+                 np.int64(buf.stride(0)), np.int64(buf.shape[0])]
+    for value in shared:
+        args += [ptr(value), np.int64(0 if value.numel() == 1 else 1)]
+    outs = [torch.empty((n, F), dtype=_DTYPES[p.dtype], device=device) for _ in p.outputs]
+    args += [ptr(out) for out in outs]
+
+    blocks = min(-(-n * F // _CUDA_THREADS), 65535)
+    stream = torch.cuda.current_stream(device)
+    with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
+        kernel((blocks,), (_CUDA_THREADS,), tuple(args))
+    return outs
+
+
+# --------------------------------------------------------------------------------------
+# 4. Entry point
+# --------------------------------------------------------------------------------------
+
+_BACKENDS = {"torch": _run_torch, "numba": _run_numba, "cuda": _run_cuda}
+
+
+def available_backends() -> list[str]:
+    """The backends usable on this machine, e.g. ``["torch", "numba"]``."""
+    found = ["torch"]
+    if _numba() is not None:
+        found.append("numba")
+    if _cupy() is not None and torch.cuda.is_available():
+        found.append("cuda")
+    return found
+
+
+def _check_args(p: Program, n: int, F: int, sources, shared):
+    """Validate run()'s arguments; return (sources, shared) in the layout kernels need."""
+    if not isinstance(p, Program):
+        raise TypeError(f"expected a Program, got {type(p).__name__}")
+    if not (isinstance(n, int) and n >= 0 and isinstance(F, int) and F >= 0):
+        raise ValueError(f"n and F must be non-negative ints, got n={n!r}, F={F!r}")
+    if len(sources) != p.n_inputs:
+        raise ValueError(f"the program takes {p.n_inputs} per-instance source(s) "
+                         f"(buf, idx), got {len(sources)}")
+    if len(shared) != p.n_shared:
+        raise ValueError(f"the program takes {p.n_shared} shared operand(s), got {len(shared)}")
+    dtype = _DTYPES[p.dtype]
+
+    checked_sources = []
+    for k, source in enumerate(sources):
+        if not (isinstance(source, (tuple, list)) and len(source) == 2):
+            raise ValueError(f"sources[{k}]: expected a (buf, idx) pair, got {type(source).__name__}")
+        buf, idx = source
+        if not isinstance(buf, torch.Tensor) or buf.dim() != 2:
+            got = f"shape {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise ValueError(f"sources[{k}]: buf must be a 2-D tensor (rows, F={F}), got {got}; "
+                             "flatten each instance's operand into one row (buf.reshape(rows, -1))")
+        if buf.shape[1] != F:
+            raise ValueError(f"sources[{k}]: buf rows have length {buf.shape[1]}, expected F={F}")
+        if buf.dtype != dtype:
+            raise ValueError(f"sources[{k}]: buf has dtype {buf.dtype}, the program is {p.dtype}")
+        if F > 1 and buf.stride(1) != 1:
+            buf = buf.contiguous()
+        if idx is None:
+            if buf.shape[0] < n:
+                raise ValueError(f"sources[{k}]: idx is None (rows 0..{n - 1}), but buf has "
+                                 f"only {buf.shape[0]} rows")
+        else:
+            if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.shape[0] != n:
+                got = f"shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+                raise ValueError(f"sources[{k}]: idx must be a 1-D tensor of length n={n}, got {got}")
+            if idx.dtype not in (torch.int64, torch.int32):
+                raise ValueError(f"sources[{k}]: idx must be int64, got {idx.dtype}")
+            if idx.device != buf.device:
+                raise ValueError(f"sources[{k}]: idx is on {idx.device}, buf on {buf.device}")
+            idx = idx.to(torch.int64).contiguous()
+        checked_sources.append((buf, idx))
+
+    checked_shared = []
+    for k, value in enumerate(shared):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"shared[{k}]: expected a tensor, got {type(value).__name__}")
+        if not (value.dim() == 0 or (value.dim() == 1 and value.shape[0] in (F, 1))):
+            raise ValueError(f"shared[{k}]: expected a 0-d tensor or a 1-D tensor of length "
+                             f"F={F}, got shape {tuple(value.shape)}; try value.reshape({F})")
+        if value.dtype != dtype:
+            raise ValueError(f"shared[{k}]: dtype {value.dtype}, the program is {p.dtype}")
+        checked_shared.append(value.contiguous())
+
+    devices = {t.device for t, _ in checked_sources} | {t.device for t in checked_shared}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    return checked_sources, checked_shared
+
+
+def _needs_grad(sources, shared) -> bool:
+    return torch.is_grad_enabled() and any(
+        t.requires_grad for t in [buf for buf, _ in sources] + list(shared)
+    )
+
+
+def run(
+    program: Program,
+    n: int,
+    F: int,
+    sources: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
+    shared: Sequence[torch.Tensor] = (),
+    backend: str = "auto",
+) -> list[torch.Tensor]:
+    """Run ``program`` on a batch of ``n`` instances of ``F`` elements each.
+
+    ``sources[k] = (buf, idx)`` supplies per-instance operand k: instance ``i`` reads
+    row ``idx[i]`` of the 2-D tensor ``buf`` (rows of length ``F``, unit stride inside a
+    row; any row stride, e.g. a column slice of a wider tensor, is read in place). ``idx``
+    is an int64 tensor of length ``n``, or None for rows ``0..n-1``. ``shared[k]`` is a
+    0-d tensor or a 1-D tensor of length ``F``, the same for every instance. Returns one
+    new ``(n, F)`` tensor per program output.
+
+    ``backend`` is ``"torch"``, ``"numba"``, ``"cuda"`` or ``"auto"`` (see the module
+    docstring). Only ``"torch"`` records autograd; ``"auto"`` picks it when a
+    gradient is needed, an explicit ``"numba"`` or ``"cuda"`` then raises.
+
+    Raises ``ValueError`` for malformed arguments, ``IndexError`` for an out-of-range
+    index (torch and numba backends), ``RuntimeError`` for an unavailable backend.
+    """
+    checked_sources, checked_shared = _check_args(program, n, F, sources, shared)
+    if backend == "auto":
+        backend = _auto_backend(checked_sources, checked_shared)
+    elif backend not in _BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of "
+                         f"{['auto', *_BACKENDS]}")
+    elif backend != "torch" and _needs_grad(checked_sources, checked_shared):
+        raise ValueError(f"backend={backend!r} does not record autograd, but an operand "
+                         "requires grad; use backend='torch' (or 'auto')")
+    if n == 0 or F == 0:
+        return [torch.empty((n, F), dtype=_DTYPES[program.dtype],
+                            device=_device(checked_sources, checked_shared))
+                for _ in program.outputs]
+    if backend == "numba":
+        if _numba() is None:
+            raise RuntimeError("backend='numba' needs numba (pip install numba)")
+        if _device(checked_sources, checked_shared).type != "cpu":
+            raise ValueError("backend='numba' needs CPU tensors; use backend='cuda' or 'torch'")
+    return _BACKENDS[backend](program, n, F, checked_sources, checked_shared)
+
+
+def _device(sources, shared) -> torch.device:
+    for t in [buf for buf, _ in sources] + list(shared):
+        return t.device
+    return torch.device("cpu")
+
+
+def _auto_backend(sources, shared) -> str:
+    if _needs_grad(sources, shared):
+        return "torch"
+    device = _device(sources, shared)
+    if device.type == "cpu" and _numba() is not None:
+        return "numba"
+    if device.type == "cuda" and _cupy() is not None:
+        return "cuda"
+    return "torch"
