@@ -29,6 +29,10 @@ VERIFY: bool = bool(_env_int("ACROBAT_VERIFY", 0))
 #: run as blocks inside f.map (see analysis.py). Off: only @acrobat.block functions do.
 AUTO_BLOCKS: bool = bool(_env_int("ACROBAT_AUTO_BLOCKS", 1))
 
+#: File in which online variant choices (choice.py) are saved and reloaded; "" keeps
+#: them in memory only.
+CHOICE_CACHE: str = os.environ.get("ACROBAT_CHOICE_CACHE", "")
+
 #: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
 BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
 

@@ -633,6 +633,7 @@ def cuda_source(p: Program) -> str:
         f"    typedef {ctype} T;",
     ]
     lines += [f"    const T {cname} = (T){value!r};" for cname, value in _KERNEL_CONSTANTS.items()]
+    lines.append(f"    const T NOT_A_NUMBER = {_c_float(math.nan)};")
     lines += [f"    const T c{m} = {_c_float(value)};" for value, m in consts.items()]
     lines += [
         "    const long long total = n * F;",
@@ -642,11 +643,10 @@ def cuda_source(p: Program) -> str:
         "        const long long i = e / F;",
         "        const long long j = e - i * F;",
     ]
-    nan = _c_float(math.nan)
     for k in _used_operands(p, "in"):
         lines.append(f"        const long long r{k} = idx{k} ? idx{k}[i] : i;")
         lines.append(f"        const T x{k} = (r{k} >= 0 && r{k} < rows{k}) ? "
-                     f"buf{k}[r{k} * stride{k} + j] : {nan};")
+                     f"buf{k}[r{k} * stride{k} + j] : NOT_A_NUMBER;")
     for k in _used_operands(p, "sh"):
         lines.append(f"        const T s{k} = sh{k}[j * step{k}];")
     fmt_math = _CUDA_MATH[p.dtype]

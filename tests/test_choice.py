@@ -1,0 +1,62 @@
+"""Online variant choice: work-conserving trials, then the fastest variant sticks."""
+
+import time
+
+import torch
+
+import acrobat
+from acrobat import choice
+
+
+def test_trials_compute_real_results_then_fastest_wins(tmp_path):
+    c = choice.Chooser(trials=2)
+    calls = []
+
+    def slow():
+        calls.append("slow")
+        time.sleep(0.002)
+        return 1
+
+    def fast():
+        calls.append("fast")
+        return 1
+
+    results = [c.run(("k", 4), {"slow": slow, "fast": fast}) for _ in range(6)]
+    assert results == [1] * 6  # every call, trial or not, returns the real result
+    assert calls[:4].count("slow") == 2 and calls[:4].count("fast") == 2
+    assert calls[4:] == ["fast", "fast"]
+    assert c.decided[("k", 4)] == "fast"
+
+
+def test_decisions_persist_to_disk(tmp_path):
+    path = str(tmp_path / "choices.json")
+    with acrobat.config.override(CHOICE_CACHE=path):
+        a = choice.Chooser(trials=1)
+        for _ in range(2):
+            a.run(("op", 3, torch.float32), {"x": lambda: 0, "y": lambda: 0})
+        b = choice.Chooser(trials=1)
+        b.run(("op", 3, torch.float32), {"x": lambda: 0, "y": lambda: 0})
+        assert b.decided[("op", 3, torch.float32)] == a.decided[("op", 3, torch.float32)]
+        assert not b.samples  # no trial needed: the saved decision was used
+
+
+def test_bucket():
+    assert [choice.bucket(n) for n in (1, 2, 3, 4, 5, 64, 65)] == [1, 2, 4, 4, 8, 64, 128]
+
+
+def test_every_variant_is_correct():
+    """Both matrix-vector variants run during the trials; each must match eager."""
+
+    @acrobat.autobatch
+    def f(m, v):
+        return m @ v
+
+    ms = [torch.randn(5, 5) for _ in range(6)]
+    vs = [torch.randn(5) for _ in range(6)]
+    with torch.no_grad():
+        for _ in range(2 * choice.TRIALS + 1):
+            got = f.map(ms, vs)
+            for g, m, v in zip(got, ms, vs):
+                torch.testing.assert_close(g, m @ v)
+    assert any(k[0] == "mv" for k in choice.CHOOSER.decided)
+
