@@ -92,8 +92,8 @@ class OpDef:
     positions, which arrive as Python floats). ``numba`` and ``cuda`` are assignment
     templates, one statement each, over ``{o}`` (the result's name), ``{a} {b} {c}``
     (the arguments) and the kernel constants ``ZERO ONE HALF RSQRT2``; a statement may
-    define helper names ``{o}_x``. CUDA templates name math functions as ``{exp}``
-    etc., filled with the float or double variant.
+    define helper names ``{o}_x``. Math functions appear as ``{exp} {log} {sqrt} {tanh}
+    {erf} {fabs}``, filled per backend and dtype (``_NUMBA_MATH``, ``_CUDA_MATH``).
     """
 
     arity: int
@@ -107,8 +107,8 @@ def _compare(fn):
     return lambda a, b: fn(a, b).to(torch.promote_types(a.dtype, b.dtype))
 
 
-def _unary(numba_fn: str, cuda_fn: str, torch_fn: Callable) -> OpDef:
-    return OpDef(1, torch_fn, (f"{{o}} = {numba_fn}({{a}})",), (f"{{o}} = {cuda_fn}({{a}})",))
+def _unary(fn: str, torch_fn: Callable) -> OpDef:
+    return OpDef(1, torch_fn, (f"{{o}} = {fn}({{a}})",), (f"{{o}} = {fn}({{a}})",))
 
 
 def _binary(symbol: str, torch_fn: Callable) -> OpDef:
@@ -128,7 +128,7 @@ def _comparison(symbol: str, torch_fn: Callable) -> OpDef:
 #: read this table; adding a row adds an op everywhere.
 OPS_TABLE: dict[str, OpDef] = {
     "neg": OpDef(1, torch.neg, ("{o} = -{a}",), ("{o} = -{a}",)),
-    "abs": _unary("abs", "{fabs}", torch.abs),
+    "abs": _unary("{fabs}", torch.abs),
     "add": _binary("+", torch.add),
     "sub": _binary("-", torch.sub),
     "mul": _binary("*", torch.mul),
@@ -138,7 +138,7 @@ OPS_TABLE: dict[str, OpDef] = {
         1,
         torch.sigmoid,
         (
-            "{o}_e = math.exp(-abs({a}))",
+            "{o}_e = {exp}(-{fabs}({a}))",
             "{o}_r = ONE / (ONE + {o}_e)",
             "{o} = {o}_r if {a} >= ZERO else {o}_e * {o}_r",
         ),
@@ -148,14 +148,14 @@ OPS_TABLE: dict[str, OpDef] = {
             "{o} = ({a} >= ZERO) ? {o}_r : {o}_e * {o}_r",
         ),
     ),
-    "tanh": _unary("math.tanh", "{tanh}", torch.tanh),
+    "tanh": _unary("{tanh}", torch.tanh),
     # Written so that NaN falls through to the argument, as torch.relu does.
     "relu": OpDef(1, torch.relu, ("{o} = ZERO if {a} < ZERO else {a}",),
                   ("{o} = ({a} < ZERO) ? ZERO : {a}",)),
-    "exp": _unary("math.exp", "{exp}", torch.exp),
-    "log": _unary("math.log", "{log}", torch.log),
-    "sqrt": _unary("math.sqrt", "{sqrt}", torch.sqrt),
-    "rsqrt": OpDef(1, torch.rsqrt, ("{o} = ONE / math.sqrt({a})",),
+    "exp": _unary("{exp}", torch.exp),
+    "log": _unary("{log}", torch.log),
+    "sqrt": _unary("{sqrt}", torch.sqrt),
+    "rsqrt": OpDef(1, torch.rsqrt, ("{o} = ONE / {sqrt}({a})",),
                    ("{o} = ONE / {sqrt}({a})",)),
     "square": OpDef(1, torch.square, ("{o} = {a} * {a}",), ("{o} = {a} * {a}",)),
     # torch.maximum/minimum return NaN if either side is NaN (fmax/fmin would not).
@@ -186,11 +186,11 @@ OPS_TABLE: dict[str, OpDef] = {
     "gelu": OpDef(
         1,
         TF.gelu,
-        ("{o} = ({a} * HALF) * (ONE + math.erf({a} * RSQRT2))",),
+        ("{o} = ({a} * HALF) * (ONE + {erf}({a} * RSQRT2))",),
         ("{o} = ({a} * HALF) * (ONE + {erf}({a} * RSQRT2))",),
     ),
     # x / (1 + exp(-x)), as torch computes silu; exp overflow gives x / inf = -0.
-    "silu": OpDef(1, TF.silu, ("{o} = {a} / (ONE + math.exp(-{a}))",),
+    "silu": OpDef(1, TF.silu, ("{o} = {a} / (ONE + {exp}(-{a}))",),
                   ("{o} = {a} / (ONE + {exp}(-{a}))",)),
     "leaky_relu": OpDef(
         2,
@@ -410,6 +410,15 @@ def _run_torch(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor
 #: costs more than it saves. The parallel kernel splits the instances over threads.
 PARALLEL_MIN_ELEMENTS = 1 << 15
 
+# float32 exp/tanh come from vecmath (vectorizable); the rest are numba's libm calls or
+# LLVM intrinsics (sqrt, abs), which vectorize by themselves.
+_NUMBA_MATH = {
+    "float32": {"exp": "exp_f32", "tanh": "tanh_f32", "log": "math.log", "sqrt": "math.sqrt",
+                "erf": "math.erf", "fabs": "abs"},
+    "float64": {"exp": "math.exp", "tanh": "math.tanh", "log": "math.log", "sqrt": "math.sqrt",
+                "erf": "math.erf", "fabs": "abs"},
+}
+
 _KERNEL_CONSTANTS = {"ZERO": 0.0, "ONE": 1.0, "HALF": 0.5, "RSQRT2": 0.7071067811865476}
 
 
@@ -480,7 +489,7 @@ def numba_source(p: Program) -> str:
         body.append(f"s{k} = sh{k}[j * step{k}]")
     for j in _live_ops(p):
         op_name, args = p.ops[j]
-        fmt = dict(zip("abc", (name(a) for a in args)), o=f"v{j}")
+        fmt = dict(zip("abc", (name(a) for a in args)), o=f"v{j}", **_NUMBA_MATH[p.dtype])
         body.extend(stmt.format(**fmt) for stmt in OPS_TABLE[op_name].numba)
     for m, j in enumerate(p.outputs):
         body.append(f"out{m}[o + j] = v{j}")
@@ -510,6 +519,8 @@ def _numba_kernel(p: Program, parallel: bool) -> Callable:
     numba = _numba()
     import numpy as np
 
+    from acrobat_kernels import vecmath
+
     nt = numba.types
     elem = nt.float32 if p.dtype == "float32" else nt.float64
     flat, index = nt.Array(elem, 1, "C"), nt.Array(nt.int64, 1, "C")
@@ -520,6 +531,8 @@ def _numba_kernel(p: Program, parallel: bool) -> Callable:
 
     namespace = {
         "math": math,
+        "exp_f32": vecmath.exp_f32,
+        "tanh_f32": vecmath.tanh_f32,
         "DT": np.float32 if p.dtype == "float32" else np.float64,
         "prange": numba.prange if parallel else range,
     }

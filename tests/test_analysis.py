@@ -3,6 +3,7 @@ run as blocks inside f.map, with the same results, and fall back safely."""
 
 import random
 
+import pytest
 import torch
 from torch import nn
 
@@ -98,10 +99,8 @@ def test_code_is_restored_after_map_and_after_errors():
         cell(x, x)
         raise RuntimeError("boom")
 
-    try:
+    with pytest.raises(RuntimeError, match="boom"):
         boom.map([torch.randn(4)])
-    except RuntimeError:
-        pass
     assert cell.__code__ is original
     run.map([[torch.randn(4)]])
     assert cell.__code__ is original
