@@ -424,6 +424,13 @@ def _special_tensor(func, args, kwargs):
         dtype = kwargs.get("dtype") or _SCALAR_DTYPES[kind] or torch.get_default_dtype()
         if not kwargs or set(kwargs) <= {"dtype"}:
             return record_data(TENSOR, (TENSOR, _SCALAR, dtype), data, _SCALAR, dtype)
+    if rt.tracer is None and len(args) == 1 and (kind is list or kind is tuple) and data:
+        # a flat list of Python numbers (a mask, a few ids): the same, without building it
+        kinds = frozenset(map(type, data))
+        if kinds in _LIST_DTYPES and (not kwargs or set(kwargs) <= {"dtype"}):
+            dtype = kwargs.get("dtype") or _LIST_DTYPES[kinds] or torch.get_default_dtype()
+            shape = torch.Size([len(data)])
+            return record_data(TENSOR, (TENSOR, shape, dtype), list(data), shape, dtype)
     if has_lazy(data):
         raise UnsupportedOpError(
             f"torch.tensor() of lazy tensors (at {user_line(3)}): use torch.stack / torch.cat"
@@ -442,6 +449,12 @@ def _special_tensor(func, args, kwargs):
 
 _SCALAR = torch.Size([])
 _SCALAR_DTYPES = {int: torch.int64, bool: torch.bool, float: None}
+_LIST_DTYPES = {  # element types of a flat list -> torch.tensor's dtype (None: the default)
+    frozenset({int}): torch.int64,
+    frozenset({bool}): torch.bool,
+    frozenset({float}): None,
+    frozenset({int, float}): None,
+}
 
 
 def _special_take(base, index):

@@ -448,52 +448,68 @@ def _used_operands(p: Program, kind: str) -> list[int]:
 
 
 def numba_source(p: Program) -> str:
-    """Python source of the numba kernel for ``p`` (the kernel is named ``kernel``).
+    """Python source of the numba kernels for ``p``: ``rows``, ``kernel``, ``kernel_parallel``.
 
-    Arguments: ``n, F, bad``, then per input ``buf, idx, use_idx, row_stride, rows``,
-    per shared operand ``values, step`` (step 0 broadcasts a scalar), then one output
-    array per program output. All arrays are flat; ``bad[0]`` is set when an index is
-    out of range. ``prange`` is bound to ``numba.prange`` or ``range`` at compile time.
+    ``rows(start, stop, ...)`` evaluates instances ``start..stop-1``: per instance it
+    reads the row index of each input once, then runs the program over the ``F``
+    elements in a loop that LLVM vectorizes. ``kernel`` calls it on all instances;
+    ``kernel_parallel`` splits the instances into chunks over numba's threads, so both
+    run the same vectorized loop.
+
+    Kernel arguments: ``n, F, bad``, then per input ``buf, idx, use_idx, row_stride,
+    rows`` (``buf`` flat, ``use_idx`` False reads row i), per shared operand ``values,
+    step`` (step 0 broadcasts a scalar), then one ``(n, F)`` output per program output.
+    ``bad[0]`` is set when an index is out of range (that instance is skipped).
     """
     consts = _constants(p)
     name = _operand_names(p, consts)
-    params = ["n", "F", "bad"]
+    params = ["F", "bad"]
     for k in range(p.n_inputs):
         params += [f"buf{k}", f"idx{k}", f"use_idx{k}", f"stride{k}", f"rows{k}"]
     for k in range(p.n_shared):
         params += [f"sh{k}", f"step{k}"]
     params += [f"out{m}" for m in range(len(p.outputs))]
+    params_text = ", ".join(params)
 
     inputs = _used_operands(p, "in")
-    lines = [f"def kernel({', '.join(params)}):"]
+    lines = [f"def rows(start, stop, {params_text}):"]
     for cname, value in _KERNEL_CONSTANTS.items():
         lines.append(f"    {cname} = DT({value!r})")
     for value, m in consts.items():
         lines.append(f"    c{m} = DT({_py_float(value)})")
-    lines.append("    for i in prange(n):")
+    lines.append("    for i in range(start, stop):")
     lines.append("        ok = True")
     for k in inputs:
         lines.append(f"        r{k} = idx{k}[i] if use_idx{k} else i")
         lines.append(f"        if r{k} < 0 or r{k} >= rows{k}:")
         lines.append("            ok = False")
-        lines.append(f"        base{k} = r{k} * stride{k}")
+        # A row view indexed by the loop counter: LLVM sees unit-stride loads, not a
+        # gather, which it could not prove for buf[r * stride + j].
+        lines.append(f"        row{k} = buf{k}[r{k} * stride{k}:r{k} * stride{k} + F]")
     lines.append("        if not ok:")
     lines.append("            bad[0] = 1")
     lines.append("            continue")
-    lines.append("        o = i * F")
     lines.append("        for j in range(F):")
-    body = []
-    for k in inputs:
-        body.append(f"x{k} = buf{k}[base{k} + j]")
-    for k in _used_operands(p, "sh"):
-        body.append(f"s{k} = sh{k}[j * step{k}]")
+    body = [f"x{k} = row{k}[j]" for k in inputs]
+    body += [f"s{k} = sh{k}[j * step{k}]" for k in _used_operands(p, "sh")]
     for j in _live_ops(p):
         op_name, args = p.ops[j]
         fmt = dict(zip("abc", (name(a) for a in args)), o=f"v{j}", **_NUMBA_MATH[p.dtype])
         body.extend(stmt.format(**fmt) for stmt in OPS_TABLE[op_name].numba)
-    for m, j in enumerate(p.outputs):
-        body.append(f"out{m}[o + j] = v{j}")
+    body += [f"out{m}[i, j] = v{j}" for m, j in enumerate(p.outputs)]
     lines.extend("            " + stmt for stmt in body)
+    lines += [
+        "",
+        "",
+        f"def kernel(n, {params_text}):",
+        f"    rows(0, n, {params_text})",
+        "",
+        "",
+        f"def kernel_parallel(n, {params_text}):",
+        "    chunks = min(n, CHUNKS_PER_THREAD * get_num_threads())",
+        "    for c in prange(chunks):",
+        f"        rows(c * n // chunks, (c + 1) * n // chunks, {params_text})",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -508,6 +524,9 @@ def _numba():
 
 
 _numba_kernels: dict[tuple[Program, bool], Callable] = {}
+
+# Chunks per thread in kernel_parallel: a few, so a slow thread does not hold up the rest.
+_CHUNKS_PER_THREAD = 4
 
 
 def _numba_kernel(p: Program, parallel: bool) -> Callable:
@@ -527,24 +546,33 @@ def _numba_kernel(p: Program, parallel: bool) -> Callable:
     sig = [nt.int64, nt.int64, index]
     sig += [flat, index, nt.boolean, nt.int64, nt.int64] * p.n_inputs
     sig += [flat, nt.int64] * p.n_shared
-    sig += [flat] * len(p.outputs)
+    sig += [nt.Array(elem, 2, "C")] * len(p.outputs)
 
-    namespace = {
-        "math": math,
-        "exp_f32": vecmath.exp_f32,
-        "tanh_f32": vecmath.tanh_f32,
-        "DT": np.float32 if p.dtype == "float32" else np.float64,
-        "prange": numba.prange if parallel else range,
-    }
-    source = numba_source(p)
-    exec(compile(source, f"<acrobat_kernels {_program_id(p)}>", "exec"), namespace)
-    # error_model="numpy": x / 0 gives inf/nan like torch instead of raising.
-    kernel = numba.njit(
-        nt.void(*sig), parallel=parallel, fastmath=False, cache=False, nogil=True,
-        error_model="numpy",
-    )(namespace["kernel"])
+    # Both variants of a program share one namespace, so ``rows`` is compiled once.
+    namespace = _numba_namespaces.get(p)
+    if namespace is None:
+        namespace = {
+            "math": math,
+            "exp_f32": vecmath.exp_f32,
+            "tanh_f32": vecmath.tanh_f32,
+            "DT": np.float32 if p.dtype == "float32" else np.float64,
+            "prange": numba.prange,
+            "get_num_threads": numba.get_num_threads,
+            "CHUNKS_PER_THREAD": _CHUNKS_PER_THREAD,
+        }
+        exec(compile(numba_source(p), f"<acrobat_kernels {_program_id(p)}>", "exec"), namespace)
+        namespace["rows"] = numba.njit(**_NUMBA_OPTIONS)(namespace["rows"])
+        _numba_namespaces[p] = namespace
+    python_fn = namespace["kernel_parallel" if parallel else "kernel"]
+    kernel = numba.njit(nt.void(*sig), parallel=parallel, **_NUMBA_OPTIONS)(python_fn)
     _numba_kernels[key] = kernel
     return kernel
+
+
+# error_model="numpy": x / 0 gives inf/nan as in torch instead of raising. cache=False:
+# exec-ed source has no file for numba's on-disk cache (see the module docstring).
+_NUMBA_OPTIONS = {"fastmath": False, "cache": False, "nogil": True, "error_model": "numpy"}
+_numba_namespaces: dict[Program, dict] = {}
 
 
 def _flat_rows(buf: torch.Tensor):
@@ -571,7 +599,7 @@ def _run_numba(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor
     for value in shared:
         args += [value.reshape(-1).numpy(), 0 if value.numel() == 1 else 1]
     outs = [torch.empty((n, F), dtype=dtype) for _ in p.outputs]
-    args += [out.view(-1).numpy() for out in outs]
+    args += [out.numpy() for out in outs]
     kernel(*args)
     if bad[0]:
         _raise_bad_index(sources)

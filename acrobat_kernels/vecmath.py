@@ -61,7 +61,7 @@ def _pow2_f32(typingctx, k):
     return types.float32(types.float32), codegen
 
 
-@njit(error_model="numpy", fastmath=False)
+@njit(error_model="numpy", fastmath=False, inline="always")
 def exp_f32(x):
     """exp(x) in float32: x = k ln2 + r, |r| <= ln2/2, exp(r) by its degree-7 Taylor
     polynomial (truncation error 7e-9 relative), times 2**k."""
@@ -85,7 +85,7 @@ def exp_f32(x):
     return x if is_nan else result
 
 
-@njit(error_model="numpy", fastmath=False)
+@njit(error_model="numpy", fastmath=False, inline="always")
 def tanh_f32(x):
     """tanh(x) in float32: an odd polynomial near 0, (1 - e)/(1 + e) with e = exp(-2|x|)
     elsewhere (no cancellation there: e <= 0.29). Both are computed, one is selected,
