@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from acrobat.errors import AcrobatError, LazyValueError, ShapeError, UnsupportedOpError, user_line
-from acrobat.tensor import LazyTensor
+from acrobat.tensor import LazyTensor, type_key
 
 
 class Node:
@@ -76,12 +76,13 @@ class Info:
     """What a signature's shape rule produced: per-output (shape, dtype) and how the
     outputs are packaged (a single tensor, a tuple, or a torch.return_types namedtuple)."""
 
-    __slots__ = ("metas", "single", "struct")
+    __slots__ = ("keys", "metas", "single", "struct")
 
     def __init__(self, metas, single, struct):
         self.metas = metas
         self.single = single
         self.struct = struct
+        self.keys = tuple(type_key(s, d) for s, d in metas)
 
 
 class Runtime:
@@ -263,8 +264,9 @@ def wrap_outputs(node: Node, info: Info):
     metas = info.metas
     if info.single:
         shape, dtype = metas[0]
-        return LazyTensor(node, 0, shape, dtype)
-    outs = tuple([LazyTensor(node, k, s, d) for k, (s, d) in enumerate(metas)])
+        return LazyTensor(node, 0, shape, dtype, info.keys[0])
+    keys = info.keys
+    outs = tuple([LazyTensor(node, k, s, d, keys[k]) for k, (s, d) in enumerate(metas)])
     return info.struct(outs) if info.struct is not None else outs
 
 
@@ -291,9 +293,21 @@ def record(op, func, args: tuple, kwargs: dict):
     if rt.tracer is not None:
         return rt.tracer.record(op, func, args, kwargs)
     inputs: list[LazyTensor] = []
-    fargs = tuple([freeze(a, inputs) for a in args])
+    parts = []
+    for a in args:  # graph.freeze, with its commonest cases inlined
+        t = type(a)
+        if t is LazyTensor:
+            inputs.append(a)
+            parts.append(a.key)
+        elif t is int or a is None:
+            parts.append(a)
+        else:
+            parts.append(freeze(a, inputs))
     # ``func`` is part of the signature: aliases of a row may differ (rand_like/randn_like)
-    sig = (func, fargs, freeze_kwargs(kwargs, inputs)) if kwargs else (func, fargs)
+    if kwargs:
+        sig = (func, tuple(parts), freeze_kwargs(kwargs, inputs))
+    else:
+        sig = (func, tuple(parts))
     info = rt.sig_info.get(sig)
     if info is None:
         info = rt.sig_info[sig] = infer(op, func, args, kwargs, rt)
@@ -349,7 +363,7 @@ def record_data(op, sig, data, shape, dtype):
     else:
         bucket.append(node)
     rt.nodes += 1
-    return LazyTensor(node, 0, shape, dtype)
+    return LazyTensor(node, 0, shape, dtype, info.keys[0])
 
 
 def hoist(func, args, kwargs):

@@ -19,15 +19,27 @@ import torch
 from acrobat.errors import LazyValueError, user_line
 
 
+_TYPE_KEYS: dict[tuple, int] = {}
+
+
+def type_key(shape: torch.Size, dtype: torch.dtype) -> int:
+    """A small int naming (shape, dtype): cheaper to hash in signatures than the pair."""
+    key = _TYPE_KEYS.get((shape, dtype))
+    if key is None:
+        key = _TYPE_KEYS[(shape, dtype)] = -1 - len(_TYPE_KEYS)  # negative: never an int arg
+    return key
+
+
 class LazyTensor:
     __slots__ = ("node", "idx", "shape", "dtype", "key")
 
-    def __init__(self, node, idx: int, shape: torch.Size, dtype: torch.dtype):
+    def __init__(self, node, idx: int, shape: torch.Size, dtype: torch.dtype, key=None):
         self.node = node  # the producing graph.Node
         self.idx = idx  # which output of that node
         self.shape = shape  # per-instance shape (no batch dimension)
         self.dtype = dtype
-        self.key = (shape, dtype)  # this operand's part of a batching signature
+        # this operand's part of a batching signature: a small int naming (shape, dtype)
+        self.key = key if key is not None else type_key(shape, dtype)
 
     # ---- metadata: answered without a demand ---------------------------------------
     @property
