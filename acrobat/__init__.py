@@ -8,7 +8,7 @@ Write the forward pass for ONE instance in plain PyTorch, decorate it with
     outs = encode.map(trees, model=model)
 """
 
-from acrobat import config
+from acrobat import config, fusion
 from acrobat.api import Autobatched, autobatch, concurrent, fork, phase, stats
 from acrobat.block import block
 from acrobat.errors import AcrobatError, LazyValueError, ShapeError, UnsupportedOpError
@@ -34,6 +34,7 @@ __all__ = [
     "concurrent",
     "config",
     "fork",
+    "fusion",
     "phase",
     "stats",
 ]

@@ -20,7 +20,7 @@ from collections import OrderedDict
 
 import torch
 
-from acrobat import config, graph
+from acrobat import config, fusion, graph
 from acrobat.errors import AcrobatError, LazyValueError, user_line
 from acrobat.graph import (
     Info,
@@ -105,7 +105,23 @@ class Trace:
         return True
 
     def run(self, node, xs, n):
-        """The block op's batching rule: run the program with batched operands."""
+        """The block op's batching rule: run the program with batched operands (the
+        fused elementwise region as one kernel, when the online choice says so)."""
+        plan = self.fusion
+        device = None
+        if xs:
+            device = xs[0].buf.device if type(xs[0]) is fusion.Source else xs[0].device
+        if plan is not None and fusion.use_fused(self, device):
+            return fusion.choose(
+                self, n,
+                lambda: fusion.run(self, plan, {}, xs, n),
+                lambda: self.run_ops(_materialized(xs, n), n),
+                device,
+            )  # fmt: skip
+        return self.run_ops(_materialized(xs, n), n)
+
+    def run_ops(self, xs, n):
+        """The program op by op, each op's batched rule in turn."""
         env = {}
         for ph, x in zip(self.placeholders, xs):
             env[ph] = (x,)
@@ -113,6 +129,10 @@ class Trace:
             ins = [env[t.node][t.idx] for t in inner.inputs]
             env[inner] = inner.op.rule(inner, ins, n)
         return tuple(env[t.node][t.idx] for t in self.out_lazies)
+
+
+def _materialized(xs, n):
+    return [x.materialize(n) if type(x) is fusion.Source else x for x in xs]
 
 
 def _key(a, keep: list, inputs: list):
@@ -273,6 +293,9 @@ class Block:
             launches=len(tracer.nodes),
             doc=f"{len(tracer.nodes)} ops traced from {tracer.name}",
         )
+        trace.fusion = fusion.plan(trace)
+        if trace.fusion is not None:
+            trace.op.source_args = trace.fusion.source_args
         trace.run_id = rt.id
         for nd in tracer.nodes + ph_nodes:
             nd.rt = None  # the trace outlives this run; don't keep the run alive

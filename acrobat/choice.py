@@ -40,8 +40,9 @@ def _stable(key) -> bool:
 
 
 class Chooser:
-    def __init__(self, trials: int = TRIALS):
+    def __init__(self, trials: int = TRIALS, warmup: int = 1):
         self.trials = trials
+        self.warmup = warmup  # untimed first runs per variant (JIT compiles, caches)
         self.decided: dict = {}
         self.samples: dict = {}
         self._loaded_from = None
@@ -57,8 +58,12 @@ class Chooser:
             return variants[name]()
         samples = self.samples.get(key)
         if samples is None:
-            samples = self.samples[key] = {v: [] for v in variants}
-        name = min(samples, key=lambda v: len(samples[v]))
+            samples = self.samples[key] = {v: [0, []] for v in variants}  # [warm-ups, times]
+        name = min(samples, key=lambda v: samples[v][0] + len(samples[v][1]))
+        entry = samples[name]
+        if entry[0] < self.warmup:  # untimed: JIT compiles and cold caches don't count
+            entry[0] += 1
+            return variants[name]()
         sync = device is not None and device.type == "cuda"
         if sync:
             torch.cuda.synchronize(device)
@@ -66,9 +71,9 @@ class Chooser:
         out = variants[name]()
         if sync:
             torch.cuda.synchronize(device)
-        samples[name].append(time.perf_counter() - t0)
-        if all(len(t) >= self.trials for t in samples.values()):
-            best = min(samples, key=lambda v: statistics.median(samples[v]))
+        entry[1].append(time.perf_counter() - t0)
+        if all(len(times) >= self.trials for _, times in samples.values()):
+            best = min(samples, key=lambda v: statistics.median(samples[v][1]))
             self.decided[key] = best
             del self.samples[key]
             self._maybe_save(key, best, device)

@@ -71,6 +71,32 @@ def gather(ts: list, n: int, stats) -> torch.Tensor:
     return out
 
 
+def gather_source(ts: list, n: int, stats):
+    """Like ``gather``, but for an operand a fused kernel reads in place: the rows stay
+    where they are and the kernel gets (buffer, index); only operands spread over several
+    producer batches are gathered first."""
+    from acrobat.fusion import Source
+
+    t0 = ts[0]
+    node0 = t0.node
+    buf = node0.outs[t0.idx]
+    shape = t0.shape
+    F = shape.numel()
+    same = True
+    for t in ts:
+        if t.node.outs is not node0.outs or t.idx != t0.idx:
+            same = False
+            break
+    if not same:
+        return Source(gather(ts, n, stats).reshape(n, F), None, shape)
+    rows = [t.node.row for t in ts]
+    flat = buf.reshape(buf.shape[0], F)
+    if rows == list(range(rows[0], rows[0] + n)):
+        return Source(flat[rows[0] : rows[0] + n], None, shape)
+    stats.gathers_fused += 1
+    return Source(flat, torch.tensor(rows, device=buf.device), shape)
+
+
 def run_batch(nodes: list, stats) -> None:
     """Execute one batch (nodes of equal signature) and give every node its row."""
     n0 = nodes[0]
@@ -82,8 +108,15 @@ def run_batch(nodes: list, stats) -> None:
         t1 = time.perf_counter()
     else:
         xs = []
+        in_place = op.source_args
+        if in_place and (config.KERNEL_BACKEND == "off" or torch.is_grad_enabled()):
+            in_place = ()
         for j in range(len(n0.inputs)):
-            xs.append(gather([nd.inputs[j] for nd in nodes], n, stats))
+            column = [nd.inputs[j] for nd in nodes]
+            if j in in_place:
+                xs.append(gather_source(column, n, stats))
+            else:
+                xs.append(gather(column, n, stats))
         t1 = time.perf_counter()
         try:
             outs = op.rule(n0, xs, n)

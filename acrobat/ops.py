@@ -48,6 +48,7 @@ class Op:
     special: Callable | None = None  # custom recording: special(func, args, kwargs)
     launches: int = 1
     doc: str = ""
+    source_args: frozenset = frozenset()  # operands a fused kernel reads in place
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:

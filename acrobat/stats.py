@@ -25,6 +25,7 @@ class Stats:
         "t_kernel",
         "t_total",
         "by_op",
+        "gathers_fused",
     )
 
     def __init__(self):

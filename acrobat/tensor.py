@@ -18,7 +18,6 @@ import torch
 
 from acrobat.errors import LazyValueError, user_line
 
-
 _TYPE_KEYS: dict[tuple, int] = {}
 
 

@@ -40,18 +40,28 @@ Example::
     >>> torch.allclose(out, ref)
     True
 
-Compiled-kernel caching: numba's ``cache=True`` needs a source file to key its on-disk
-cache, and ``exec``-ed source has none, so the numba kernels are compiled with
-``cache=False`` and kept in an in-process dict: the first call of each program (and
-again the first call that takes the parallel variant) pays numba's compile time, about
-0.3-1 s, in every process. ``cupy.RawKernel`` keeps its own on-disk cache of CUDA
-binaries.
+Compiling and caching: numba compiles a program on its first call, about 0.5-2 s
+(the LSTM tail: ~1.5 s serial; the parallel variant, compiled on the first call large
+enough to take it, adds ~0.5-2 s). numba's ``cache=True`` keys its on-disk cache on a
+source file, and ``exec``-ed source has none, so the kernels are compiled with
+``cache=False`` and kept in an in-process dict: every process pays the compile once
+per program. (Writing the generated source to a module file in a cache directory and
+importing it would make ``cache=True`` work; not done yet.) ``cupy.RawKernel`` keeps its
+own on-disk cache of CUDA binaries.
+
+CPU speed: the fused kernel's per-element loop is vectorized by LLVM (AVX2/AVX-512)
+because float32 ``exp``/``tanh``/``log``/``erf`` come from :mod:`acrobat_kernels.vecmath`
+rather than libm calls (float64 kernels call libm and run scalar). Small batches run one
+thread; from ``PARALLEL_MIN_ELEMENTS`` elements on, the instances are split over numba's
+threads (``numba.set_num_threads``), which share the cores with torch's own threads.
 
 Numerics: every intermediate is computed in the program's dtype (constants are rounded
-to it first), as torch does, with IEEE semantics (``fastmath=False``, no FMA
-contraction); division by zero gives inf/nan, not an exception. ``sigmoid`` uses the
-overflow-free form ``exp(-|x|)``; NaN propagates through maximum/minimum/relu/clamp as in
-torch. The numba and torch results agree to within a few float32 ulps per op.
+to it first), as torch does, with IEEE semantics in numba (``fastmath=False``, no FMA
+contraction; nvcc may contract to FMA); division by zero gives inf/nan, not an
+exception. ``sigmoid`` uses the overflow-free form ``exp(-|x|)``; NaN propagates through
+maximum/minimum/relu/clamp as in torch. Results agree with torch to a few float32 ulps
+per op. One known difference: torch's float32 CPU ``gelu(+inf)`` is NaN, ours is inf
+(torch's float64 result).
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as TF
 
@@ -112,7 +123,8 @@ def _unary(fn: str, torch_fn: Callable) -> OpDef:
 
 
 def _binary(symbol: str, torch_fn: Callable) -> OpDef:
-    return OpDef(2, torch_fn, (f"{{o}} = {{a}} {symbol} {{b}}",), (f"{{o}} = {{a}} {symbol} {{b}}",))
+    template = f"{{o}} = {{a}} {symbol} {{b}}"
+    return OpDef(2, torch_fn, (template,), (template,))
 
 
 def _comparison(symbol: str, torch_fn: Callable) -> OpDef:
@@ -307,9 +319,10 @@ def _validate_and_normalise(p: Program) -> None:
             kind, k = arg
             limit = {"in": p.n_inputs, "sh": p.n_shared, "op": j}[kind]
             if not 0 <= k < limit:
-                what = {"in": f"{p.n_inputs} input(s)", "sh": f"{p.n_shared} shared operand(s)",
-                        "op": f"only ops[0..{j - 1}] come before it (SSA order)"}[kind]
-                fail(where, f"argument {pos} refers to ({kind!r}, {k}), but there are {what}")
+                rule = {"in": f"the program has {p.n_inputs} input(s)",
+                        "sh": f"the program has {p.n_shared} shared operand(s)",
+                        "op": "an op can use only the results of ops before it (SSA order)"}
+                fail(where, f"argument {pos} refers to ({kind!r}, {k}), but {rule[kind]}")
             norm_args.append((kind, k))
         ops.append((name, tuple(norm_args)))
 
@@ -410,11 +423,11 @@ def _run_torch(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor
 #: costs more than it saves. The parallel kernel splits the instances over threads.
 PARALLEL_MIN_ELEMENTS = 1 << 15
 
-# float32 exp/tanh come from vecmath (vectorizable); the rest are numba's libm calls or
-# LLVM intrinsics (sqrt, abs), which vectorize by themselves.
+# float32 exp/tanh/log/erf come from vecmath (vectorizable, where libm calls are not);
+# sqrt and abs are LLVM intrinsics, which vectorize by themselves.
 _NUMBA_MATH = {
-    "float32": {"exp": "exp_f32", "tanh": "tanh_f32", "log": "math.log", "sqrt": "math.sqrt",
-                "erf": "math.erf", "fabs": "abs"},
+    "float32": {"exp": "exp_f32", "tanh": "tanh_f32", "log": "log_f32", "sqrt": "math.sqrt",
+                "erf": "erf_f32", "fabs": "abs"},
     "float64": {"exp": "math.exp", "tanh": "math.tanh", "log": "math.log", "sqrt": "math.sqrt",
                 "erf": "math.erf", "fabs": "abs"},
 }
@@ -443,7 +456,8 @@ def _operand_names(p: Program, consts: dict[float, int]):
 
 
 def _used_operands(p: Program, kind: str) -> list[int]:
-    used = {a[1] for j in _live_ops(p) for a in p.ops[j][1] if isinstance(a, tuple) and a[0] == kind}
+    used = {arg[1] for j in _live_ops(p) for arg in p.ops[j][1]
+            if isinstance(arg, tuple) and arg[0] == kind}
     return sorted(used)
 
 
@@ -457,8 +471,9 @@ def numba_source(p: Program) -> str:
     run the same vectorized loop.
 
     Kernel arguments: ``n, F, bad``, then per input ``buf, idx, use_idx, row_stride,
-    rows`` (``buf`` flat, ``use_idx`` False reads row i), per shared operand ``values,
-    step`` (step 0 broadcasts a scalar), then one ``(n, F)`` output per program output.
+    rows`` (``buf`` flat, ``use_idx`` False reads row i), per shared operand its ``F``
+    values (a scalar is broadcast before the call, so every load has unit stride and the
+    loop vectorizes), then one ``(n, F)`` output per program output.
     ``bad[0]`` is set when an index is out of range (that instance is skipped).
     """
     consts = _constants(p)
@@ -466,8 +481,7 @@ def numba_source(p: Program) -> str:
     params = ["F", "bad"]
     for k in range(p.n_inputs):
         params += [f"buf{k}", f"idx{k}", f"use_idx{k}", f"stride{k}", f"rows{k}"]
-    for k in range(p.n_shared):
-        params += [f"sh{k}", f"step{k}"]
+    params += [f"sh{k}" for k in range(p.n_shared)]
     params += [f"out{m}" for m in range(len(p.outputs))]
     params_text = ", ".join(params)
 
@@ -491,7 +505,7 @@ def numba_source(p: Program) -> str:
     lines.append("            continue")
     lines.append("        for j in range(F):")
     body = [f"x{k} = row{k}[j]" for k in inputs]
-    body += [f"s{k} = sh{k}[j * step{k}]" for k in _used_operands(p, "sh")]
+    body += [f"s{k} = sh{k}[j]" for k in _used_operands(p, "sh")]
     for j in _live_ops(p):
         op_name, args = p.ops[j]
         fmt = dict(zip("abc", (name(a) for a in args)), o=f"v{j}", **_NUMBA_MATH[p.dtype])
@@ -523,10 +537,15 @@ def _numba():
     return numba
 
 
-_numba_kernels: dict[tuple[Program, bool], Callable] = {}
+# error_model="numpy": x / 0 gives inf/nan as in torch instead of raising. cache=False:
+# exec-ed source has no file for numba's on-disk cache (see the module docstring).
+_NUMBA_OPTIONS = {"fastmath": False, "cache": False, "nogil": True, "error_model": "numpy"}
 
 # Chunks per thread in kernel_parallel: a few, so a slow thread does not hold up the rest.
 _CHUNKS_PER_THREAD = 4
+
+_numba_kernels: dict[tuple[Program, bool], Callable] = {}
+_numba_namespaces: dict[Program, dict] = {}
 
 
 def _numba_kernel(p: Program, parallel: bool) -> Callable:
@@ -536,8 +555,6 @@ def _numba_kernel(p: Program, parallel: bool) -> Callable:
     if kernel is not None:
         return kernel
     numba = _numba()
-    import numpy as np
-
     from acrobat_kernels import vecmath
 
     nt = numba.types
@@ -545,7 +562,7 @@ def _numba_kernel(p: Program, parallel: bool) -> Callable:
     flat, index = nt.Array(elem, 1, "C"), nt.Array(nt.int64, 1, "C")
     sig = [nt.int64, nt.int64, index]
     sig += [flat, index, nt.boolean, nt.int64, nt.int64] * p.n_inputs
-    sig += [flat, nt.int64] * p.n_shared
+    sig += [flat] * p.n_shared
     sig += [nt.Array(elem, 2, "C")] * len(p.outputs)
 
     # Both variants of a program share one namespace, so ``rows`` is compiled once.
@@ -555,6 +572,8 @@ def _numba_kernel(p: Program, parallel: bool) -> Callable:
             "math": math,
             "exp_f32": vecmath.exp_f32,
             "tanh_f32": vecmath.tanh_f32,
+            "log_f32": vecmath.log_f32,
+            "erf_f32": vecmath.erf_f32,
             "DT": np.float32 if p.dtype == "float32" else np.float64,
             "prange": numba.prange,
             "get_num_threads": numba.get_num_threads,
@@ -569,14 +588,11 @@ def _numba_kernel(p: Program, parallel: bool) -> Callable:
     return kernel
 
 
-# error_model="numpy": x / 0 gives inf/nan as in torch instead of raising. cache=False:
-# exec-ed source has no file for numba's on-disk cache (see the module docstring).
-_NUMBA_OPTIONS = {"fastmath": False, "cache": False, "nogil": True, "error_model": "numpy"}
-_numba_namespaces: dict[Program, dict] = {}
-
 
 def _flat_rows(buf: torch.Tensor):
     """A flat numpy view of the memory spanned by ``buf``'s rows, and its row stride."""
+    if buf.is_contiguous():
+        return buf.view(-1).numpy(), buf.shape[1]
     rows, F = buf.shape
     stride = buf.stride(0)
     span = (rows - 1) * stride + F if rows else 0
@@ -584,8 +600,6 @@ def _flat_rows(buf: torch.Tensor):
 
 
 def _run_numba(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
-    import numpy as np
-
     dtype = _DTYPES[p.dtype]
     parallel = n * F >= PARALLEL_MIN_ELEMENTS and _numba().get_num_threads() > 1
     kernel = _numba_kernel(p, parallel)
@@ -597,7 +611,8 @@ def _run_numba(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor
         use_idx = idx is not None
         args += [flat, idx.numpy() if use_idx else no_index, use_idx, stride, buf.shape[0]]
     for value in shared:
-        args += [value.reshape(-1).numpy(), 0 if value.numel() == 1 else 1]
+        vector = value.expand(F) if value.numel() == 1 else value.reshape(F)
+        args.append(vector.contiguous().numpy())
     outs = [torch.empty((n, F), dtype=dtype) for _ in p.outputs]
     args += [out.numpy() for out in outs]
     kernel(*args)
@@ -681,7 +696,9 @@ def cuda_source(p: Program) -> str:
         "    const long long step = (long long)blockDim.x * gridDim.x;",
         "    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;"
         " e += step) {",
-        "        const long long i = e / F;",
+        # 64-bit division is slow on GPUs; the branch is uniform across the grid.
+        "        const long long i = total <= 0xffffffffLL ? (long long)((unsigned)e / (unsigned)F)"
+        " : e / F;",
         "        const long long j = e - i * F;",
     ]
     for k in _used_operands(p, "in"):
@@ -721,7 +738,6 @@ def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]
             "backend='cuda' needs cupy (pip install cupy-cuda12x) and a CUDA device; "
             "use backend='torch' or 'numba' on this machine"
         )
-    import numpy as np
 
     tensors = [buf for buf, _ in sources] + list(shared)
     if not tensors or any(t.device.type != "cuda" for t in tensors):
@@ -767,6 +783,10 @@ def available_backends() -> list[str]:
     return found
 
 
+def _describe(x) -> str:
+    return f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 def _check_args(p: Program, n: int, F: int, sources, shared):
     """Validate run()'s arguments; return (sources, shared) in the layout kernels need."""
     if not isinstance(p, Program):
@@ -783,11 +803,11 @@ def _check_args(p: Program, n: int, F: int, sources, shared):
     checked_sources = []
     for k, source in enumerate(sources):
         if not (isinstance(source, (tuple, list)) and len(source) == 2):
-            raise ValueError(f"sources[{k}]: expected a (buf, idx) pair, got {type(source).__name__}")
+            raise ValueError(f"sources[{k}]: expected a (buf, idx) pair, got {_describe(source)}")
         buf, idx = source
         if not isinstance(buf, torch.Tensor) or buf.dim() != 2:
-            got = f"shape {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
-            raise ValueError(f"sources[{k}]: buf must be a 2-D tensor (rows, F={F}), got {got}; "
+            raise ValueError(f"sources[{k}]: buf must be a 2-D tensor (rows, F={F}), got "
+                             f"{_describe(buf)}; "
                              "flatten each instance's operand into one row (buf.reshape(rows, -1))")
         if buf.shape[1] != F:
             raise ValueError(f"sources[{k}]: buf rows have length {buf.shape[1]}, expected F={F}")
@@ -801,25 +821,26 @@ def _check_args(p: Program, n: int, F: int, sources, shared):
                                  f"only {buf.shape[0]} rows")
         else:
             if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.shape[0] != n:
-                got = f"shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
-                raise ValueError(f"sources[{k}]: idx must be a 1-D tensor of length n={n}, got {got}")
+                raise ValueError(f"sources[{k}]: idx must be a 1-D tensor of length n={n}, "
+                                 f"got {_describe(idx)}")
             if idx.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"sources[{k}]: idx must be int64, got {idx.dtype}")
             if idx.device != buf.device:
                 raise ValueError(f"sources[{k}]: idx is on {idx.device}, buf on {buf.device}")
-            idx = idx.to(torch.int64).contiguous()
+            if idx.dtype != torch.int64 or not idx.is_contiguous():
+                idx = idx.to(torch.int64).contiguous()
         checked_sources.append((buf, idx))
 
     checked_shared = []
     for k, value in enumerate(shared):
         if not isinstance(value, torch.Tensor):
-            raise ValueError(f"shared[{k}]: expected a tensor, got {type(value).__name__}")
+            raise ValueError(f"shared[{k}]: expected a tensor, got {_describe(value)}")
         if not (value.dim() == 0 or (value.dim() == 1 and value.shape[0] in (F, 1))):
             raise ValueError(f"shared[{k}]: expected a 0-d tensor or a 1-D tensor of length "
                              f"F={F}, got shape {tuple(value.shape)}; try value.reshape({F})")
         if value.dtype != dtype:
             raise ValueError(f"shared[{k}]: dtype {value.dtype}, the program is {p.dtype}")
-        checked_shared.append(value.contiguous())
+        checked_shared.append(value if value.is_contiguous() else value.contiguous())
 
     devices = {t.device for t, _ in checked_sources} | {t.device for t in checked_shared}
     if len(devices) > 1:

@@ -19,6 +19,7 @@ single-threaded by default. Example::
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -84,10 +85,10 @@ def main() -> None:
                 out = run(program, n, F, sources, backend="numba")
                 for a, b in zip(out, ref):
                     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-                t_torch = median_us(lambda s=sources, n=n, F=F: run(program, n, F, s, backend="torch"),
-                                    args.reps)
-                t_numba = median_us(lambda s=sources, n=n, F=F: run(program, n, F, s, backend="numba"),
-                                    args.reps)
+                t_torch, t_numba = (
+                    median_us(functools.partial(run, program, n, F, sources, backend=b), args.reps)
+                    for b in ("torch", "numba")
+                )
                 print(f"{layout:<13} {n:>5} {F:>4} {t_torch:>10.1f} {t_numba:>10.1f} "
                       f"{t_torch / t_numba:>7.2f}x")
 

@@ -3,7 +3,9 @@
 Systems, each checked against the eager outputs of the same task:
 
 - ``acrobat``: ``task.fn.map``, the cells wrapped as ``acrobat.block``;
-- ``acrobat-plain``: the same with plain cells (every op recorded);
+- ``acrobat-fused``: the same with fused elementwise kernels chosen online
+  (``KERNEL_BACKEND="auto"``; exploration included in the times);
+- ``acrobat-plain``: the model's plain code (no ``@acrobat.block``; automatic coarsening);
 - ``eager``: per-instance PyTorch, ``fn.eager`` in a loop;
 - ``hand``: hand-batched PyTorch (``bench.hand.<model>``), where it exists;
 - ``dynet-1``, ``dynet-2``: DyNet autobatching, agenda-based and depth-based
@@ -81,6 +83,7 @@ def time_calls(fn: Callable[[], list], reps: int, warmup: int) -> tuple[list[flo
     """Runs ``fn`` ``warmup`` times untimed, then ``reps`` times timed; times and last outputs."""
     for _ in range(warmup):
         fn()
+    acrobat.fusion.wait_compiled()  # kernels compiled in the background are not timed
     gc.collect()
     times_ms, outputs = [], []
     for _ in range(reps):
@@ -105,8 +108,13 @@ def acrobat_stats() -> dict | None:
 
 def torch_systems(name: str, task: Task, plain_task: Task) -> dict[str, Callable[[], list]]:
     """The in-process systems for one task: acrobat (blocks, plain), eager, hand if present."""
+    def fused():
+        with acrobat.config.override(KERNEL_BACKEND="auto"):
+            return task.fn.map(task.inputs, **task.kwargs)
+
     systems = {
         "acrobat": lambda: task.fn.map(task.inputs, **task.kwargs),
+        "acrobat-fused": fused,
         "acrobat-plain": lambda: plain_task.fn.map(plain_task.inputs, **plain_task.kwargs),
         "eager": lambda: run_eager(task),
     }

@@ -23,6 +23,8 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _verify_graph():
-    """Every test runs with the graph verifier on (graph.lint at each flush)."""
-    with acrobat.config.override(VERIFY=True):
+    """Every test runs with the graph verifier on (graph.lint at each flush), and without
+    fused kernels (each new block program would compile one); tests/test_fusion.py runs
+    the fused paths explicitly."""
+    with acrobat.config.override(VERIFY=True, KERNEL_BACKEND="off"):
         yield

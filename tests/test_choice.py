@@ -9,7 +9,7 @@ from acrobat import choice
 
 
 def test_trials_compute_real_results_then_fastest_wins(tmp_path):
-    c = choice.Chooser(trials=2)
+    c = choice.Chooser(trials=2, warmup=0)
     calls = []
 
     def slow():
@@ -31,13 +31,28 @@ def test_trials_compute_real_results_then_fastest_wins(tmp_path):
 def test_decisions_persist_to_disk(tmp_path):
     path = str(tmp_path / "choices.json")
     with acrobat.config.override(CHOICE_CACHE=path):
-        a = choice.Chooser(trials=1)
+        a = choice.Chooser(trials=1, warmup=0)
         for _ in range(2):
             a.run(("op", 3, torch.float32), {"x": lambda: 0, "y": lambda: 0})
-        b = choice.Chooser(trials=1)
+        b = choice.Chooser(trials=1, warmup=0)
         b.run(("op", 3, torch.float32), {"x": lambda: 0, "y": lambda: 0})
         assert b.decided[("op", 3, torch.float32)] == a.decided[("op", 3, torch.float32)]
         assert not b.samples  # no trial needed: the saved decision was used
+
+
+def test_warm_up_runs_are_not_timed():
+    c = choice.Chooser(trials=1, warmup=1)
+    first = []
+
+    def compiles_first():
+        if not first:
+            first.append(1)
+            time.sleep(0.01)  # a JIT compile on the first call must not count
+        return 2
+
+    for _ in range(4):
+        assert c.run("k", {"jit": compiles_first, "plain": lambda: (time.sleep(0.001), 2)[1]}) == 2
+    assert c.decided["k"] == "jit"
 
 
 def test_bucket():
@@ -54,7 +69,7 @@ def test_every_variant_is_correct():
     ms = [torch.randn(5, 5) for _ in range(6)]
     vs = [torch.randn(5) for _ in range(6)]
     with torch.no_grad():
-        for _ in range(2 * choice.TRIALS + 1):
+        for _ in range(2 * (choice.TRIALS + 1) + 1):
             got = f.map(ms, vs)
             for g, m, v in zip(got, ms, vs):
                 torch.testing.assert_close(g, m @ v)

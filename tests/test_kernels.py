@@ -59,7 +59,7 @@ def random_program(rng: random.Random, dtype: str = "float32") -> Program:
                 args.append(round(rng.uniform(-2.0, 2.0), 3))
             else:
                 # Prefer recent values, so programs are deep rather than wide.
-                args.append(values[-1 - min(int(rng.expovariate(0.7)), len(values) - 1)])
+                args.append(rng.choice(values[-2:] if rng.random() < 0.6 else values))
         if name in ("log", "sqrt", "rsqrt") and rng.random() < 0.8:
             args[0] = away_from_zero(args[0])
         if name == "div" and rng.random() < 0.8:
@@ -208,26 +208,55 @@ def all_ops_results(request):
 
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_each_op_matches_torch_on_special_values(all_ops_results, name):
-    results, _ = all_ops_results
+    results, x = all_ops_results
     got, want = results[name]
+    if name == "gelu" and x.dtype == torch.float32:
+        # torch's float32 CPU gelu gives NaN at +inf (its vectorized erf does); the
+        # kernels give inf, as torch does in float64.
+        assert torch.equal(got[x == float("inf")], x[x == float("inf")])
+        got, want = got[x != float("inf")], want[x != float("inf")]
     torch.testing.assert_close(got, want, **TOL)
 
 
-@pytest.mark.parametrize("name", ["exp", "tanh", "sigmoid"])
-def test_vectorized_float32_math_is_within_2_ulp(all_ops_results, name):
-    """vecmath's exp/tanh (and sigmoid built on exp) against float64, not just torch."""
-    results, x = all_ops_results
-    got = results[name][0]
-    if got.dtype != torch.float32:
-        pytest.skip("vecmath is float32 only")
-    fn = getattr(torch, name)
-    exact = fn(x.double())
-    ulp = np.spacing(np.abs(exact.float().numpy())).astype(np.float64)
-    finite = torch.isfinite(exact).numpy() & (np.abs(exact.numpy()) > 1.2e-38)
-    err = np.abs(got.double().numpy() - exact.numpy())[finite] / ulp[finite]
-    assert err.max() <= 2.0, f"{name}: {err.max():.2f} ulp"
-    torch.testing.assert_close(got[~torch.from_numpy(finite)].double(),
-                               exact[~torch.from_numpy(finite)], atol=1e-38, rtol=0, equal_nan=True)
+VECMATH = ["exp", "tanh", "log", "erf"]
+
+
+@pytest.fixture(scope="module")
+def vecmath_results():
+    """vecmath's functions applied to a dense float32 grid plus special values."""
+    import numba
+
+    from acrobat_kernels import vecmath
+
+    @numba.njit(error_model="numpy")
+    def apply_all(x, out):
+        for j in range(x.shape[0]):
+            out[0, j] = vecmath.exp_f32(x[j])
+            out[1, j] = vecmath.tanh_f32(x[j])
+            out[2, j] = vecmath.log_f32(x[j])
+            out[3, j] = vecmath.erf_f32(x[j])
+
+    magnitudes = np.geomspace(1e-45, 3e38, 20001)
+    x = np.concatenate([np.linspace(-110, 110, 200001), magnitudes, -magnitudes,
+                        1 + np.linspace(-1e-3, 1e-3, 2001), SPECIAL]).astype(np.float32)
+    out = np.empty((len(VECMATH), len(x)), np.float32)
+    apply_all(x, out)
+    return torch.from_numpy(x), dict(zip(VECMATH, torch.from_numpy(out)))
+
+
+@pytest.mark.parametrize("name", VECMATH)
+def test_vecmath_float32_functions_are_within_2_5_ulp(vecmath_results, name):
+    """The vectorizable float32 math the numba kernels use, against float64 torch."""
+    x, results = vecmath_results
+    got = results[name]
+    exact = getattr(torch, name)(x.double())
+    # Where the float32 result overflows, underflows or is NaN, compare values, not ulps.
+    normal = torch.isfinite(exact.float()) & (exact.abs() > 1.2e-38)
+    ulp = torch.from_numpy(np.spacing(exact[normal].float().abs().numpy())).double()
+    err = (got[normal].double() - exact[normal]).abs() / ulp
+    assert err.max() <= 2.5, f"{name}: {err.max():.2f} ulp at x = {x[normal][err.argmax()]}"
+    torch.testing.assert_close(got[~normal], exact[~normal].float(), atol=1e-44, rtol=0,
+                               equal_nan=True)
 
 
 def test_auto_backend_and_index_variants():
@@ -349,14 +378,15 @@ def test_cuda_matches_torch(program):
     sources = []
     for k in range(program.n_inputs):
         buf = (torch.randn(n + 5, 2 * F, generator=gen, dtype=dtype) * 2)[:, :F].cuda()
-        sources.append((buf, None if k % 2 else torch.randint(0, n + 5, (n,), generator=gen).cuda()))
+        idx = None if k % 2 else torch.randint(0, n + 5, (n,), generator=gen).cuda()
+        sources.append((buf, idx))
     shared = [torch.randn(F, generator=gen, dtype=dtype).cuda() for _ in range(program.n_shared)]
     check_backend(program, n, F, sources, shared, backend="cuda")
 
 
 @pytest.mark.skipif(_cuda_usable(), reason="a CUDA device and cupy are present")
 def test_cuda_backend_without_gpu_is_a_clear_error():
-    with pytest.raises(RuntimeError, match="needs cupy .* and a CUDA device"):
+    with pytest.raises(RuntimeError, match=r"needs cupy .* and a CUDA device"):
         run(lstm_cell_tail(), 2, 3, [(torch.zeros(2, 3), None)] * 5, backend="cuda")
 
 
@@ -366,8 +396,10 @@ def test_cuda_backend_without_gpu_is_a_clear_error():
 @pytest.mark.parametrize(("ops", "message"), [
     ((("sigmoidd", (("in", 0),)),), r"ops\[0\]: unknown op 'sigmoidd'; supported ops: abs, add"),
     ((("add", (("in", 0),)),), r"ops\[0\]: add takes 2 argument\(s\)"),
-    ((("exp", (("op", 0),)),), r"ops\[0\]: argument 0 refers to \('op', 0\), but only"),
-    ((("exp", (("in", 1),)),), r"refers to \('in', 1\), but there are 1 input"),
+    ((("exp", (("op", 0),)),),
+     r"ops\[0\]: argument 0 refers to \('op', 0\), but an op can use only the results of "
+     r"ops before it"),
+    ((("exp", (("in", 1),)),), r"refers to \('in', 1\), but the program has 1 input"),
     ((("exp", (("x", 0),)),), r"must be a number or \('in'\|'sh'\|'op', int\)"),
     ((("leaky_relu", (("in", 0), ("in", 0))),), r"argument 1 of leaky_relu must be a number"),
 ])
@@ -388,7 +420,8 @@ def _lstm_sources(n=3, F=4, rows=5):
 
 
 @pytest.mark.parametrize(("change", "error", "message"), [
-    (lambda s, sh: (s[:4], sh), ValueError, r"takes 5 per-instance source\(s\) \(buf, idx\), got 4"),
+    (lambda s, sh: (s[:4], sh), ValueError,
+     r"takes 5 per-instance source\(s\) \(buf, idx\), got 4"),
     (lambda s, sh: (s, [torch.zeros(4)]), ValueError, r"takes 0 shared operand\(s\), got 1"),
     (lambda s, sh: ([(torch.zeros(5, 4, 1), None)] + s[1:], sh), ValueError,
      r"sources\[0\]: buf must be a 2-D tensor \(rows, F=4\), got shape \(5, 4, 1\)"),
@@ -417,3 +450,10 @@ def test_bad_shared_and_backend():
         run(program, 3, 4, src, [torch.zeros(2, 4)])
     with pytest.raises(ValueError, match=r"unknown backend 'tvm'"):
         run(program, 3, 4, src, [torch.zeros(4)], backend="tvm")
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(ew, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

@@ -150,7 +150,8 @@ def test_bench_harness_writes_report(tmp_path, monkeypatch):
     out = tmp_path / "results"
     args = ["--models", "birnn", "--sizes", "small", "--batches", "2", "--reps", "1"]
     measurements = run.main([*args, "--warmup", "0", "--no-dynet", "--out", str(out)])
-    assert {m.system for m in measurements} == {"acrobat", "acrobat-plain", "eager", "hand"}
+    systems = {"acrobat", "acrobat-fused", "acrobat-plain", "eager", "hand"}
+    assert {m.system for m in measurements} == systems
     assert all(m.ok and m.error is None for m in measurements)
     report = (tmp_path / "results.md").read_text()
     assert "| birnn | small | 2 | acrobat |" in report and "| 100 |" in report
