@@ -232,6 +232,8 @@ def demand(t: LazyTensor) -> torch.Tensor:
             f"(at {user_line(3)}); use the real tensors f.map returns"
         )
     if node.outs is None:
+        if node.depth < 0:
+            graph.queue(rt, node)
         if rt.tracer is not None:
             raise LazyValueError(
                 f"a block read a tensor value (at {user_line(3)}): @acrobat.block functions "
@@ -336,10 +338,32 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
     _flush(rt)
 
 
+def _queue_deferred(value, rt) -> bool:
+    """Queue the deferred constants among a pytree of results; True if any was."""
+    t = type(value)
+    if t is LazyTensor:
+        if value.node.depth < 0:
+            graph.queue(rt, value.node)
+            return True
+        return False
+    if t is dict:
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return False
+    found = False
+    for v in value:
+        found |= _queue_deferred(v, rt)
+    return found
+
+
 def _materialize(value, instance: int, fn_name: str):
     t = type(value)
     if t is LazyTensor:
         node = value.node
+        if node.outs is None:  # a deferred constant returned as it is
+            rt = node.rt
+            graph.queue(rt, node)
+            _flush(rt)
         return node.outs[value.idx][node.row]
     if value is None or t in (int, float, bool, str, complex) or isinstance(value, torch.Tensor):
         return value
@@ -379,6 +403,8 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     gc.disable()
     try:
         _drive(rt, RecordMode(), fn_name)
+        if _queue_deferred([f.value for f in rt.all_fibers], rt):
+            _flush(rt)  # constants returned as they are, all in one batch
         results = [
             _materialize(f.value, f.instance, fn_name) for f in rt.all_fibers[: len(arg_tuples)]
         ]

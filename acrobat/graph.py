@@ -321,6 +321,8 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
     depth = 0
     for t in inputs:
         producer = t.node
+        if producer.depth < 0:  # a deferred constant: its value is needed after all
+            queue(rt, producer)
         if producer.outs is not None:
             # Computed by an earlier flush: depth restarts after each flush, so instances
             # that resume from a value demand line up again however long their histories.
@@ -346,9 +348,13 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
     return node
 
 
-def record_data(op, sig, data, shape, dtype):
+def record_data(op, sig, data, shape, dtype, deferred: bool = False):
     """Record a data node (a per-instance constant, input or row lookup): no operands,
-    depth 0, the value carried in ``node.data`` and batched by the op's rule."""
+    depth 0, the value carried in ``node.data`` and batched by the op's rule.
+
+    A ``deferred`` node (``torch.tensor(word_id)``) is queued only when something needs
+    its value: an embedding lookup of it becomes one row lookup of the table instead
+    (``ops._special_embedding``), so the constant never becomes a node of its own."""
     rt = RT
     fiber = rt.fiber
     info = rt.sig_info.get(sig)
@@ -356,14 +362,26 @@ def record_data(op, sig, data, shape, dtype):
         info = rt.sig_info[sig] = Info(((shape, dtype),), True, None)
     node = Node(op, None, (), None, (), info, sig, 0, fiber.phase, fiber.instance, rt)
     node.data = data
-    key = (fiber.phase, 0, sig)
+    if deferred:
+        node.depth = DEFERRED
+    else:
+        queue(rt, node)
+    return LazyTensor(node, 0, shape, dtype, info.keys[0])
+
+
+DEFERRED = -1  # the depth of a data node that is not queued (yet)
+
+
+def queue(rt, node) -> None:
+    """Put a depth-0 data node into its bucket."""
+    node.depth = 0
+    key = (node.phase, 0, node.sig)
     bucket = rt.buckets.get(key)
     if bucket is None:
         rt.buckets[key] = [node]
     else:
         bucket.append(node)
     rt.nodes += 1
-    return LazyTensor(node, 0, shape, dtype, info.keys[0])
 
 
 def hoist(func, args, kwargs):

@@ -424,7 +424,9 @@ def _special_tensor(func, args, kwargs):
         # the common case, torch.tensor(word_id): no need to build the tensor to know it
         dtype = kwargs.get("dtype") or _SCALAR_DTYPES[kind] or torch.get_default_dtype()
         if not kwargs or set(kwargs) <= {"dtype"}:
-            return record_data(TENSOR, (TENSOR, _SCALAR, dtype), data, _SCALAR, dtype)
+            return record_data(
+                TENSOR, (TENSOR, _SCALAR, dtype), data, _SCALAR, dtype, deferred=kind is int
+            )
     if rt.tracer is None and len(args) == 1 and (kind is list or kind is tuple) and data:
         # a flat list of Python numbers (a mask, a few ids): the same, without building it
         kinds = frozenset(map(type, data))
@@ -456,6 +458,32 @@ _LIST_DTYPES = {  # element types of a flat list -> torch.tensor's dtype (None: 
     frozenset({float}): None,
     frozenset({int, float}): None,
 }
+
+
+def _special_embedding(func, args, kwargs):
+    """F.embedding(torch.tensor(i), W): the constant was deferred, so this is the row
+    lookup W[i] (op take): one node instead of two, one index_select per batch."""
+    idx = args[0] if args else kwargs.get("input")
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    names = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
+    options = dict(zip(names, args[2:]))
+    options.update((k, kwargs[k]) for k in names if k in kwargs)
+    # padding_idx, scale_grad_by_freq and sparse change only the gradient
+    grad_options = options.get("padding_idx") is not None or any(
+        options.get(k) for k in ("scale_grad_by_freq", "sparse")
+    )
+    if (
+        type(idx) is LazyTensor
+        and idx.node.depth == graph.DEFERRED
+        and isinstance(weight, Tensor)
+        and options.get("max_norm") is None  # max_norm renormalises the table in place
+        and not (grad_options and torch.is_grad_enabled() and weight.requires_grad)
+        and graph.RT.tracer is None
+    ):
+        return _special_take(weight, idx.node.data)
+    if has_lazy(args) or has_lazy(kwargs):
+        return record(EMBEDDING, func, args, kwargs)
+    return graph.hoist(func, args, kwargs)
 
 
 def _special_take(base, index):
@@ -722,7 +750,10 @@ _add(
         (torch.addmm, T.addmm, torch.baddbmm, torch.einsum, F.bilinear),
     )
 )
-_add(Op("embedding", embedding_rule, "gather", (F.embedding,), reused=("weight",)))
+EMBEDDING = _add(
+    Op("embedding", embedding_rule, "gather", (F.embedding,), reused=("weight",),
+       special=_special_embedding)
+)  # fmt: skip
 _add(
     Op(
         "index_select",

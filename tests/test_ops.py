@@ -1443,8 +1443,42 @@ def test_tensor_int_constants_feed_embedding(ids):
 
     with torch.no_grad():
         stats = check_map(f, ids)
+    # the constant is deferred and the lookup becomes ONE row-lookup batch of the table
+    assert stats.by_op["take"] == [1, len(ids)]
+    assert "tensor" not in stats.by_op and "embedding" not in stats.by_op
+
+    @acrobat.autobatch
+    def g(i):  # the same constant also used on its own: it becomes a node after all
+        t = torch.tensor(i)
+        return EMB(t) * 2, t + 1
+
+    with torch.no_grad():
+        stats = check_map(g, ids)
     assert stats.by_op["tensor"] == [1, len(ids)]
-    assert stats.by_op["embedding"] == [1, len(ids)]
+
+
+def test_embedding_shortcut_keeps_padding_gradients():
+    emb = torch.nn.Embedding(6, 3, padding_idx=0)
+
+    @acrobat.autobatch
+    def f(i):
+        return emb(torch.tensor(i))
+
+    ids = [0, 1, 0, 4]
+    torch.stack(f.map(ids)).sum().backward()
+    got = emb.weight.grad.clone()
+    emb.weight.grad = None
+    torch.stack([f.eager(i) for i in ids]).sum().backward()
+    torch.testing.assert_close(got, emb.weight.grad)
+    assert got[0].abs().sum() == 0  # the padding row gets no gradient
+
+
+def test_returned_deferred_constant():
+    @acrobat.autobatch
+    def f(i):
+        return torch.tensor(i)
+
+    assert [int(v) for v in f.map([3, 4])] == [3, 4]
 
 
 @given(
