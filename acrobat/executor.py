@@ -55,20 +55,31 @@ def gather(ts: list, n: int, stats) -> torch.Tensor:
         out = buf.index_select(0, torch.tensor(rows, device=device))
         stats.gathers += 1
     else:
-        parts, positions = [], []
+        # one copy per source into a fresh tensor (autograd records the in-place writes
+        # into it; nothing else has seen it): a slice where the rows or the positions are
+        # a range, an index otherwise
+        buf0 = t0.node.outs[k]
+        out = buf0.new_empty((n, *buf0.shape[1:]))
         for buf, rows, pos in sources.values():
-            parts.append(buf.index_select(0, torch.tensor(rows, device=device)))
-            positions.extend(pos)
-        out = torch.cat(parts)
-        stats.gathers += len(parts) + 1
-        if positions != list(range(n)):
-            inverse = [0] * n
-            for j, p in enumerate(positions):
-                inverse[p] = j
-            out = out.index_select(0, torch.tensor(inverse, device=device))
-            stats.gathers += 1
+            r0, p0 = rows[0], pos[0]
+            m = len(rows)
+            part = (
+                buf[r0 : r0 + m]
+                if rows[-1] - r0 == m - 1 and _is_range(rows)
+                else (buf.index_select(0, torch.tensor(rows, device=device)))
+            )
+            if pos[-1] - p0 == m - 1 and _is_range(pos):
+                out[p0 : p0 + m] = part
+            else:
+                out.index_copy_(0, torch.tensor(pos, device=device), part)
+        stats.gathers += len(sources)
     stats.gather_bytes += out.numel() * out.element_size()
     return out
+
+
+def _is_range(values: list) -> bool:
+    first = values[0]
+    return values == list(range(first, first + len(values)))
 
 
 def gather_source(ts: list, n: int, stats):
