@@ -186,8 +186,12 @@ def _check(fn, seen: set) -> bool:
     for sub in nodes:
         if isinstance(sub, _FORBIDDEN):
             return False
-        is_global = isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)
-        if is_global and sub.id not in local and not _global_ok(fn, sub.id, seen):
+        if (
+            isinstance(sub, ast.Name)
+            and isinstance(sub.ctx, ast.Load)
+            and sub.id not in local
+            and not _global_ok(fn, sub.id, seen)
+        ):
             return False
         if isinstance(sub, ast.Call) and not _call_ok(sub.func, local):
             return False
@@ -306,6 +310,7 @@ class AutoBlock:
         self.impl.__qualname__ = fn.__qualname__
         self.block = Block(self.impl)
         self.disabled = False
+        self.trampoline: types.CodeType | None = None
 
     def __call__(self, *args, **kwargs):
         rt = graph.RT
@@ -389,6 +394,7 @@ def auto_blocks(root) -> Iterator[list]:
                 dispatcher.trampoline = _trampoline_code(fn, dispatcher)
             if fn.__defaults__ != dispatcher.impl.__defaults__:
                 dispatcher.impl.__defaults__ = fn.__defaults__
+            assert dispatcher.trampoline is not None
             fn.__code__ = dispatcher.trampoline
             swapped.append((fn, original))
         yield [fn for fn, _ in swapped]

@@ -92,6 +92,10 @@ class Trace:
         self.needs_grad = needs_grad
         self.keep = keep  # objects whose ids are in the cache key
         self.run_id = 0
+        self.out_lazies: list[LazyTensor] = []  # the program's computed outputs
+        self.out_sources: list[tuple] = []  # per output leaf: ("out"|"arg"|"real", which)
+        self.plain_tuple = False  # outputs are exactly a tuple of out_lazies
+        self.fusion: fusion.Plan | None = None
 
     def valid_for(self, rt) -> bool:
         if self.run_id == rt.id:
@@ -258,7 +262,9 @@ class Block:
         spec = _flatten_out(out, leaves)
         ph_nodes = [placeholders[id(t)].node for t in inputs]
         ph_index = {id(n): i for i, n in enumerate(ph_nodes)}
-        out_lazies, out_sources, metas = [], [], []
+        out_lazies: list[LazyTensor] = []
+        out_sources: list[tuple] = []
+        metas: list[tuple] = []
         for leaf in leaves:
             if type(leaf) is LazyTensor and id(leaf.node) in ph_index:
                 out_sources.append(("arg", ph_index[id(leaf.node)]))

@@ -45,7 +45,8 @@ class Chooser:
         self.warmup = warmup  # untimed first runs per variant (JIT compiles, caches)
         self.decided: dict = {}
         self.samples: dict = {}
-        self._loaded_from = None
+        self._loaded_from: str | None = None
+        self.saved: dict = {}
 
     def run(self, key, variants: dict[str, Callable], device: torch.device | None = None):
         """Run the chosen (or next trial) variant for ``key``; returns its result."""

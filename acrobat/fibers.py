@@ -14,6 +14,7 @@ import gc
 import sys
 import threading
 import time
+from typing import Any
 
 import torch
 from greenlet import greenlet
@@ -84,15 +85,15 @@ class Fiber:
     def __init__(self, instance: int, phase: int):
         self.instance = instance
         self.phase = phase
-        self.glet = None
-        self.value = None
-        self.error = None
+        self.glet: Any = None
+        self.value: Any = None
+        self.error: BaseException | None = None
         self.done = False
-        self.waiting = None  # the LazyTensor or Fiber this fiber waits for
+        self.waiting: Any = None  # the LazyTensor or Fiber this fiber waits for
         self.joiners: list[Fiber] = []
         self.host = None  # the demanded value, copied to the host after a flush
         self.where = None
-        self.task = None  # (fn, args, kwargs, wrap_inputs) until the fiber starts
+        self.task: tuple | None = None  # (fn, args, kwargs, wrap_inputs) until it starts
 
 
 class Future:
@@ -143,6 +144,7 @@ def _wrap_inputs(a):
 
 
 def _fiber_main(rt: Runtime, fiber: Fiber) -> None:
+    assert fiber.task is not None
     fn, args, kwargs, wrap = fiber.task
     fiber.task = None
     try:
@@ -174,7 +176,7 @@ def _worker(fiber: Fiber) -> None:
     """A worker greenlet: runs fibers, parking in the pool between them."""
     me = greenlet.getcurrent()
     while True:
-        _fiber_main(graph.RT, fiber)
+        _fiber_main(graph.RT, fiber)  # type: ignore[arg-type]  # set while fibers run
         fiber = None  # type: ignore[assignment]  # hold nothing of a finished run
         pool = _pool()
         if len(pool) >= _POOL_MAX:
@@ -283,6 +285,7 @@ def _copy_demanded(blocked: list[Fiber], device: torch.device) -> None:
 
 def _raise_fiber_error(fiber: Fiber, fn_name: str):
     exc = fiber.error
+    assert exc is not None
     if isinstance(exc, RecursionError):
         raise AcrobatError(
             f"instance {fiber.instance} of {fn_name}.map exceeded Python's recursion limit "

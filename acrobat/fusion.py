@@ -131,8 +131,8 @@ def plan(trace) -> Plan | None:
     position = {nd: j for j, nd in enumerate(members)}
     ops = []
     for nd in members:
-        refs = []
-        for a in _operands(nd):
+        refs: list = []
+        for a in _operands(nd) or ():
             if type(a) is LazyTensor:
                 if a.node in member_set:
                     refs.append(("op", position[a.node]))

@@ -304,6 +304,7 @@ def record(op, func, args: tuple, kwargs: dict):
         else:
             parts.append(freeze(a, inputs))
     # ``func`` is part of the signature: aliases of a row may differ (rand_like/randn_like)
+    sig: tuple
     if kwargs:
         sig = (func, tuple(parts), freeze_kwargs(kwargs, inputs))
     else:
@@ -356,6 +357,7 @@ def record_data(op, sig, data, shape, dtype, deferred: bool = False):
     its value: an embedding lookup of it becomes one row lookup of the table instead
     (``ops._special_embedding``), so the constant never becomes a node of its own."""
     rt = RT
+    assert rt is not None
     fiber = rt.fiber
     info = rt.sig_info.get(sig)
     if info is None:

@@ -567,7 +567,7 @@ def _bind_kw(args, kwargs, pos, name, default):
 # ---- the table -------------------------------------------------------------------------
 
 T = Tensor
-_UNARY = {
+_UNARY: dict[str, tuple] = {
     "neg": (torch.neg, T.neg, T.__neg__, torch.negative),
     "abs": (torch.abs, T.abs, T.__abs__),
     "sigmoid": (torch.sigmoid, T.sigmoid, F.sigmoid),
@@ -607,7 +607,7 @@ _UNARY = {
     "bool": (T.bool,),
     "half": (T.half,),
 }
-_BINARY = {
+_BINARY: dict[str, tuple] = {
     "add": (torch.add, T.add, T.__add__),
     "sub": (torch.sub, T.sub, T.__sub__, torch.subtract),
     "mul": (torch.mul, T.mul, T.__mul__, torch.multiply),
@@ -629,6 +629,8 @@ _BINARY = {
     "lerp": (torch.lerp, T.lerp),
     "addcmul": (torch.addcmul, T.addcmul),
 }
+_name: str
+_aliases: tuple
 for _name, _aliases in {**_UNARY, **_BINARY}.items():
     _add(Op(_name, elementwise_rule, "elementwise", _aliases, fusible=True))
 
@@ -647,7 +649,7 @@ _add(
         "dropout",
         dropout_rule,
         "elementwise",
-        (F.dropout, torch.dropout, T.dropout if hasattr(T, "dropout") else F.dropout),
+        (F.dropout, torch.dropout, getattr(T, "dropout", F.dropout)),
         special=_special_dropout,
         fusible=True,
         doc="identity in eval mode; batched mask in training",
@@ -822,7 +824,9 @@ HOISTED_FACTORIES = {
 
 # Tensor properties that make a new tensor object per access (``W.T``): hoisted so every
 # instance reads the same shared object (its identity is what signatures compare).
-HOISTED_GETTERS = {prop.__get__ for prop in (Tensor.T, Tensor.mT, Tensor.H, Tensor.mH, Tensor.real)}
+HOISTED_GETTERS = {
+    vars(torch._C.TensorBase)[name].__get__ for name in ("T", "mT", "H", "mH", "real")
+}
 
 # Ops whose rule reads every node (data ops); the rest read the first node as template.
 DATA_OPS = {TENSOR, INPUT, TAKE}

@@ -29,8 +29,9 @@ class Stats:
     )
 
     def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
+        self.nodes = self.batches = self.launches = self.gathers = self.gather_bytes = 0
+        self.gathers_fused = self.suspensions = self.flushes = self.instances = 0
+        self.t_record = self.t_schedule = self.t_gather = self.t_kernel = self.t_total = 0.0
         self.by_op: dict[str, list[int]] = {}  # op name -> [batches, nodes]
 
     def batches_of(self, op_name: str) -> int:

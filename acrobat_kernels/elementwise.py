@@ -71,6 +71,7 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -305,7 +306,7 @@ def _validate_and_normalise(p: Program) -> None:
         row = OPS_TABLE[name]
         if not isinstance(args, (tuple, list)) or len(args) != row.arity:
             fail(where, f"{name} takes {row.arity} argument(s), got {args!r}")
-        norm_args = []
+        norm_args: list = []
         for pos, arg in enumerate(args):
             if _is_number(arg):
                 norm_args.append(float(arg))
@@ -728,7 +729,7 @@ def _cupy():
     return cupy
 
 
-_cuda_kernels: dict[Program, object] = {}
+_cuda_kernels: dict[Program, Any] = {}
 
 
 def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
