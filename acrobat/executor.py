@@ -148,8 +148,6 @@ def run_batch(nodes: list, stats) -> None:
     for i, nd in enumerate(nodes):
         nd.outs = outs
         nd.row = i
-    if config.DEBUG >= 2:
-        print(f"[acrobat] {op.name} x{n} depth {n0.depth} phase {n0.phase}")
 
 
 def _explain_failure(nodes: list, exc: Exception) -> None:

@@ -20,12 +20,12 @@ import torch
 from greenlet import greenlet
 from torch.overrides import TorchFunctionMode
 
-from acrobat import graph
+from acrobat import config, graph
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
 from acrobat.executor import execute
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
 from acrobat.ops import FUNCS, HOISTED_FACTORIES, HOISTED_GETTERS, INPUT, supported_names
-from acrobat.scheduler import schedule
+from acrobat.scheduler import describe, lower_bound, schedule
 
 _IMPURE = {"rand_like", "dropout"}
 
@@ -261,6 +261,16 @@ def _flush(rt: Runtime, max_phase=float("inf")) -> None:
     batches = schedule(rt, max_phase)
     rt.stats.t_schedule += time.perf_counter() - t0
     rt.stats.flushes += 1
+    if config.VERIFY or config.DEBUG >= 1:
+        rt.stats.batches_lower_bound += lower_bound(batches)
+    if config.DEBUG >= 1:
+        nodes = sum(len(b) for b in batches)
+        print(
+            f"[acrobat] flush {rt.stats.flushes}: {nodes} nodes in {len(batches)} batches "
+            f"(lower bound {lower_bound(batches)})"
+        )
+        if config.DEBUG >= 2:
+            print(describe(batches))
     with torch._C.DisableTorchFunction():
         execute(batches, rt.stats)
 

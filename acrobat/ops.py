@@ -145,10 +145,6 @@ def _arg(node, pos, name, default=None):
     return default
 
 
-def _first_lazy_ndim(node):
-    return len(node.inputs[0].shape)
-
-
 def reduce_rule(node, xs, n):
     """sum/mean/amax/argmax/max/min/prod/logsumexp/all/any over a dim, dims or everything."""
     x = _arg(node, 0, "input")

@@ -20,7 +20,7 @@ def _order(key):
 def schedule(rt: Runtime, max_phase: float = float("inf")) -> list[list]:
     """Pop the runnable buckets of ``rt`` and return them as batches, in execution order."""
     buckets = rt.buckets
-    if config.VERIFY:
+    if config.VERIFY or config.DEBUG >= 3:
         lint(buckets)
     keys = sorted(buckets, key=_order)
     if keys and keys[-1][0] > max_phase:
@@ -33,10 +33,25 @@ def schedule(rt: Runtime, max_phase: float = float("inf")) -> list[list]:
 
 
 def lower_bound(batches: list[list]) -> int:
-    """Fewest batches any schedule needs for these nodes: one per distinct signature along
-    the longest chain is a loose bound; we report distinct signatures, which a perfect
-    scheduler needs at least once each."""
-    return len({nodes[0].sig for nodes in batches})
+    """Fewest batches any schedule of these nodes needs: for each signature, the longest
+    dependency chain through nodes of that signature (no two of them can share a batch),
+    summed over signatures. A diagnostic (a pass over the graph), run when
+    ``config.VERIFY`` or ``config.DEBUG`` is on."""
+    chains: dict[int, dict] = {}  # node -> {signature: longest same-signature chain}
+    best: dict = {}
+    for nodes in batches:
+        for nd in nodes:
+            merged: dict = {}
+            for t in nd.inputs:
+                for sig, length in chains.get(id(t.node), {}).items():
+                    if length > merged.get(sig, 0):
+                        merged[sig] = length
+            length = merged.get(nd.sig, 0) + 1
+            merged[nd.sig] = length
+            chains[id(nd)] = merged
+            if length > best.get(nd.sig, 0):
+                best[nd.sig] = length
+    return sum(best.values())
 
 
 def describe(batches: list[list]) -> str:

@@ -26,11 +26,13 @@ class Stats:
         "t_total",
         "by_op",
         "gathers_fused",
+        "batches_lower_bound",
     )
 
     def __init__(self):
         self.nodes = self.batches = self.launches = self.gathers = self.gather_bytes = 0
         self.gathers_fused = self.suspensions = self.flushes = self.instances = 0
+        self.batches_lower_bound = 0  # computed only with config.VERIFY or DEBUG
         self.t_record = self.t_schedule = self.t_gather = self.t_kernel = self.t_total = 0.0
         self.by_op: dict[str, list[int]] = {}  # op name -> [batches, nodes]
 

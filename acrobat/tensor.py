@@ -68,10 +68,6 @@ class LazyTensor:
             raise TypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))  # type: ignore[attr-defined]
 
-    @property
-    def is_floating_point_type(self) -> bool:
-        return self.dtype.is_floating_point
-
     def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
 

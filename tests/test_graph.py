@@ -129,8 +129,10 @@ def test_tree_schedule_is_O_height(seed, h):
     with torch.no_grad():
         stats = check_map(tree_rnn, trees)
     height = max(_height(t) for t in trees)
-    # word constants, one embedding batch, one tanh batch, then one cell batch per level
+    # word lookups, one tanh batch, then one cell batch per level
     check_schedule(stats, max_batches=3 + height)
+    # depth scheduling of trees is optimal: exactly the lower bound
+    assert stats.batches == stats.batches_lower_bound
 
 
 def test_hoisted_constant_state_is_shared():
