@@ -337,16 +337,20 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
         elif p > phase:
             phase = p
             depth = producer.depth
-    depth += 1
-    node = Node(op, func, args, kwargs, inputs, info, sig, depth, phase, fiber.instance, rt)
-    key = (phase, depth, sig)
+    node = Node(op, func, args, kwargs, inputs, info, sig, depth + 1, phase, fiber.instance, rt)
+    _enqueue(rt, node)
+    return node
+
+
+def _enqueue(rt, node) -> None:
+    """Append ``node`` to its (phase, depth, signature) bucket: forming batches is this."""
+    key = (node.phase, node.depth, node.sig)
     bucket = rt.buckets.get(key)
     if bucket is None:
         rt.buckets[key] = [node]
     else:
         bucket.append(node)
     rt.nodes += 1
-    return node
 
 
 def record_data(op, sig, data, shape, dtype, deferred: bool = False):
@@ -377,13 +381,7 @@ DEFERRED = -1  # the depth of a data node that is not queued (yet)
 def queue(rt, node) -> None:
     """Put a depth-0 data node into its bucket."""
     node.depth = 0
-    key = (node.phase, 0, node.sig)
-    bucket = rt.buckets.get(key)
-    if bucket is None:
-        rt.buckets[key] = [node]
-    else:
-        bucket.append(node)
-    rt.nodes += 1
+    _enqueue(rt, node)
 
 
 def hoist(func, args, kwargs):
