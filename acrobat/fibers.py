@@ -397,7 +397,13 @@ def _materialize(value, instance: int, fn_name: str):
 
 
 def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> list:
-    if graph.RT is not None:
+    running = graph.RT
+    if running is not None:
+        if running.thread != threading.get_ident():
+            raise AcrobatError(
+                "f.map is already running in another thread: acrobat runs one map at a time "
+                "per process (use worker processes to run maps in parallel)"
+            )
         raise AcrobatError("f.map was called inside another f.map; nest plain calls instead")
     rt = Runtime(stats)
     rt.main = greenlet.getcurrent()

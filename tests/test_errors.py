@@ -182,3 +182,32 @@ def test_nested_map_is_refused():
 
     with pytest.raises(acrobat.AcrobatError, match=r"inside another f.map"):
         outer.map([torch.randn(4)])
+
+
+def test_concurrent_map_from_another_thread_is_refused():
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+
+    @acrobat.autobatch
+    def slow(x):
+        started.set()
+        release.wait(5)
+        return x + 1
+
+    errors = []
+
+    def other():
+        started.wait(5)
+        try:
+            good.map([torch.randn(4)])
+        except acrobat.AcrobatError as exc:
+            errors.append(str(exc))
+        finally:
+            release.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    slow.map([torch.randn(2)])
+    t.join()
+    assert errors and "another thread" in errors[0]
