@@ -96,6 +96,7 @@ class Runtime:
         self.sig_info: dict[tuple, Info] = {}
         self.hoisted: dict[tuple, Any] = {}
         self.hoist_keepalive: list[Any] = []
+        self.hoisted_versions: list[tuple] = []  # (shared result, its _version, op)
         self.device = torch.device("cpu")
         self.stats = stats
         self.fiber = None  # the running fiber (fibers.Fiber)
@@ -400,9 +401,27 @@ def hoist(func, args, kwargs):
     if key is not None:
         rt.hoisted[key] = out
         rt.hoist_keepalive.append(args)  # ids in the key must stay unique during the run
+        if isinstance(out, torch.Tensor):
+            rt.hoisted_versions.append((out, out._version, func))
     if rt.tracer is not None:
         rt.tracer.note_hoist(args, kwargs, out)
     return out
+
+
+def check_hoisted(rt) -> None:
+    """A hoisted result is shared by every instance: writing into it in place (``h[0] = 1``
+    on a ``torch.zeros`` made inside the instance) would leak into the other instances."""
+    for tensor, version, func in rt.hoisted_versions:
+        if tensor._version != version:
+            name = getattr(func, "__name__", str(func))
+            raise AcrobatError(
+                f"a tensor made by {name}(...) inside instance code was modified in place. "
+                "acrobat computes values that depend only on parameters and constants once "
+                "for the whole map (all instances share them), so an in-place write would "
+                "change every instance's value. Build the tensor without in-place writes "
+                "(torch.tensor(list), torch.where, torch.cat) or pass it as a per-instance "
+                "argument."
+            )
 
 
 def lint(buckets: dict) -> None:

@@ -211,3 +211,24 @@ def test_concurrent_map_from_another_thread_is_refused():
     slow.map([torch.randn(2)])
     t.join()
     assert errors and "another thread" in errors[0]
+
+
+def test_in_place_write_into_a_shared_constant_is_an_error():
+    @acrobat.autobatch
+    def f(x, i):
+        mask = torch.zeros(4)  # constant: made once and shared by all instances
+        mask[i] = 1.0  # an in-place write would leak into the other instances
+        return x * mask
+
+    with pytest.raises(acrobat.AcrobatError, match=r"modified in place"):
+        f.map([torch.randn(4) for _ in range(3)], [0, 1, 2])
+
+    @acrobat.autobatch
+    def g(x, i):  # the functional way works
+        mask = torch.tensor([1.0 if k == i else 0.0 for k in range(4)])
+        return x * mask
+
+    check_map_pairs = [torch.randn(4) for _ in range(3)]
+    got = g.map(check_map_pairs, [0, 1, 2])
+    for out, x, i in zip(got, check_map_pairs, [0, 1, 2]):
+        torch.testing.assert_close(out, g.eager(x, i))
