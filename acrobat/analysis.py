@@ -72,6 +72,10 @@ _MUTATORS = {
     "sort",
     "reverse",
 }
+# Random number generators: a trace would replay one draw for every call.
+_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial",
+           "poisson", "rand_like", "randn_like", "randint_like", "random", "uniform",
+           "choice", "shuffle", "sample", "gauss"}
 _FORBIDDEN = (
     ast.If,
     ast.For,
@@ -217,8 +221,10 @@ def _global_ok(fn, name: str, seen: set) -> bool:
         return name in _SAFE_BUILTINS
     else:
         return False
-    if isinstance(value, types.ModuleType) or _is_torch_object(value):
-        return True
+    if isinstance(value, types.ModuleType):
+        return value.__name__.split(".")[0] in ("torch", "math")
+    if _is_torch_object(value):
+        return getattr(value, "__name__", "") not in _RANDOM
     if isinstance(value, types.FunctionType):
         return straight_line(value, seen)
     if isinstance(value, type):
@@ -231,7 +237,7 @@ def _call_ok(func, local: set) -> bool:
         return True  # checked as a global load (or a local callable: a module argument)
     if isinstance(func, ast.Attribute):
         # a method of a value, an attribute of an argument (``model.fc``) or of a module
-        return func.attr not in _MUTATORS and not (
+        return func.attr not in _MUTATORS and func.attr not in _RANDOM and not (
             func.attr.endswith("_") and not func.attr.endswith("__")
         )
     return isinstance(func, (ast.Call, ast.Subscript))

@@ -117,3 +117,16 @@ def test_side_effects_are_not_coarsened():
     COUNTER.clear()
     f.map([torch.randn(3) for _ in range(4)])
     assert len(COUNTER) == 4  # once per instance, as in the eager loop
+
+
+def draws_noise(x):
+    return x + torch.randn(4)
+
+
+def uses_python_random(x):
+    return x * random.random()
+
+
+def test_random_functions_are_not_coarsened():
+    assert not analysis.straight_line(draws_noise)
+    assert not analysis.straight_line(uses_python_random)
