@@ -73,9 +73,25 @@ _MUTATORS = {
     "reverse",
 }
 # Random number generators: a trace would replay one draw for every call.
-_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial",
-           "poisson", "rand_like", "randn_like", "randint_like", "random", "uniform",
-           "choice", "shuffle", "sample", "gauss"}
+_RANDOM = {
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "normal",
+    "bernoulli",
+    "multinomial",
+    "poisson",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "random",
+    "uniform",
+    "choice",
+    "shuffle",
+    "sample",
+    "gauss",
+}
 _FORBIDDEN = (
     ast.If,
     ast.For,
@@ -237,8 +253,10 @@ def _call_ok(func, local: set) -> bool:
         return True  # checked as a global load (or a local callable: a module argument)
     if isinstance(func, ast.Attribute):
         # a method of a value, an attribute of an argument (``model.fc``) or of a module
-        return func.attr not in _MUTATORS and func.attr not in _RANDOM and not (
-            func.attr.endswith("_") and not func.attr.endswith("__")
+        return (
+            func.attr not in _MUTATORS
+            and func.attr not in _RANDOM
+            and not (func.attr.endswith("_") and not func.attr.endswith("__"))
         )
     return isinstance(func, (ast.Call, ast.Subscript))
 

@@ -28,6 +28,7 @@ from acrobat.ops import FUNCS, HOISTED_FACTORIES, HOISTED_GETTERS, INPUT, suppor
 from acrobat.scheduler import describe, lower_bound, schedule
 
 _IMPURE = {"rand_like", "dropout"}
+_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
 
 
 class RecordMode(TorchFunctionMode):
@@ -50,6 +51,13 @@ class RecordMode(TorchFunctionMode):
             return hoist(func, args, kwargs)
         if has_lazy(args) or (kwargs and has_lazy(kwargs)):
             raise _unsupported(func)
+        rt = graph.RT
+        if rt is not None and rt.tracer is not None and getattr(func, "__name__", "") in _RANDOM:
+            raise AcrobatError(
+                f"{func.__name__} inside a block (at {user_line(2)}): a block is traced once "
+                "and replayed, so the draw would repeat for every call; draw the noise "
+                "outside the block and pass it in"
+            )
         return func(*args, **kwargs)
 
 

@@ -216,3 +216,16 @@ def test_no_fiber_switches_without_value_demands():
         _, stats = encode_block.map(trees(8), stats=True, m=m)
     check_schedule(stats, suspensions=0)
     assert stats.flushes == 1
+
+
+def test_random_draw_inside_a_block_is_refused():
+    @acrobat.block
+    def noisy(x):
+        return x + torch.randn(3)
+
+    @acrobat.autobatch
+    def f(x):
+        return noisy(torch.tanh(x))
+
+    with pytest.raises(acrobat.AcrobatError, match="randn inside a block"):
+        f.map([torch.randn(3)])
