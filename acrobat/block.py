@@ -27,9 +27,8 @@ from acrobat.graph import (
     LazyTensor,
     Node,
     add_node,
-    freeze,
-    freeze_kwargs,
     infer,
+    signature,
     wrap_outputs,
 )
 from acrobat.ops import Op, vmap_rule
@@ -55,8 +54,7 @@ class Tracer:
 
     def record(self, op, func, args, kwargs):
         inputs: list[LazyTensor] = []
-        fargs = tuple([freeze(a, inputs) for a in args])
-        sig = (op, fargs, freeze_kwargs(kwargs, inputs)) if kwargs else (op, fargs)
+        sig = signature(func, args, kwargs, inputs)
         for t in inputs:
             if id(t.node) not in self.own:
                 raise AcrobatError(

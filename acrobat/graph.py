@@ -283,6 +283,26 @@ def _check_inputs(inputs, rt):
             )
 
 
+def signature(func, args: tuple, kwargs: dict, inputs: list) -> tuple:
+    """The batching signature of a call; appends its LazyTensor operands to ``inputs``.
+
+    ``func`` (not the op row) is part of it: aliases of a row may differ in dtype or
+    randomness (``x & y`` vs ``logical_and``, ``rand_like`` vs ``randn_like``)."""
+    parts = []
+    for a in args:  # freeze, with its commonest cases inlined: this is the hot path
+        t = type(a)
+        if t is LazyTensor:
+            inputs.append(a)
+            parts.append(a.key)
+        elif t is int or a is None:
+            parts.append(a)
+        else:
+            parts.append(freeze(a, inputs))
+    if kwargs:
+        return (func, tuple(parts), freeze_kwargs(kwargs, inputs))
+    return (func, tuple(parts))
+
+
 def record(op, func, args: tuple, kwargs: dict):
     """Record one op call; returns its LazyTensor output(s). The hot path."""
     rt = RT
@@ -294,22 +314,7 @@ def record(op, func, args: tuple, kwargs: dict):
     if rt.tracer is not None:
         return rt.tracer.record(op, func, args, kwargs)
     inputs: list[LazyTensor] = []
-    parts = []
-    for a in args:  # graph.freeze, with its commonest cases inlined
-        t = type(a)
-        if t is LazyTensor:
-            inputs.append(a)
-            parts.append(a.key)
-        elif t is int or a is None:
-            parts.append(a)
-        else:
-            parts.append(freeze(a, inputs))
-    # ``func`` is part of the signature: aliases of a row may differ (rand_like/randn_like)
-    sig: tuple
-    if kwargs:
-        sig = (func, tuple(parts), freeze_kwargs(kwargs, inputs))
-    else:
-        sig = (func, tuple(parts))
+    sig = signature(func, args, kwargs, inputs)
     info = rt.sig_info.get(sig)
     if info is None:
         info = rt.sig_info[sig] = infer(op, func, args, kwargs, rt)

@@ -229,3 +229,21 @@ def test_random_draw_inside_a_block_is_refused():
 
     with pytest.raises(acrobat.AcrobatError, match="randn inside a block"):
         f.map([torch.randn(3)])
+
+
+def test_aliases_of_one_row_keep_their_own_dtype_inside_a_block():
+    @acrobat.block
+    def cell(x, y):
+        a, b = x & y, torch.logical_and(x, y)  # one op row, two dtypes (int64, bool)
+        return a, b.float() if b.dtype == torch.bool else b * 100
+
+    @acrobat.autobatch
+    def f(x, y):
+        return cell(x + 0, y + 0)
+
+    check_map_inputs = ([torch.tensor([1, 2, 3])], [torch.tensor([3, 1, 0])])
+    got = f.map(*check_map_inputs)
+    want = [f.eager(x, y) for x, y in zip(*check_map_inputs)]
+    for g, w in zip(got, want):
+        assert g[1].dtype == w[1].dtype == torch.float32
+        torch.testing.assert_close(g[1], w[1])
