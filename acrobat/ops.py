@@ -137,12 +137,15 @@ def _dim(d, nd):
 # ---- arguments by name ---------------------------------------------------------------
 
 
+def _bind_kw(args, kwargs, pos, name, default=None):
+    """An argument given positionally at ``pos`` or by keyword ``name``."""
+    if len(args) > pos:
+        return args[pos]
+    return kwargs.get(name, default) if kwargs else default
+
+
 def _arg(node, pos, name, default=None):
-    if len(node.args) > pos:
-        return node.args[pos]
-    if node.kwargs and name in node.kwargs:
-        return node.kwargs[name]
-    return default
+    return _bind_kw(node.args, node.kwargs, pos, name, default)
 
 
 def reduce_rule(node, xs, n):
@@ -552,12 +555,6 @@ def _special_like(func, args, kwargs):
     if func is torch.full_like:
         return graph.hoist(torch.full, (tuple(x.shape), *rest), kw)
     return record(TABLE["rand_like"], func, args, kwargs)
-
-
-def _bind_kw(args, kwargs, pos, name, default):
-    if len(args) > pos:
-        return args[pos]
-    return kwargs.get(name, default)
 
 
 # ---- the table -------------------------------------------------------------------------
