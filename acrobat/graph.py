@@ -107,6 +107,7 @@ class Runtime:
         self.all_fibers: list = []
         self.thread = threading.get_ident()  # map runs on one thread; others see no runtime
         self.nodes = 0
+        self.split_memo: dict = {}  # (block trace, id(arg node), output) -> hoisted outputs
 
 
 RT: Runtime | None = None  # the active runtime (set by fibers.run_map)
