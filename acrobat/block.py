@@ -218,7 +218,10 @@ class Block:
                 parts.append((t, a))
             else:  # a module or other object: by identity (kept alive by the trace)
                 keep.append(a)
-                parts.append(("id", id(a)))
+                made = rt.factory_keys.get(id(a))
+                # a constant made by a pure factory (torch.zeros(h)) is a new object
+                # every map: keyed by how it was made, the trace outlives the map
+                parts.append(("id", id(a)) if made is None else made)
         key = (tuple(parts), _key(kwargs, keep, inputs) if kwargs else None)
         if not inputs:
             return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op

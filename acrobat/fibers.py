@@ -131,7 +131,7 @@ class Future:
             me.where = sys._getframe(1)
             rt.stats.suspensions += 1
             rt.main.switch()
-            me.waiting = None
+            me.waiting = me.where = None
             if me.phase < child.phase:
                 me.phase = child.phase
         return child.value
@@ -255,7 +255,7 @@ def demand(t: LazyTensor) -> torch.Tensor:
         rt.blocked.append(fiber)
         rt.stats.suspensions += 1
         rt.main.switch()
-        fiber.waiting = None
+        fiber.waiting = fiber.where = None  # a frame here would be a reference cycle
         host = fiber.host
         fiber.host = None
         if host is not None:

@@ -107,7 +107,9 @@ class Runtime:
         self.all_fibers: list = []
         self.thread = threading.get_ident()  # map runs on one thread; others see no runtime
         self.nodes = 0
-        self.split_memo: dict = {}  # (block trace, id(arg node), output) -> hoisted outputs
+        # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)
+        # keys its trace by how the constant was made, not by the per-run object
+        self.factory_keys: dict[int, tuple] = {}
 
 
 RT: Runtime | None = None  # the active runtime (set by fibers.run_map)
@@ -391,6 +393,12 @@ def queue(rt, node) -> None:
     _enqueue(rt, node)
 
 
+# Factories whose value is a function of their Python arguments alone (not torch.empty)
+PURE_FACTORIES = frozenset(
+    {torch.zeros, torch.ones, torch.full, torch.arange, torch.eye, torch.linspace}
+)
+
+
 def hoist(func, args, kwargs):
     """Run an op whose operands are all real (parameters, constants) once per map call:
     the cache makes every instance share one result (ACRoBat's hoisting, A.1)."""
@@ -406,6 +414,8 @@ def hoist(func, args, kwargs):
     out = func(*args, **kwargs)
     if key is not None:
         rt.hoisted[key] = out
+        if func in PURE_FACTORIES and isinstance(out, torch.Tensor) and not out.requires_grad:
+            rt.factory_keys[id(out)] = key
         rt.hoist_keepalive.append(args)  # ids in the key must stay unique during the run
         if isinstance(out, torch.Tensor):
             rt.hoisted_versions.append((out, out._version, func))

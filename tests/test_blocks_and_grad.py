@@ -247,3 +247,34 @@ def test_aliases_of_one_row_keep_their_own_dtype_inside_a_block():
     for g, w in zip(got, want):
         assert g[1].dtype == w[1].dtype == torch.float32
         torch.testing.assert_close(g[1], w[1])
+
+
+rnn_step = acrobat.block(lambda m, x, h: torch.tanh(m.lin(torch.cat([x, h])))[: h.shape[0]])
+
+
+@acrobat.autobatch
+def run_steps(word_ids, m):
+    h = torch.zeros(6)  # a new (hoisted) tensor every map, equal in value
+    for w in word_ids:
+        h = rnn_step(m, m.emb(torch.tensor(w)), h)
+    return h
+
+
+def test_block_called_with_a_factory_constant_traces_once_across_maps():
+    m = Cell(6)
+    xs = [[1, 2, 3], [4, 5], [6]]
+    traced = []
+    original = rnn_step._trace
+
+    def counting(*args):
+        traced.append(1)
+        return original(*args)
+
+    rnn_step._trace = counting
+    try:
+        with torch.no_grad():
+            for _ in range(3):
+                check_map(run_steps, xs, m=m)
+    finally:
+        del rnn_step._trace
+    assert len(traced) == 2  # (x, zeros) and (x, h): once each, not once per map

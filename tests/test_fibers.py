@@ -223,3 +223,26 @@ def test_no_switches_without_demands():
         stats = check_map(f, [torch.randn(6) for _ in range(8)])
     check_schedule(stats, suspensions=0)
     assert stats.flushes == 1
+
+
+def test_a_map_leaves_no_reference_cycles():
+    """Every graph object of a map is freed by reference counting when it returns: cyclic
+    garbage (a suspended fiber's frame pointing back at it) would cost a collector pass
+    over tens of thousands of objects after every map."""
+    import gc
+
+    hs = [torch.randn(6) for _ in range(12)]
+    ours = {"Node", "LazyTensor", "Fiber", "Future", "Runtime"}
+    with torch.no_grad():
+        generate.map(hs, [0] * len(hs))  # warm: traces and caches live on by design
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            got, stats = generate.map(hs, [0] * len(hs), stats=True)
+            gc.collect()
+            cyclic = [o for o in gc.garbage if type(o).__name__ in ours]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert stats.suspensions > 0 and len(got) == len(hs)
+    assert not cyclic, f"{len(cyclic)} acrobat objects in reference cycles"
