@@ -10,6 +10,7 @@ way they flow through the eager loop.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -17,63 +18,84 @@ import torch
 from acrobat import config
 from acrobat.errors import AcrobatError
 from acrobat.ops import DATA_OPS
+from acrobat.tensor import index_tensor
+
+
+# Where a computed value lives, as one int per (node, output): the batch's number, the
+# output's index and the node's row, ``batch << 44 | idx << 24 | row``. A column of
+# operands becomes a list of ints, and whether it is one source, a range of rows or
+# scattered is answered by min/max and list comparisons in C instead of a Python loop
+# over the operands.
+_ROW_BITS = 24
+_IDX_SHIFT = 24
+_BATCH_SHIFT = 44
+_ROW_MASK = (1 << _ROW_BITS) - 1
+_batches = itertools.count(1)
+
+
+def reset_slots() -> None:
+    """Restart batch numbering (each map: keeps the slot ints small)."""
+    global _batches
+    _batches = itertools.count(1)
 
 
 def gather(ts: list, n: int, stats) -> torch.Tensor:
     """Stack the values of LazyTensors ``ts`` (all computed) along a new leading dim."""
-    t0 = ts[0]
-    node0 = t0.node
-    outs0 = node0.outs
-    k = t0.idx
-    r0 = node0.row
-    contiguous = True
-    for i, t in enumerate(ts):
-        nd = t.node
-        if nd.outs is not outs0 or t.idx != k or nd.row != r0 + i:
-            contiguous = False
-            break
-    if contiguous:
-        buf = outs0[k]
+    slots = [t.node.slot + (t.idx << _IDX_SHIFT) for t in ts]
+    lo = slots[0]
+    hi = slots[-1]
+    if hi - lo == n - 1 and slots == list(range(lo, hi + 1)):  # consecutive rows
+        t0 = ts[0]
+        buf = t0.node.outs[t0.idx]
+        r0 = lo & _ROW_MASK
         if r0 == 0 and buf.shape[0] == n:
             return buf
         return buf[r0 : r0 + n]
-    # Rows from several producer batches: group them per source tensor.
-    sources: dict[int, tuple] = {}
-    order = []
-    for pos, t in enumerate(ts):
-        nd = t.node
-        buf = nd.outs[t.idx]
-        entry = sources.get(id(buf))
-        if entry is None:
-            entry = sources[id(buf)] = (buf, [], [])
-        entry[1].append(nd.row)
-        entry[2].append(pos)
-        order.append(id(buf))
-    device = t0.node.outs[k].device
-    if len(sources) == 1:
-        buf, rows, _ = next(iter(sources.values()))
-        out = buf.index_select(0, torch.tensor(rows, device=device))
+    lo, hi = min(slots), max(slots)
+    if lo >> _ROW_BITS == hi >> _ROW_BITS:  # one source, rows in any order
+        t0 = ts[0]
+        buf = t0.node.outs[t0.idx]
+        base = lo & ~_ROW_MASK
+        index = index_tensor([s - base for s in slots], buf.device)
+        out = buf.index_select(0, index)
         stats.gathers += 1
     else:
-        # one copy per source into a fresh tensor (autograd records the in-place writes
-        # into it; nothing else has seen it): a slice where the rows or the positions are
-        # a range, an index otherwise
-        buf0 = t0.node.outs[k]
-        out = buf0.new_empty((n, *buf0.shape[1:]))
-        for buf, rows, pos in sources.values():
-            r0, p0 = rows[0], pos[0]
-            m = len(rows)
-            part = (
-                buf[r0 : r0 + m]
-                if rows[-1] - r0 == m - 1 and _is_range(rows)
-                else (buf.index_select(0, torch.tensor(rows, device=device)))
-            )
-            if pos[-1] - p0 == m - 1 and _is_range(pos):
-                out[p0 : p0 + m] = part
-            else:
-                out.index_copy_(0, torch.tensor(pos, device=device), part)
-        stats.gathers += len(sources)
+        out = _gather_sources(ts, slots, n, stats)
     stats.gather_bytes += out.numel() * out.element_size()
+    return out
+
+
+def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
+    """Rows from several producer batches: one copy per source into a fresh tensor
+    (autograd records the in-place writes into it; nothing else has seen it), a slice
+    where the rows or the positions are a range, an index otherwise."""
+    groups: dict[int, list] = {}
+    for pos, s in enumerate(slots):
+        group = groups.get(s >> _ROW_BITS)
+        if group is None:
+            groups[s >> _ROW_BITS] = [pos]
+        else:
+            group.append(pos)
+    t0 = ts[0]
+    buf0 = t0.node.outs[t0.idx]
+    device = buf0.device
+    out = buf0.new_empty((n, *buf0.shape[1:]))
+    for pos in groups.values():
+        t = ts[pos[0]]
+        buf = t.node.outs[t.idx]
+        rows = [slots[p] & _ROW_MASK for p in pos]
+        r0, p0 = rows[0], pos[0]
+        m = len(rows)
+        part = (
+            buf[r0 : r0 + m]
+            if rows[-1] - r0 == m - 1 and _is_range(rows)
+            else buf.index_select(0, index_tensor(rows, device))
+        )
+        if pos[-1] - p0 == m - 1 and _is_range(pos):
+            out[p0 : p0 + m] = part
+        else:
+            out.index_copy_(0, index_tensor(pos, device), part)
+    stats.gathers += len(groups)
     return out
 
 
@@ -105,7 +127,7 @@ def gather_source(ts: list, n: int, stats):
     if rows == list(range(rows[0], rows[0] + n)):
         return Source(flat[rows[0] : rows[0] + n], None, shape)
     stats.gathers_fused += 1
-    return Source(flat, torch.tensor(rows, device=buf.device), shape)
+    return Source(flat, index_tensor(rows, buf.device), shape)
 
 
 def run_batch(nodes: list, stats) -> None:
@@ -145,9 +167,11 @@ def run_batch(nodes: list, stats) -> None:
     else:
         entry[0] += 1
         entry[1] += n
+    base = next(_batches) << _BATCH_SHIFT
     for i, nd in enumerate(nodes):
         nd.outs = outs
         nd.row = i
+        nd.slot = base + i
 
 
 def _explain_failure(nodes: list, exc: Exception) -> None:

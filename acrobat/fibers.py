@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 from acrobat import config, graph
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
-from acrobat.executor import execute
+from acrobat.executor import execute, reset_slots
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
 from acrobat.ops import FUNCS, HOISTED_FACTORIES, HOISTED_GETTERS, INPUT, supported_names
 from acrobat.scheduler import describe, lower_bound, schedule
@@ -414,6 +414,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
             )
         raise AcrobatError("f.map was called inside another f.map; nest plain calls instead")
     rt = Runtime(stats)
+    reset_slots()
     rt.main = greenlet.getcurrent()
     rt.all_fibers = []
     for i, args in enumerate(arg_tuples):

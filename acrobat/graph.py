@@ -47,6 +47,7 @@ class Node:
         "data",
         "outs",
         "row",
+        "slot",
     )
 
     def __init__(self, op, func, args, kwargs, inputs, info, sig, depth, phase, instance, rt):
@@ -64,6 +65,7 @@ class Node:
         self.data = None  # per-node payload of data ops (a Python value, an index)
         self.outs = None  # after execution: the batch's output tensors
         self.row = 0  # ... and this node's row in them
+        self.slot = 0  # ... as one int (executor.gather)
 
     def __repr__(self) -> str:
         return (

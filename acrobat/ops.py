@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from acrobat import choice, graph
 from acrobat.errors import UnsupportedOpError, user_line
 from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
+from acrobat.tensor import index_tensor
 
 Tensor = torch.Tensor
 
@@ -505,7 +506,7 @@ def _special_take(base, index):
 
 def take_rule(nodes):
     base = nodes[0].args[0]
-    idx = torch.tensor([nd.data for nd in nodes], device=base.device)
+    idx = index_tensor([nd.data for nd in nodes], base.device)
     return (base.index_select(0, idx),)
 
 
