@@ -20,7 +20,6 @@ from acrobat.errors import AcrobatError
 from acrobat.ops import DATA_OPS
 from acrobat.tensor import index_tensor
 
-
 # Where a computed value lives, as one int per (node, output): the batch's number, the
 # output's index and the node's row, ``batch << 44 | idx << 24 | row``. A column of
 # operands becomes a list of ints, and whether it is one source, a range of rows or
