@@ -79,21 +79,21 @@ def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
     buf0 = t0.node.outs[t0.idx]
     device = buf0.device
     out = buf0.new_empty((n, *buf0.shape[1:]))
-    for pos in groups.values():
-        t = ts[pos[0]]
+    for where in groups.values():
+        t = ts[where[0]]
         buf = t.node.outs[t.idx]
-        rows = [slots[p] & _ROW_MASK for p in pos]
-        r0, p0 = rows[0], pos[0]
+        rows = [slots[p] & _ROW_MASK for p in where]
+        r0, p0 = rows[0], where[0]
         m = len(rows)
         part = (
             buf[r0 : r0 + m]
             if rows[-1] - r0 == m - 1 and _is_range(rows)
             else buf.index_select(0, index_tensor(rows, device))
         )
-        if pos[-1] - p0 == m - 1 and _is_range(pos):
+        if where[-1] - p0 == m - 1 and _is_range(where):
             out[p0 : p0 + m] = part
         else:
-            out.index_copy_(0, index_tensor(pos, device), part)
+            out.index_copy_(0, index_tensor(where, device), part)
     stats.gathers += len(groups)
     return out
 
