@@ -65,36 +65,37 @@ def gather(ts: list, n: int, stats) -> torch.Tensor:
 
 
 def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
-    """Rows from several producer batches: one copy per source into a fresh tensor
-    (autograd records the in-place writes into it; nothing else has seen it), a slice
-    where the rows or the positions are a range, an index otherwise."""
-    groups: dict[int, list] = {}
-    for pos, s in enumerate(slots):
-        group = groups.get(s >> _ROW_BITS)
-        if group is None:
-            groups[s >> _ROW_BITS] = [pos]
-        else:
-            group.append(pos)
+    """Rows from several producer batches. Usually each source's rows are dense (the
+    previous step of most instances, plus the few that just came from elsewhere): then
+    the covering row ranges are concatenated (views, one copy) and one index_select
+    puts the rows in order, two ops whatever the number of sources."""
+    keys = [s >> _ROW_BITS for s in slots]
     t0 = ts[0]
-    buf0 = t0.node.outs[t0.idx]
-    device = buf0.device
-    out = buf0.new_empty((n, *buf0.shape[1:]))
-    for where in groups.values():
+    device = t0.node.outs[t0.idx].device
+    parts = []
+    shift: dict[int, int] = {}
+    total = 0
+    for key in dict.fromkeys(keys):  # the sources, in order of first use
+        rows = [s & _ROW_MASK for s, k in zip(slots, keys) if k == key]
+        lo, hi = min(rows), max(rows)
+        t = ts[keys.index(key)]
+        parts.append(t.node.outs[t.idx][lo : hi + 1])
+        shift[key] = total - lo
+        total += hi + 1 - lo
+    if total <= 2 * n:
+        index = [(s & _ROW_MASK) + shift[k] for s, k in zip(slots, keys)]
+        stats.gathers += 2
+        return torch.cat(parts).index_select(0, index_tensor(index, device))
+    # sparse sources: one copy per source into a fresh tensor (autograd records the
+    # in-place writes into it; nothing else has seen it)
+    out = parts[0].new_empty((n, *parts[0].shape[1:]))
+    for key in shift:
+        where = [p for p, k in enumerate(keys) if k == key]
         t = ts[where[0]]
-        buf = t.node.outs[t.idx]
         rows = [slots[p] & _ROW_MASK for p in where]
-        r0, p0 = rows[0], where[0]
-        m = len(rows)
-        part = (
-            buf[r0 : r0 + m]
-            if rows[-1] - r0 == m - 1 and _is_range(rows)
-            else buf.index_select(0, index_tensor(rows, device))
-        )
-        if where[-1] - p0 == m - 1 and _is_range(where):
-            out[p0 : p0 + m] = part
-        else:
-            out.index_copy_(0, index_tensor(where, device), part)
-    stats.gathers += len(groups)
+        part = t.node.outs[t.idx].index_select(0, index_tensor(rows, device))
+        out.index_copy_(0, index_tensor(where, device), part)
+    stats.gathers += len(shift)
     return out
 
 
