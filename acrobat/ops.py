@@ -23,11 +23,14 @@ correct for every op torch can vmap; the fast rules exist for the ops hot in rea
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from acrobat import choice, graph
 from acrobat.errors import UnsupportedOpError, user_line
@@ -746,6 +749,7 @@ _add(
         (torch.addmm, T.addmm, torch.baddbmm, torch.einsum, F.bilinear),
     )
 )
+LINEAR = TABLE["linear"]
 EMBEDDING = _add(
     Op("embedding", embedding_rule, "gather", (F.embedding,), reused=("weight",),
        special=_special_embedding)
@@ -930,6 +934,65 @@ def supported_names() -> list[str]:
         if n:
             names.add(n)
     return sorted(names)
+
+
+# ---- fast paths for the commonest modules ---------------------------------------------
+# nn.Embedding.forward calls F.embedding, a Python function that reaches the RecordMode
+# through torch.overrides.handle_torch_function (argument scanning in Python): ~6 us per
+# word lookup, most of a tree leaf's recording. While a map runs, the two commonest
+# modules get a forward that records a lazy input directly; real inputs (other threads,
+# parameter-only math) take the original forward.
+
+_NO_MODE = torch._C.DisableTorchFunction
+_ORIGINAL_FORWARD = {nn.Linear: nn.Linear.forward, nn.Embedding: nn.Embedding.forward}
+
+
+def _linear_forward(self, input):
+    if type(input) is LazyTensor:
+        with _NO_MODE():  # as inside the mode's handler: real tensors' attributes are plain
+            return record(LINEAR, F.linear, (input, self.weight, self.bias), {})
+    return _ORIGINAL_FORWARD[nn.Linear](self, input)
+
+
+def _embedding_forward(self, input):
+    if type(input) is LazyTensor:
+        with _NO_MODE():
+            node = input.node
+            if (  # the word lookup emb(torch.tensor(i)): straight to the row lookup
+                node.depth == graph.DEFERRED
+                and self.max_norm is None
+                and graph.RT.tracer is None
+                and not (
+                    (self.padding_idx is not None or self.scale_grad_by_freq or self.sparse)
+                    and self.weight.requires_grad
+                    and torch.is_grad_enabled()
+                )
+            ):
+                return _special_take(self.weight, node.data)
+            args = (input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
+                    self.scale_grad_by_freq, self.sparse)  # fmt: skip
+            return _special_embedding(F.embedding, args, {})
+    return _ORIGINAL_FORWARD[nn.Embedding](self, input)
+
+
+_FAST_FORWARD = {nn.Linear: _linear_forward, nn.Embedding: _embedding_forward}
+
+
+@contextlib.contextmanager
+def fast_modules():
+    """Install the fast forwards for the duration of a map (``config.FAST_MODULES``)."""
+    from acrobat import config
+
+    if not config.FAST_MODULES:
+        yield
+        return
+    for cls, fwd in _FAST_FORWARD.items():
+        cls.forward = fwd  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, fwd in _ORIGINAL_FORWARD.items():
+            cls.forward = fwd  # type: ignore[method-assign]
 
 
 __all__ = [

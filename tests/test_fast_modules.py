@@ -1,0 +1,100 @@
+"""nn.Linear and nn.Embedding record lazy inputs directly while a map runs (config
+FAST_MODULES): same results as the generic route, hooks and subclasses respected, the
+original forwards back in place after every map, failed ones included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from tests.helpers import check_map
+
+
+class Tagger(nn.Module):
+    def __init__(self, vocab: int, dim: int, padding_idx=None, max_norm=None):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim, padding_idx=padding_idx, max_norm=max_norm)
+        self.lin = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, 3, bias=False)
+
+
+@acrobat.autobatch
+def tag(words, m: Tagger):
+    h = torch.zeros(m.lin.out_features)
+    for w in words:
+        h = torch.tanh(m.lin(m.emb(torch.tensor(w))) + h)
+    return m.out(h)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    sentences=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=6), min_size=1, max_size=5),
+    dim=st.integers(1, 6),
+    padding=st.sampled_from([None, 0]),
+    fast=st.booleans(),
+)
+def test_fast_and_generic_routes_equal_eager(sentences, dim, padding, fast):
+    torch.manual_seed(dim)
+    m = Tagger(10, dim, padding_idx=padding)
+    with acrobat.config.override(FAST_MODULES=fast):
+        with torch.no_grad():
+            check_map(tag, sentences, m=m)
+        got = tag.map(sentences, m=m)  # with grad: padding_idx takes the generic route
+        loss = sum(g.sum() for g in got)
+        loss.backward()
+    grads = {k: p.grad.clone() for k, p in m.named_parameters()}
+    m.zero_grad()
+    sum(tag.eager(s, m=m).sum() for s in sentences).backward()
+    for k, p in m.named_parameters():
+        torch.testing.assert_close(grads[k], p.grad, atol=1e-5, rtol=1e-5, msg=k)
+
+
+def test_max_norm_embedding_takes_the_generic_route():
+    """max_norm renormalises the looked-up rows of the table in place, in eager and in
+    the batched lookup alike: not the row-lookup fast path."""
+    torch.manual_seed(3)
+    m = Tagger(10, 4, max_norm=0.5)
+    ref = Tagger(10, 4, max_norm=0.5)
+    ref.load_state_dict(m.state_dict())
+    sentences = [[1, 2, 5], [3], [5, 1]]
+    with torch.no_grad():
+        got, stats = tag.map(sentences, m=m, stats=True)
+        want = [tag.eager(s, m=ref) for s in sentences]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(m.emb.weight, ref.emb.weight)
+    assert stats.by_op["embedding"][1] == 6 and "take" not in stats.by_op
+
+
+class Doubled(nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@acrobat.autobatch
+def doubled(x, m):
+    return m(x)
+
+
+def test_subclass_forward_and_hooks_are_respected():
+    m = Doubled(3, 3)
+    calls = []
+    m.register_forward_hook(lambda mod, inp, out: calls.append(1))
+    xs = [torch.randn(3) for _ in range(4)]
+    with torch.no_grad():
+        check_map(doubled, xs, m=m)
+    assert len(calls) == 4 + 4  # every map call and every eager call ran the hook
+
+
+def test_original_forwards_return_after_a_failing_map():
+    m = Tagger(10, 4)
+    with pytest.raises(IndexError):
+        tag.map([[1, 2], [99]], m=m)  # instance 1 looks up a word out of range
+    assert nn.Linear.forward.__module__ == "torch.nn.modules.linear"
+    assert nn.Embedding.forward.__module__ == "torch.nn.modules.sparse"
+    with torch.no_grad():
+        check_map(tag, [[1, 2], [3]], m=m)
