@@ -24,7 +24,6 @@ correct for every op torch can vmap; the fast rules exist for the ops hot in rea
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
