@@ -432,7 +432,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     try:
         _drive(rt, RecordMode(), fn_name)
         graph.check_hoisted(rt)
-        if _queue_deferred([f.value for f in rt.all_fibers], rt):
+        if rt.deferred and _queue_deferred([f.value for f in rt.all_fibers], rt):
             _flush(rt)  # constants returned as they are, all in one batch
         results = [
             _materialize(f.value, f.instance, fn_name) for f in rt.all_fibers[: len(arg_tuples)]

@@ -109,6 +109,7 @@ class Runtime:
         self.all_fibers: list = []
         self.thread = threading.get_ident()  # map runs on one thread; others see no runtime
         self.nodes = 0
+        self.deferred = 0  # deferred constants not queued (yet): see record_data
         # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)
         # keys its trace by how the constant was made, not by the per-run object
         self.factory_keys: dict[int, tuple] = {}
@@ -381,6 +382,7 @@ def record_data(op, sig, data, shape, dtype, deferred: bool = False):
     node.data = data
     if deferred:
         node.depth = DEFERRED
+        rt.deferred += 1
     else:
         queue(rt, node)
     return LazyTensor(node, 0, shape, dtype, info.keys[0])
@@ -391,6 +393,8 @@ DEFERRED = -1  # the depth of a data node that is not queued (yet)
 
 def queue(rt, node) -> None:
     """Put a depth-0 data node into its bucket."""
+    if node.depth == DEFERRED:
+        rt.deferred -= 1
     node.depth = 0
     _enqueue(rt, node)
 
