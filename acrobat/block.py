@@ -20,7 +20,7 @@ from collections import OrderedDict
 
 import torch
 
-from acrobat import config, fusion, graph
+from acrobat import codegen, config, fusion, graph
 from acrobat.errors import AcrobatError, LazyValueError, user_line
 from acrobat.graph import (
     Info,
@@ -94,6 +94,7 @@ class Trace:
         self.out_sources: list[tuple] = []  # per output leaf: ("out"|"arg"|"real", which)
         self.plain_tuple = False  # outputs are exactly a tuple of out_lazies
         self.fusion: fusion.Plan | None = None
+        self.compiled = None  # run_ops as generated code, made on the first batch
         # hoisting out of the block (_split_call): positions it cuts at / still observes
         self.may_split: tuple = ()  # split_on + observe: the call path checks this only
         self.split_on: tuple = ()
@@ -131,7 +132,16 @@ class Trace:
         return self.run_ops(_materialized(xs, n), n)
 
     def run_ops(self, xs, n):
-        """The program op by op, each op's batched rule in turn."""
+        """The program op by op, as generated straight-line code (acrobat/codegen.py)."""
+        run = self.compiled
+        if run is None:
+            run = self.compiled = codegen.compile_program(
+                self.placeholders, self.nodes, self.out_lazies, self.op.name
+            )
+        return run(xs, n)
+
+    def interpret(self, xs, n):
+        """The program op by op, each op's batched rule in turn (codegen's reference)."""
         env = {}
         for ph, x in zip(self.placeholders, xs):
             env[ph] = (x,)

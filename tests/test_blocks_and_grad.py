@@ -278,3 +278,51 @@ def test_block_called_with_a_factory_constant_traces_once_across_maps():
     finally:
         del rnn_step._trace
     assert len(traced) == 2  # (x, zeros) and (x, h): once each, not once per map
+
+
+def _all_traces(blk):
+    return list(blk.cache.values())
+
+
+@pytest.mark.parametrize("h", [1, 3, 5])
+def test_generated_block_code_equals_the_interpreted_program(h):
+    """Trace.run_ops runs generated straight-line code (acrobat/codegen.py); it must compute
+    exactly what the op-by-op interpreter computes, and call torch directly for the ops
+    it knows (linear, cat, chunk, elementwise) instead of their rules."""
+    m = Cell(h)
+    block_cell.cache.clear()
+    with torch.no_grad():
+        check_map(encode_block, trees(8, seed=h), m=m)
+    (trace,) = _all_traces(block_cell)
+    source = trace.compiled.source
+    assert "F_linear(" in source and "torch.cat(" in source and ".chunk(4, 1)" in source
+    assert "rule" not in source  # every op of node_cell has an emitter
+    n = 5
+    xs = [torch.randn(n, h) for _ in trace.placeholders]
+    got = trace.run_ops(xs, n)
+    want = trace.interpret(xs, n)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+mixed_block = acrobat.block(
+    lambda x, y: (torch.softmax(x * 2.0 + y.sum(), 0), torch.stack([x, y]).amax(0), x.sum())
+)
+
+
+@acrobat.autobatch
+def mixed(pair):
+    return mixed_block(*pair)
+
+
+def test_generated_code_calls_rules_for_ops_without_an_emitter():
+    pairs = [(torch.randn(4), torch.randn(4)) for _ in range(5)]
+    with torch.no_grad():
+        check_map(mixed, pairs)
+    (trace,) = _all_traces(mixed_block)
+    assert "rule" in trace.compiled.source  # softmax, stack, reductions: their own rules
+    n = 3
+    inputs = [torch.randn(n, 4) for _ in trace.placeholders]
+    for g, w in zip(trace.run_ops(inputs, n), trace.interpret(inputs, n)):
+        assert torch.equal(g, w)

@@ -1,0 +1,142 @@
+"""A traced block's program as one generated Python function.
+
+``Trace.run_ops`` interprets a block's program: per op it looks operands up in an env
+dict, builds a list and calls the op's batching rule, which re-parses the op's
+arguments (which are lazy, which dims) on every batch. All of that is static per trace,
+so it is decided once here and the program becomes straight-line Python that calls torch
+directly — ``v2 = F_linear(v1, w2, b2)`` — about 1-2 µs less per op and batch (a
+NestedRNN map runs ~15k block ops). Ops without an emitter here call their rule from
+the generated code, so every program compiles; the source is kept on the function
+(``run.source``) for debugging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from acrobat.graph import LazyTensor
+from acrobat.ops import cat_rule, elementwise_rule, linear_rule, split_rule
+
+_SCALARS = (int, float, bool, type(None))
+
+
+class _Emitter:
+    def __init__(self):
+        self.consts: dict = {"torch": torch}
+        self.lines: list[str] = []
+
+    def const(self, name: str, value) -> str:
+        self.consts[name] = value
+        return name
+
+
+def _operand(e: _Emitter, a, var: dict, name: str, n_dims=None):
+    """Source for argument ``a``: its variable if lazy (reshaped to broadcast like the
+    unbatched op when it has fewer dims than the output), else a constant."""
+    if type(a) is LazyTensor:
+        v = var[(id(a.node), a.idx)]
+        k = len(a.shape)
+        if n_dims is not None and k < n_dims:
+            dims = ", ".join(["n"] + ["1"] * (n_dims - k) + [str(d) for d in a.shape])
+            return f"{v}.reshape({dims})"
+        return v
+    if type(a) in (list, tuple) and any(type(x) is LazyTensor for x in a):
+        return None  # nested operands: the rule's job
+    return e.const(name, a)
+
+
+def _emit_elementwise(e, nd, var, k):
+    out_nd = len(nd.info.metas[0][0])
+    parts = []
+    for j, a in enumerate(nd.args):
+        src = _operand(e, a, var, f"c{k}_{j}", out_nd)
+        if src is None:
+            return None
+        parts.append(src)
+    for key, a in (nd.kwargs or {}).items():
+        src = _operand(e, a, var, f"c{k}_{key}", out_nd)
+        if src is None:
+            return None
+        parts.append(f"{key}={src}")
+    return f"{e.const(f'f{k}', nd.func)}({', '.join(parts)})"
+
+
+def _emit_linear(e, nd, var, k):
+    args, kwargs = nd.args, nd.kwargs or {}
+    if len(args) < 2 or set(kwargs) - {"bias"}:
+        return None
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    if type(x) is not LazyTensor or type(w) is LazyTensor or type(bias) is LazyTensor:
+        return None
+    xv = var[(id(x.node), x.idx)]
+    return f"{e.const('F_linear', F.linear)}({xv}, {e.const(f'w{k}', w)}, {e.const(f'b{k}', bias)})"
+
+
+def _emit_cat(e, nd, var, k):
+    if nd.op.name != "cat" or nd.kwargs or not nd.args:
+        return None
+    parts = nd.args[0]
+    dim = nd.args[1] if len(nd.args) > 1 else 0
+    if type(parts) not in (list, tuple) or not all(type(p) is LazyTensor for p in parts):
+        return None
+    if type(dim) is not int:
+        return None
+    nd_in = parts[0].ndim
+    d = (dim + nd_in if dim < 0 else dim) + 1
+    names = ", ".join(var[(id(p.node), p.idx)] for p in parts)
+    return f"torch.cat([{names}], {d})"
+
+
+def _emit_chunk(e, nd, var, k):
+    if nd.op.name != "chunk" or nd.kwargs or len(nd.args) not in (2, 3):
+        return None
+    x, chunks = nd.args[0], nd.args[1]
+    dim = nd.args[2] if len(nd.args) == 3 else 0
+    if type(x) is not LazyTensor or type(chunks) is not int or type(dim) is not int:
+        return None
+    d = (dim + x.ndim if dim < 0 else dim) + 1
+    out = f"{var[(id(x.node), x.idx)]}.chunk({chunks}, {d})"
+    return out if len(nd.info.metas) == chunks else None  # torch may return fewer
+
+
+_EMITTERS: dict[Callable, Callable] = {
+    elementwise_rule: _emit_elementwise,
+    linear_rule: _emit_linear,
+    cat_rule: _emit_cat,
+    split_rule: _emit_chunk,
+}
+
+
+def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -> Callable:
+    """``run(xs, n) -> tuple of outputs`` for a block program (see the module doc)."""
+    e = _Emitter()
+    var: dict = {}
+    lines = ["def run(xs, n):"]
+    for i, ph in enumerate(placeholders):
+        if (id(ph), 0) not in var:
+            var[(id(ph), 0)] = f"p{i}"
+            lines.append(f"    p{i} = xs[{i}]")
+    for k, nd in enumerate(nodes):
+        emit = _EMITTERS.get(nd.op.rule)
+        expr = emit(e, nd, var, k) if emit is not None else None
+        single = nd.info.single
+        if expr is None:  # the op's own rule, called from the generated code
+            rule = e.const(f"rule{k}", nd.op.rule)
+            node = e.const(f"node{k}", nd)
+            ins = ", ".join(var[(id(t.node), t.idx)] for t in nd.inputs)
+            expr = f"{rule}({node}, [{ins}], n)"
+            single = False  # rules return tuples
+        lines.append(f"    v{k} = {expr}")
+        for j in range(len(nd.info.metas)):
+            var[(id(nd), j)] = f"v{k}" if single else f"v{k}[{j}]"
+    outs = "".join(f"{var[(id(t.node), t.idx)]}, " for t in outputs)
+    lines.append(f"    return ({outs})")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<acrobat {name}>", "exec"), e.consts)
+    run = e.consts["run"]
+    run.source = source
+    return run
