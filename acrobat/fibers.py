@@ -232,40 +232,81 @@ def concurrent(*thunks):
     return [f.result() for f in futures]
 
 
-def demand(t: LazyTensor) -> torch.Tensor:
-    """The value of ``t``; suspends the running fiber until the graph has produced it."""
+def _wait(t: LazyTensor):
+    """Suspend the running fiber until ``t`` is computed; the host copy of its value when
+    the flush made one (non-CPU devices), else None."""
     rt = graph.RT
     node = t.node
     if rt is None or node.rt is not rt:
         raise LazyValueError(
             f"the value of a LazyTensor was read outside the f.map call that made it "
-            f"(at {user_line(3)}); use the real tensors f.map returns"
+            f"(at {user_line(4)}); use the real tensors f.map returns"
         )
-    if node.outs is None:
-        if node.depth < 0:
-            graph.queue(rt, node)
-        if rt.tracer is not None:
-            raise LazyValueError(
-                f"a block read a tensor value (at {user_line(3)}): @acrobat.block functions "
-                "must not have tensor-dependent control flow; move the decision out of the block"
-            )
-        fiber = rt.fiber
-        fiber.waiting = t
-        fiber.where = sys._getframe(1)  # turned into a source line only for error messages
-        rt.blocked.append(fiber)
-        rt.stats.suspensions += 1
-        rt.main.switch()
-        fiber.waiting = fiber.where = None  # a frame here would be a reference cycle
-        host = fiber.host
-        fiber.host = None
-        if host is not None:
-            return host
+    if node.outs is not None:
+        return None
+    if node.depth < 0:
+        graph.queue(rt, node)
+    if rt.tracer is not None:
+        raise LazyValueError(
+            f"a block read a tensor value (at {user_line(4)}): @acrobat.block functions "
+            "must not have tensor-dependent control flow; move the decision out of the block"
+        )
+    fiber = rt.fiber
+    fiber.waiting = t
+    fiber.where = sys._getframe(2)  # turned into a source line only for error messages
+    rt.blocked.append(fiber)
+    rt.stats.suspensions += 1
+    rt.main.switch()
+    fiber.waiting = fiber.where = None  # a frame here would be a reference cycle
+    host = fiber.host
+    fiber.host = None
+    return host
+
+
+def demand(t: LazyTensor) -> torch.Tensor:
+    """The value of ``t``; suspends the running fiber until the graph has produced it."""
+    host = _wait(t)
+    if host is not None:
+        return host
+    node = t.node
     with torch._C.DisableTorchFunction():  # plain indexing, not a recorded row lookup
         return node.outs[t.idx][node.row].detach()
 
 
+_PY_ROWS_MAX = 64  # per-instance elements up to which a batch is converted whole
+
+
+def demand_py(t: LazyTensor):
+    """``t.tolist()``: the value as Python numbers. After a flush every instance reads its
+    decision from the same batch output, so small outputs are converted to Python once
+    per batch (one ``tolist``) and each fiber takes its row: a parser's or a tree
+    generator's per-decision read costs a list index instead of three torch calls."""
+    host = _wait(t)
+    with torch._C.DisableTorchFunction():
+        if host is not None:
+            return host.tolist()
+        node = t.node
+        buf = node.outs[t.idx]
+        if buf.numel() > _PY_ROWS_MAX * max(buf.shape[0], 1):
+            return buf[node.row].tolist()
+        rt = node.rt
+        rows = rt.py_rows.get(id(buf))
+        if rows is None:
+            rows = rt.py_rows[id(buf)] = buf.tolist()
+        return _copy(rows[node.row])  # the caller may mutate its list
+
+
+def _copy(row):
+    if type(row) is not list:
+        return row
+    if row and type(row[0]) is list:
+        return [_copy(r) for r in row]
+    return list(row)
+
+
 def _flush(rt: Runtime, max_phase=float("inf")) -> None:
     t0 = time.perf_counter()
+    rt.py_rows = {}  # ids of this flush's outputs: a new flush makes new ones
     batches = schedule(rt, max_phase)
     rt.stats.t_schedule += time.perf_counter() - t0
     rt.stats.flushes += 1

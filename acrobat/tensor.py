@@ -114,14 +114,17 @@ class LazyTensor:
             raise ValueError(
                 f"a Tensor with {self.shape.numel()} elements cannot be converted to Scalar"
             )
-        value = self._value()
-        with torch._C.DisableTorchFunction():
-            return value.item()
+        from acrobat import fibers
+
+        value = fibers.demand_py(self)
+        while type(value) is list:  # a (1,)- or (1, 1)-shaped tensor
+            value = value[0]
+        return value
 
     def tolist(self):
-        value = self._value()
-        with torch._C.DisableTorchFunction():
-            return value.tolist()
+        from acrobat import fibers
+
+        return fibers.demand_py(self)
 
     def __bool__(self) -> bool:
         return bool(self.item())

@@ -246,3 +246,49 @@ def test_a_map_leaves_no_reference_cycles():
             gc.garbage.clear()
     assert stats.suspensions > 0 and len(got) == len(hs)
     assert not cyclic, f"{len(cyclic)} acrobat objects in reference cycles"
+
+
+@acrobat.autobatch
+def read_values(x, shape, dtype):
+    v = torch.tanh(x.sum() + torch.arange(6.0)).reshape(shape)
+    if dtype is torch.bool:
+        v = v > 0
+    elif dtype is torch.int64:
+        v = (v * 10).long()
+    first = v.tolist()
+    if isinstance(first, list):
+        first.append("mutated")  # the caller owns its list: a second read is unaffected
+    again = v.tolist()
+    scalar = v.reshape(-1)[2:3].item()
+    return first, again, scalar, bool(v.reshape(-1)[0]), int(v.reshape(-1)[1])
+
+
+@given(
+    shape=st.sampled_from([(6,), (2, 3), (1, 6), (3, 1, 2)]),
+    dtype=st.sampled_from([torch.float32, torch.int64, torch.bool]),
+    n=st.integers(1, 5),
+    seed=st.integers(0, 100),
+)
+def test_values_read_as_python_equal_eager(shape, dtype, n, seed):
+    torch.manual_seed(seed)
+    xs = [torch.randn(4) for _ in range(n)]
+    with torch.no_grad():
+        got = read_values.map(xs, [shape] * n, [dtype] * n)
+        want = [read_values.eager(x, shape, dtype) for x in xs]
+    for g, w in zip(got, want):
+        _same_python(g, w)
+
+
+def _same_python(g, w):
+    """Equal Python values of the same types (floats within rounding of batched sums)."""
+    assert type(g) is type(w), (g, w)
+    if isinstance(w, (list, tuple)):
+        assert len(g) == len(w), (g, w)
+        for a, b in zip(g, w):
+            _same_python(a, b)
+    elif isinstance(w, float):
+        assert abs(g - w) <= 1e-6 * max(1.0, abs(w)), (g, w)
+    elif isinstance(w, int) and not isinstance(w, bool) and abs(w) > 0:
+        assert abs(g - w) <= 1, (g, w)  # (v * 10).long() of a value at a rounding edge
+    else:
+        assert g == w, (g, w)
