@@ -74,4 +74,3 @@ def test_every_variant_is_correct():
             for g, m, v in zip(got, ms, vs):
                 torch.testing.assert_close(g, m @ v)
     assert any(k[0] == "mv" for k in choice.CHOOSER.decided)
-

@@ -71,13 +71,16 @@ def random_program(rng: random.Random, dtype: str = "float32") -> Program:
     return Program(n_inputs, n_shared, tuple(ops), tuple(outputs), dtype)
 
 
-programs = st.builds(random_program, st.randoms(use_true_random=False),
-                     st.sampled_from(["float32", "float64"]))
+programs = st.builds(
+    random_program, st.randoms(use_true_random=False), st.sampled_from(["float32", "float64"])
+)
 
 # Compiled once each, shared by every example of the numba property test.
-POOL = [lstm_cell_tail()] + [random_program(random.Random(seed)) for seed in range(4)] + [
-    random_program(random.Random(seed), "float64") for seed in (4, 5)
-]
+POOL = (
+    [lstm_cell_tail()]
+    + [random_program(random.Random(seed)) for seed in range(4)]
+    + [random_program(random.Random(seed), "float64") for seed in (4, 5)]
+)
 
 
 # ---- random batches -------------------------------------------------------------------
@@ -92,7 +95,7 @@ def make_source(data, n: int, F: int, dtype: torch.dtype, gen: torch.Generator):
         buf = torch.rand(rows, F, generator=gen, dtype=dtype) * 4 - 2
     elif layout == "column-slice":  # a gate of a wider matmul output: row stride 3F
         wide = torch.rand(rows, 3 * F, generator=gen, dtype=dtype) * 4 - 2
-        buf = wide[:, F:2 * F]
+        buf = wide[:, F : 2 * F]
     else:  # one row broadcast to every instance: row stride 0
         buf = (torch.rand(1, F, generator=gen, dtype=dtype) * 4 - 2).expand(rows, F)
     if index == "none":
@@ -108,8 +111,13 @@ def make_batch(data, program: Program, max_n: int = 40, max_F: int = 70):
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31), label="seed"))
     sources = [make_source(data, n, F, dtype, gen) for _ in range(program.n_inputs)]
     shared = [
-        torch.rand((F,) if data.draw(st.booleans(), label=f"shared{k} is a vector") else (),
-                   generator=gen, dtype=dtype) * 4 - 2
+        torch.rand(
+            (F,) if data.draw(st.booleans(), label=f"shared{k} is a vector") else (),
+            generator=gen,
+            dtype=dtype,
+        )
+        * 4
+        - 2
         for k in range(program.n_shared)
     ]
     return n, F, sources, shared
@@ -141,7 +149,7 @@ def test_lstm_cell_tail_reference_and_numba():
     c_arena = torch.randn(30, F, generator=gen)
     rows = torch.randint(0, 20, (n,), generator=gen)
     c_rows = torch.randint(0, 30, (n,), generator=gen)
-    sources = [(gates[:, k * F:(k + 1) * F], rows) for k in range(4)] + [(c_arena, c_rows)]
+    sources = [(gates[:, k * F : (k + 1) * F], rows) for k in range(4)] + [(c_arena, c_rows)]
     i, f, u, o = gates[rows].chunk(4, dim=1)
     c = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(f) * c_arena[c_rows]
     h = torch.sigmoid(o) * torch.tanh(c)
@@ -158,8 +166,10 @@ def test_parallel_kernel(monkeypatch):
     monkeypatch.setattr(ew, "PARALLEL_MIN_ELEMENTS", 0)
     gen = torch.Generator().manual_seed(1)
     n, F = 37, 21
-    sources = [(torch.randn(50, F, generator=gen), torch.randint(0, 50, (n,), generator=gen))
-               for _ in range(5)]
+    sources = [
+        (torch.randn(50, F, generator=gen), torch.randint(0, 50, (n,), generator=gen))
+        for _ in range(5)
+    ]
     check_backend(lstm_cell_tail(), n, F, sources, [], backend="numba")
     assert (lstm_cell_tail(), True) in ew._numba_kernels
 
@@ -184,9 +194,33 @@ def all_ops_program(dtype: str) -> Program:
     return Program(3, 0, tuple(ops), tuple(range(len(ops))), dtype)
 
 
-SPECIAL = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-30, -1e-30, 1e-4, -1e-4,
-           0.6249, 0.625, -0.625, 1.0, -1.0, 9.0, -9.0, 20.0, -20.0, 88.0, 89.0, -88.0,
-           -103.0, -104.0, 100.0, -100.0]
+SPECIAL = [
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    0.0,
+    -0.0,
+    1e-30,
+    -1e-30,
+    1e-4,
+    -1e-4,
+    0.6249,
+    0.625,
+    -0.625,
+    1.0,
+    -1.0,
+    9.0,
+    -9.0,
+    20.0,
+    -20.0,
+    88.0,
+    89.0,
+    -88.0,
+    -103.0,
+    -104.0,
+    100.0,
+    -100.0,
+]
 
 
 @pytest.fixture(scope="module", params=["float32", "float64"])
@@ -194,8 +228,12 @@ def all_ops_results(request):
     dtype = ew._DTYPES[request.param]
     gen = torch.Generator().manual_seed(2)
     n, F = 9, 41
-    x = torch.cat([torch.tensor(SPECIAL, dtype=dtype),
-                   torch.randn(n * F - len(SPECIAL), generator=gen, dtype=dtype) * 3])
+    x = torch.cat(
+        [
+            torch.tensor(SPECIAL, dtype=dtype),
+            torch.randn(n * F - len(SPECIAL), generator=gen, dtype=dtype) * 3,
+        ]
+    )
     y = x[torch.randperm(n * F, generator=gen)]
     cond = torch.randint(0, 2, (n * F,), generator=gen).to(dtype)
     cond[:3] = torch.tensor([float("nan"), 0.5, -0.0])
@@ -237,8 +275,15 @@ def vecmath_results():
             out[3, j] = vecmath.erf_f32(x[j])
 
     magnitudes = np.geomspace(1e-45, 3e38, 20001)
-    x = np.concatenate([np.linspace(-110, 110, 200001), magnitudes, -magnitudes,
-                        1 + np.linspace(-1e-3, 1e-3, 2001), SPECIAL]).astype(np.float32)
+    x = np.concatenate(
+        [
+            np.linspace(-110, 110, 200001),
+            magnitudes,
+            -magnitudes,
+            1 + np.linspace(-1e-3, 1e-3, 2001),
+            SPECIAL,
+        ]
+    ).astype(np.float32)
     out = np.empty((len(VECMATH), len(x)), np.float32)
     apply_all(x, out)
     return torch.from_numpy(x), dict(zip(VECMATH, torch.from_numpy(out)))
@@ -255,8 +300,9 @@ def test_vecmath_float32_functions_are_within_2_5_ulp(vecmath_results, name):
     ulp = torch.from_numpy(np.spacing(exact[normal].float().abs().numpy())).double()
     err = (got[normal].double() - exact[normal]).abs() / ulp
     assert err.max() <= 2.5, f"{name}: {err.max():.2f} ulp at x = {x[normal][err.argmax()]}"
-    torch.testing.assert_close(got[~normal], exact[~normal].float(), atol=1e-44, rtol=0,
-                               equal_nan=True)
+    torch.testing.assert_close(
+        got[~normal], exact[~normal].float(), atol=1e-44, rtol=0, equal_nan=True
+    )
 
 
 def test_auto_backend_and_index_variants():
@@ -265,22 +311,27 @@ def test_auto_backend_and_index_variants():
     n, F = 6, 5
     buf = torch.randn(8, F, generator=gen)
     sources = [
-        (buf, torch.tensor([7, 0, 0, 3, 3, 3], dtype=torch.int32)),   # int32 indices
-        (buf.t().contiguous().t(), None),                             # column-major: copied
+        (buf, torch.tensor([7, 0, 0, 3, 3, 3], dtype=torch.int32)),  # int32 indices
+        (buf.t().contiguous().t(), None),  # column-major: copied
         (buf, torch.arange(6, 0, -1)),
         (torch.randn(1, F, generator=gen).expand(n, F), None),
-        (buf[::2], torch.tensor([0, 1, 2, 3, 0, 1])),                  # row stride 2F
+        (buf[::2], torch.tensor([0, 1, 2, 3, 0, 1])),  # row stride 2F
     ]
     check_backend(program, n, F, sources, [], backend="auto")
     check_backend(program, n, F, sources, [], backend="numba")
 
 
 def test_shared_operands_and_constant_only_outputs():
-    program = Program(1, 2, (
-        ("add", (("in", 0), ("sh", 0))),   # per-instance + vector
-        ("mul", (("sh", 0), ("sh", 1))),   # only shared: broadcast to every instance
-        ("exp", (-1.5,)),                  # only a constant
-    ), (0, 1, 2, 1))
+    program = Program(
+        1,
+        2,
+        (
+            ("add", (("in", 0), ("sh", 0))),  # per-instance + vector
+            ("mul", (("sh", 0), ("sh", 1))),  # only shared: broadcast to every instance
+            ("exp", (-1.5,)),  # only a constant
+        ),
+        (0, 1, 2, 1),
+    )
     gen = torch.Generator().manual_seed(4)
     n, F = 4, 3
     sources = [(torch.randn(n, F, generator=gen), None)]
@@ -299,8 +350,9 @@ def test_empty_batch():
 def test_torch_backend_autograd_and_auto_picks_torch():
     program = lstm_cell_tail("float64")
     gen = torch.Generator().manual_seed(5)
-    bufs = [torch.randn(5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
-            for _ in range(5)]
+    bufs = [
+        torch.randn(5, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(5)
+    ]
     idx = torch.tensor([4, 0, 0])
 
     def fn(*bufs):
@@ -317,8 +369,15 @@ def test_torch_backend_autograd_and_auto_picks_torch():
 @given(program=programs)
 def test_random_programs_generate_valid_sources(program):
     note(str(program))
-    assert hash(program) == hash(Program(program.n_inputs, program.n_shared, list(program.ops),
-                                         list(program.outputs), program.dtype))
+    assert hash(program) == hash(
+        Program(
+            program.n_inputs,
+            program.n_shared,
+            list(program.ops),
+            list(program.outputs),
+            program.dtype,
+        )
+    )
     compile(numba_source(program), "<numba_source>", "exec")
     source = cuda_source(program)
     assert source.count("__global__") == 1 and ew._cuda_kernel_name(program) in source
@@ -349,13 +408,20 @@ def test_dead_ops_are_not_generated():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_cuda_sources_compile_with_nvcc(tmp_path):
     """One nvcc call compiles every kernel: LSTM and all-ops in both dtypes, the pool."""
-    chosen = [lstm_cell_tail("float32"), lstm_cell_tail("float64"), all_ops_program("float32"),
-              all_ops_program("float64"), *POOL[1:]]
+    chosen = [
+        lstm_cell_tail("float32"),
+        lstm_cell_tail("float64"),
+        all_ops_program("float32"),
+        all_ops_program("float64"),
+        *POOL[1:],
+    ]
     path = tmp_path / "kernels.cu"
     path.write_text("\n".join(cuda_source(p) for p in dict.fromkeys(chosen)))
     result = subprocess.run(
         ["nvcc", "-ptx", "-arch=sm_80", "-o", str(tmp_path / "kernels.ptx"), str(path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     ptx = (tmp_path / "kernels.ptx").read_text()
@@ -369,8 +435,11 @@ def _cuda_usable() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda_usable(), reason="needs a CUDA device and cupy")
-@pytest.mark.parametrize("program", [lstm_cell_tail("float32"), all_ops_program("float32"),
-                                     all_ops_program("float64"), *POOL[1:]], ids=str)
+@pytest.mark.parametrize(
+    "program",
+    [lstm_cell_tail("float32"), all_ops_program("float32"), all_ops_program("float64"), *POOL[1:]],
+    ids=str,
+)
 def test_cuda_matches_torch(program):
     gen = torch.Generator().manual_seed(6)
     dtype = ew._DTYPES[program.dtype]
@@ -393,16 +462,24 @@ def test_cuda_backend_without_gpu_is_a_clear_error():
 # ---- errors ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("ops", "message"), [
-    ((("sigmoidd", (("in", 0),)),), r"ops\[0\]: unknown op 'sigmoidd'; supported ops: abs, add"),
-    ((("add", (("in", 0),)),), r"ops\[0\]: add takes 2 argument\(s\)"),
-    ((("exp", (("op", 0),)),),
-     r"ops\[0\]: argument 0 refers to \('op', 0\), but an op can use only the results of "
-     r"ops before it"),
-    ((("exp", (("in", 1),)),), r"refers to \('in', 1\), but the program has 1 input"),
-    ((("exp", (("x", 0),)),), r"must be a number or \('in'\|'sh'\|'op', int\)"),
-    ((("leaky_relu", (("in", 0), ("in", 0))),), r"argument 1 of leaky_relu must be a number"),
-])
+@pytest.mark.parametrize(
+    ("ops", "message"),
+    [
+        (
+            (("sigmoidd", (("in", 0),)),),
+            r"ops\[0\]: unknown op 'sigmoidd'; supported ops: abs, add",
+        ),
+        ((("add", (("in", 0),)),), r"ops\[0\]: add takes 2 argument\(s\)"),
+        (
+            (("exp", (("op", 0),)),),
+            r"ops\[0\]: argument 0 refers to \('op', 0\), but an op can use only the results of "
+            r"ops before it",
+        ),
+        ((("exp", (("in", 1),)),), r"refers to \('in', 1\), but the program has 1 input"),
+        ((("exp", (("x", 0),)),), r"must be a number or \('in'\|'sh'\|'op', int\)"),
+        ((("leaky_relu", (("in", 0), ("in", 0))),), r"argument 1 of leaky_relu must be a number"),
+    ],
+)
 def test_malformed_programs(ops, message):
     with pytest.raises(ValueError, match=message):
         Program(1, 0, ops, (0,))
@@ -419,23 +496,47 @@ def _lstm_sources(n=3, F=4, rows=5):
     return [(torch.zeros(rows, F), torch.zeros(n, dtype=torch.int64)) for _ in range(5)]
 
 
-@pytest.mark.parametrize(("change", "error", "message"), [
-    (lambda s, sh: (s[:4], sh), ValueError,
-     r"takes 5 per-instance source\(s\) \(buf, idx\), got 4"),
-    (lambda s, sh: (s, [torch.zeros(4)]), ValueError, r"takes 0 shared operand\(s\), got 1"),
-    (lambda s, sh: ([(torch.zeros(5, 4, 1), None)] + s[1:], sh), ValueError,
-     r"sources\[0\]: buf must be a 2-D tensor \(rows, F=4\), got shape \(5, 4, 1\)"),
-    (lambda s, sh: ([(torch.zeros(5, 4), torch.zeros(2, dtype=torch.int64))] + s[1:], sh),
-     ValueError, r"sources\[0\]: idx must be a 1-D tensor of length n=3, got shape \(2,\)"),
-    (lambda s, sh: ([(torch.zeros(5, 6), None)] + s[1:], sh), ValueError,
-     r"buf rows have length 6, expected F=4"),
-    (lambda s, sh: ([(torch.zeros(5, 4, dtype=torch.float64), None)] + s[1:], sh), ValueError,
-     r"buf has dtype torch.float64, the program is float32"),
-    (lambda s, sh: ([(torch.zeros(2, 4), None)] + s[1:], sh), ValueError,
-     r"idx is None \(rows 0..2\), but buf has only 2 rows"),
-    (lambda s, sh: ([(torch.zeros(5, 4), torch.tensor([0, 5, 1]))] + s[1:], sh), IndexError,
-     r"sources\[0\]: idx\[1\] = 5 is out of range for a buf with 5 rows"),
-])
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        (
+            lambda s, sh: (s[:4], sh),
+            ValueError,
+            r"takes 5 per-instance source\(s\) \(buf, idx\), got 4",
+        ),
+        (lambda s, sh: (s, [torch.zeros(4)]), ValueError, r"takes 0 shared operand\(s\), got 1"),
+        (
+            lambda s, sh: ([(torch.zeros(5, 4, 1), None)] + s[1:], sh),
+            ValueError,
+            r"sources\[0\]: buf must be a 2-D tensor \(rows, F=4\), got shape \(5, 4, 1\)",
+        ),
+        (
+            lambda s, sh: ([(torch.zeros(5, 4), torch.zeros(2, dtype=torch.int64))] + s[1:], sh),
+            ValueError,
+            r"sources\[0\]: idx must be a 1-D tensor of length n=3, got shape \(2,\)",
+        ),
+        (
+            lambda s, sh: ([(torch.zeros(5, 6), None)] + s[1:], sh),
+            ValueError,
+            r"buf rows have length 6, expected F=4",
+        ),
+        (
+            lambda s, sh: ([(torch.zeros(5, 4, dtype=torch.float64), None)] + s[1:], sh),
+            ValueError,
+            r"buf has dtype torch.float64, the program is float32",
+        ),
+        (
+            lambda s, sh: ([(torch.zeros(2, 4), None)] + s[1:], sh),
+            ValueError,
+            r"idx is None \(rows 0..2\), but buf has only 2 rows",
+        ),
+        (
+            lambda s, sh: ([(torch.zeros(5, 4), torch.tensor([0, 5, 1]))] + s[1:], sh),
+            IndexError,
+            r"sources\[0\]: idx\[1\] = 5 is out of range for a buf with 5 rows",
+        ),
+    ],
+)
 def test_bad_arguments(change, error, message):
     sources, shared = change(_lstm_sources(), [])
     for backend in ("numba", "torch") if error is ValueError else ("numba",):
