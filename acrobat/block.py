@@ -432,7 +432,8 @@ def _split_call(rt, trace: Trace, inputs: list):
             if inv.info.single:
                 memo = (memo,)
             split.memo[id(arg)] = memo  # holds arg (the hoisted node's input): no id reuse
-        var_inputs = [inputs[w] if kind == "arg" else memo[w] for kind, w in split.var_inputs]
+        var_inputs = [inputs[j] for j in split.arg_pos]
+        var_inputs += memo
         var = split.var
         return add_node(rt, var.op, None, None, None, var_inputs, trace.info, (var.op,))
     if trace.seen_run != rt.id:
@@ -467,9 +468,10 @@ class Split:
     """A trace cut at argument ``k``: ``inv`` computes the part that depends on that
     argument alone, ``var`` the rest from the other arguments and ``inv``'s outputs."""
 
-    __slots__ = ("inv", "var", "var_inputs", "per_run", "run_id", "memo")
+    __slots__ = ("inv", "var", "var_inputs", "arg_pos", "per_run", "run_id", "memo")
 
     def __init__(self, inv, var, var_inputs, per_run, run_id):
+        self.arg_pos = tuple(w for kind, w in var_inputs if kind == "arg")
         self.memo: dict = {}  # id(argument) -> hoisted outputs, in map run run_id
         self.inv = inv
         self.var = var
@@ -597,6 +599,13 @@ def build_split(trace: Trace, k: int, rt, inputs: list) -> Split | None:
         _finish(tr, name, tracer, f"{len(tracer.nodes)} ops cut from {trace.op.name}")
         return tr
 
+    # the rest's inputs: the call's arguments first, then the hoisted outputs in order,
+    # so a call builds them as [inputs[j] for j in arg_pos] + hoisted
+    order = sorted(
+        range(len(var_inputs)), key=lambda i: (var_inputs[i][0] == "inv", var_inputs[i][1])
+    )
+    var_inputs = [var_inputs[i] for i in order]
+    var_phs = [var_phs[i] for i in order]
     inv = program(inv_tracer, [inv_ph.node], inv_outs, f"{trace.op.name}:hoisted")
     var = program(var_tracer, var_phs, var_outs, f"{trace.op.name}:rest")
     return Split(inv, var, tuple(var_inputs), per_run[0], rt.id)
