@@ -65,38 +65,50 @@ def gather(ts: list, n: int, stats) -> torch.Tensor:
 
 
 def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
-    """Rows from several producer batches. Usually each source's rows are dense (the
-    previous step of most instances, plus the few that just came from elsewhere): then
-    the covering row ranges are concatenated (views, one copy) and one index_select
-    puts the rows in order, two ops whatever the number of sources."""
+    """Rows from several producer batches, in 2 + (sparse sources) ops whatever their
+    number: a source whose rows are dense (the previous step of most instances) gives
+    its covering row range as a view, a sparse one (a parser's stack tops, spread over
+    earlier decisions) an index_select of its rows; one cat joins the parts and one
+    index_select puts the rows in order (skipped when they already are)."""
     keys = [s >> _ROW_BITS for s in slots]
     t0 = ts[0]
     device = t0.node.outs[t0.idx].device
     parts = []
-    shift: dict[int, int] = {}
+    shift: dict[int, int | None] = {}
+    counter: dict[int, int] = {}  # sparse source -> position of its next row in the cat
     total = 0
     for key in dict.fromkeys(keys):  # the sources, in order of first use
         rows = [s & _ROW_MASK for s, k in zip(slots, keys) if k == key]
         lo, hi = min(rows), max(rows)
         t = ts[keys.index(key)]
-        parts.append(t.node.outs[t.idx][lo : hi + 1])
-        shift[key] = total - lo
-        total += hi + 1 - lo
-    if total <= 2 * n:
-        index = [(s & _ROW_MASK) + shift[k] for s, k in zip(slots, keys)]
-        stats.gathers += 2
-        return torch.cat(parts).index_select(0, index_tensor(index, device))
-    # sparse sources: one copy per source into a fresh tensor (autograd records the
-    # in-place writes into it; nothing else has seen it)
-    out = parts[0].new_empty((n, *parts[0].shape[1:]))
-    for key in shift:
-        where = [p for p, k in enumerate(keys) if k == key]
-        t = ts[where[0]]
-        rows = [slots[p] & _ROW_MASK for p in where]
-        part = t.node.outs[t.idx].index_select(0, index_tensor(rows, device))
-        out.index_copy_(0, index_tensor(where, device), part)
-    stats.gathers += len(shift)
-    return out
+        buf = t.node.outs[t.idx]
+        if hi - lo < 2 * len(rows):
+            parts.append(buf[lo : hi + 1])
+            shift[key] = total - lo
+            total += hi + 1 - lo
+        else:
+            parts.append(buf.index_select(0, index_tensor(rows, device)))
+            shift[key] = None
+            counter[key] = total
+            total += len(rows)
+    if not counter:
+        index = [(s & _ROW_MASK) + shift[k] for s, k in zip(slots, keys)]  # type: ignore[operator]
+    else:
+        index = []
+        for s, k in zip(slots, keys):
+            sh = shift[k]
+            if sh is None:
+                c = counter[k]
+                index.append(c)
+                counter[k] = c + 1
+            else:
+                index.append((s & _ROW_MASK) + sh)
+    joined = torch.cat(parts)
+    stats.gathers += 1 + len(counter)
+    if total == n and index == list(range(n)):
+        return joined
+    stats.gathers += 1
+    return joined.index_select(0, index_tensor(index, device))
 
 
 def _is_range(values: list) -> bool:
