@@ -64,11 +64,15 @@ def gather(ts: list, n: int, stats) -> torch.Tensor:
     return out
 
 
+_ROW_VIEWS = 3  # a sparse source with at most this many rows is read as row views
+
+
 def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
     """Rows from several producer batches, in 2 + (sparse sources) ops whatever their
     number: a source whose rows are dense (the previous step of most instances) gives
     its covering row range as a view, a sparse one (a parser's stack tops, spread over
-    earlier decisions) an index_select of its rows; one cat joins the parts and one
+    earlier decisions) an index_select of its rows (or row views, for a few rows: a
+    tree generator's nodes come from many batches); one cat joins the parts and one
     index_select puts the rows in order (skipped when they already are)."""
     keys = [s >> _ROW_BITS for s in slots]
     t0 = ts[0]
@@ -77,6 +81,7 @@ def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
     shift: dict[int, int | None] = {}
     counter: dict[int, int] = {}  # sparse source -> position of its next row in the cat
     total = 0
+    sparse = 0
     for key in dict.fromkeys(keys):  # the sources, in order of first use
         rows = [s & _ROW_MASK for s, k in zip(slots, keys) if k == key]
         lo, hi = min(rows), max(rows)
@@ -87,7 +92,11 @@ def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
             shift[key] = total - lo
             total += hi + 1 - lo
         else:
-            parts.append(buf.index_select(0, index_tensor(rows, device)))
+            if len(rows) <= _ROW_VIEWS:  # a row view is cheaper than an index_select
+                parts.extend([buf[r : r + 1] for r in rows])
+            else:
+                parts.append(buf.index_select(0, index_tensor(rows, device)))
+                sparse += 1
             shift[key] = None
             counter[key] = total
             total += len(rows)
@@ -104,7 +113,7 @@ def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
             else:
                 index.append((s & _ROW_MASK) + sh)
     joined = torch.cat(parts)
-    stats.gathers += 1 + len(counter)
+    stats.gathers += 1 + sparse
     if total == n and index == list(range(n)):
         return joined
     stats.gathers += 1
@@ -152,6 +161,10 @@ def run_batch(nodes: list, stats) -> None:
         outs = op.rule(nodes)
         t1 = time.perf_counter()
     else:
+        flat = op.extra.get("flat")
+        if flat is not None and flat(n0) and not _columns_are_views(nodes):
+            _run_flat(nodes, n, stats, t0)
+            return
         xs = []
         in_place = op.source_args
         if in_place and (config.KERNEL_BACKEND == "off" or torch.is_grad_enabled()):
@@ -168,7 +181,13 @@ def run_batch(nodes: list, stats) -> None:
         except Exception as exc:
             _explain_failure(nodes, exc)
             raise
+    _finish_batch(nodes, outs, n, stats, t0, t1)
+
+
+def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> None:
+    """Account for a batch run and give every node its outputs, row and slot."""
     t2 = time.perf_counter()
+    op = nodes[0].op
     stats.t_gather += t1 - t0
     stats.t_kernel += t2 - t1
     stats.batches += 1
@@ -184,6 +203,35 @@ def run_batch(nodes: list, stats) -> None:
         nd.outs = outs
         nd.row = i
         nd.slot = base + i
+
+
+def _columns_are_views(nodes: list) -> bool:
+    """Whether all operand columns but at most one are consecutive rows of one batch
+    (views): then the op's own rule (at most one gather, then one stacking copy) copies
+    no more than a flat gather (a cat and a reorder)."""
+    gathers = 0
+    for j in range(len(nodes[0].inputs)):
+        slots = [nd.inputs[j].node.slot + (nd.inputs[j].idx << _IDX_SHIFT) for nd in nodes]
+        lo = slots[0]
+        if slots != list(range(lo, lo + len(slots))):
+            gathers += 1
+            if gathers > 1:
+                return False
+    return True
+
+
+def _run_flat(nodes: list, n: int, stats, t0: float) -> None:
+    """stack/cat along the per-instance dim 0 of same-shape parts (ops.flat_parts): all
+    parts of all nodes form one gathered column, reshaped into the batched result."""
+    from acrobat.ops import flat_result
+
+    n0 = nodes[0]
+    k = len(n0.inputs)
+    column = [t for nd in nodes for t in nd.inputs]
+    x = gather(column, n * k, stats)
+    t1 = time.perf_counter()
+    outs = flat_result(n0, x, n)
+    _finish_batch(nodes, outs, n, stats, t0, t1)
 
 
 def _explain_failure(nodes: list, exc: Exception) -> None:

@@ -206,6 +206,33 @@ def cat_rule(node, xs, n):
     return (fn(parts, _dim(dim, nd)),)
 
 
+def flat_parts(node) -> int:
+    """For ``stack(parts, 0)`` / ``cat(parts, 0)`` of lazy parts of one shape: the number
+    of parts, else 0. The executor then gathers all parts of all nodes as ONE column of
+    n * parts rows and reshapes it, instead of one gather per part (a sentence's
+    ``torch.stack(per_token_outputs)``: one index_select instead of one per token)."""
+    if node.kwargs or not node.args or len(node.args) > 2:
+        return 0
+    parts = node.args[0]
+    dim = node.args[1] if len(node.args) == 2 else 0
+    if type(parts) not in (list, tuple) or not parts or type(dim) is not int:
+        return 0
+    if not all(type(p) is LazyTensor for p in parts):
+        return 0
+    shape = parts[0].shape
+    if any(p.shape != shape for p in parts):
+        return 0
+    nd = len(shape) + (node.op.name == "stack")
+    if nd == 0 or (dim + nd if dim < 0 else dim) != 0:
+        return 0
+    return len(parts)
+
+
+def flat_result(node, x, n):
+    """``flat_parts``' gathered (n * parts, *shape) rows as the batched stack / cat."""
+    return (x.reshape((n, *node.info.metas[0][0])),)
+
+
 def split_rule(node, xs, n):
     """chunk / split / unbind / narrow / select / transpose / movedim style ops with dims."""
     x = _arg(node, 0, "input")
@@ -694,8 +721,11 @@ for _name, _aliases in {
 
 _add(Op("softmax", softmax_rule, "reduce", (torch.softmax, T.softmax, F.softmax)))
 _add(Op("log_softmax", softmax_rule, "reduce", (torch.log_softmax, T.log_softmax, F.log_softmax)))
-_add(Op("cat", cat_rule, "shape", (torch.cat, torch.concat, torch.concatenate)))
-_add(Op("stack", cat_rule, "shape", (torch.stack,)))
+_add(
+    Op("cat", cat_rule, "shape", (torch.cat, torch.concat, torch.concatenate),
+       extra={"flat": flat_parts})
+)  # fmt: skip
+_add(Op("stack", cat_rule, "shape", (torch.stack,), extra={"flat": flat_parts}))
 for _name, _aliases in {
     "chunk": (torch.chunk, T.chunk),
     "split": (torch.split, T.split),

@@ -197,3 +197,52 @@ def test_gather_reads_any_mix_of_producer_rows(sizes, picks, dense):
                 counts[r] += 1
         grad = buf.grad if buf.grad is not None else torch.zeros_like(buf)  # unread source
         assert torch.equal(grad, counts[:, None].expand(-1, 3))
+
+
+@acrobat.autobatch
+def stacked(xs, how):
+    steps = [torch.tanh(x * (i + 1)) for i, x in enumerate(xs)]
+    if how == "stack0":
+        return torch.stack(steps)
+    if how == "stack-3":
+        return torch.stack(steps, -3)  # dim 0 of a stack of (2, 3) parts
+    if how == "stack1":
+        return torch.stack(steps, 1)  # not along dim 0: one gather per part
+    if how == "cat0":
+        return torch.cat(steps)
+    return torch.cat(steps + [steps[0][:1]], 0)  # parts of different shapes
+
+
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    how=st.sampled_from(["stack0", "stack-3", "stack1", "cat0", "ragged"]),
+)
+def test_stack_and_cat_of_steps_gather_all_parts_at_once(lengths, how):
+    xs = [list(torch.randn(k, 2, 3)) for k in lengths]
+    from acrobat.ops import TABLE
+
+    with torch.no_grad():
+        stats = check_map(stacked, xs, how=how)
+        saved = TABLE["stack"].extra.pop("flat"), TABLE["cat"].extra.pop("flat")
+        try:  # the same map, one gather per part
+            per_part = check_map(stacked, xs, how=how)
+        finally:
+            TABLE["stack"].extra["flat"], TABLE["cat"].extra["flat"] = saved
+    assert stats.gathers <= per_part.gathers
+
+
+def test_flat_gather_for_a_long_stack_of_scattered_steps():
+    """Sentences of equal length separated by others in every step's batch: one gather
+    per token in the per-part path, a cat and a reorder in the flat one."""
+    from acrobat.ops import TABLE
+
+    xs = [list(torch.randn(k, 2, 3)) for k in (6, 7, 6, 7, 6)]
+    with torch.no_grad():
+        stats = check_map(stacked, xs, how="stack0")
+        saved = TABLE["stack"].extra.pop("flat")
+        try:
+            per_part = check_map(stacked, xs, how="stack0")
+        finally:
+            TABLE["stack"].extra["flat"] = saved
+    # 2 stack batches (lengths 6 and 7): 6 + 7 column gathers become at most 2 x 2
+    assert per_part.gathers - stats.gathers >= 13 - 4, (stats, per_part)
