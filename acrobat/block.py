@@ -95,6 +95,7 @@ class Trace:
         self.plain_tuple = False  # outputs are exactly a tuple of out_lazies
         self.fusion: fusion.Plan | None = None
         self.compiled = None  # run_ops as generated code, made on the first batch
+        self.sig: tuple = ()
         # hoisting out of the block (_split_call): positions it cuts at / still observes
         self.may_split: tuple = ()  # split_on + observe: the call path checks this only
         self.split_on: tuple = ()
@@ -174,6 +175,16 @@ def _key(a, keep: list, inputs: list):
     return ("id", id(a))
 
 
+def _kept(args, kwargs) -> list:
+    """The objects a trace's cache key names by identity: kept alive with the trace, so
+    an id is never recycled under a live entry."""
+    keep: list = []
+    _key(args, keep, [])
+    if kwargs:
+        _key(kwargs, keep, [])
+    return keep
+
+
 def _flatten_out(value, leaves: list):
     """Output pytree -> spec with leaf positions; leaves collected in ``leaves``."""
     t = type(value)
@@ -212,32 +223,30 @@ class Block:
         rt = graph.RT
         if rt is None or rt.tracer is not None or rt.fiber is None:
             return self.fn(*args, **kwargs)  # eager, or inlined into an enclosing block
-        keep: list = []
         inputs: list[LazyTensor] = []
         parts = []
+        made = rt.factory_keys
         for a in args:  # flat loop first: block arguments are mostly tensors and modules
             t = type(a)
             if t is LazyTensor:
                 inputs.append(a)
                 parts.append(a.key)
             elif t is tuple or t is list or t is dict:
-                parts.append(_key(a, keep, inputs))
+                parts.append(_key(a, [], inputs))
             elif t is int or t is str or a is None:
                 parts.append(a)
             elif t is float or t is bool:
                 parts.append((t, a))
             else:  # a module or other object: by identity (kept alive by the trace)
-                keep.append(a)
-                made = rt.factory_keys.get(id(a))
                 # a constant made by a pure factory (torch.zeros(h)) is a new object
                 # every map: keyed by how it was made, the trace outlives the map
-                parts.append(("id", id(a)) if made is None else made)
-        key = (tuple(parts), _key(kwargs, keep, inputs) if kwargs else None)
+                parts.append(made.get(id(a)) or ("id", id(a)) if made else ("id", id(a)))
+        key = (tuple(parts), _key(kwargs, [], inputs) if kwargs else None)
         if not inputs:
             return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op
         trace = self.cache.get(key)
-        if trace is None or not trace.valid_for(rt):
-            trace = self._trace(rt, args, kwargs, inputs, keep)
+        if trace is None or (trace.run_id != rt.id and not trace.valid_for(rt)):
+            trace = self._trace(rt, args, kwargs, inputs, _kept(args, kwargs))
             self.cache[key] = trace
             if len(self.cache) > config.BLOCK_CACHE_SIZE:
                 self.cache.popitem(last=False)
@@ -245,7 +254,7 @@ class Block:
         if trace.may_split:
             node = _split_call(rt, trace, inputs)
         if node is None:
-            node = add_node(rt, trace.op, None, None, None, inputs, trace.info, (trace.op,))
+            node = add_node(rt, trace.op, None, None, None, inputs, trace.info, trace.sig)
         outs = wrap_outputs(node, trace.info)
         if trace.plain_tuple:
             return outs
@@ -324,6 +333,7 @@ class Block:
 def _finish(trace: Trace, name: str, tracer: Tracer, doc: str) -> None:
     """Give a trace its op row and fusion plan; detach its nodes from the run."""
     trace.op = Op(name, trace.run, "block", launches=len(tracer.nodes), doc=doc)
+    trace.sig = (trace.op,)  # the batching signature of its calls
     trace.fusion = fusion.plan(trace)
     if trace.fusion is not None:
         trace.op.source_args = trace.fusion.source_args
@@ -427,7 +437,7 @@ def _split_call(rt, trace: Trace, inputs: list):
         memo = split.memo.get(id(arg))
         if memo is None:
             inv = split.inv
-            hoisted = add_node(rt, inv.op, None, None, None, [arg], inv.info, (inv.op,))
+            hoisted = add_node(rt, inv.op, None, None, None, [arg], inv.info, inv.sig)
             memo = wrap_outputs(hoisted, inv.info)
             if inv.info.single:
                 memo = (memo,)
@@ -435,7 +445,7 @@ def _split_call(rt, trace: Trace, inputs: list):
         var_inputs = [inputs[j] for j in split.arg_pos]
         var_inputs += memo
         var = split.var
-        return add_node(rt, var.op, None, None, None, var_inputs, trace.info, (var.op,))
+        return add_node(rt, var.op, None, None, None, var_inputs, trace.info, var.sig)
     if trace.seen_run != rt.id:
         trace.seen = set()
         trace.seen_run = rt.id
