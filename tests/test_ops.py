@@ -1592,3 +1592,21 @@ def test_max_namedtuple_result():
         return x.max(-1)
 
     check_map(f, [torch.randn(2, 3) for _ in range(3)])
+
+
+_NOT_IN_BLOCKS = {"rand_like", "dropout"}  # random draws: a block is traced once
+
+
+@pytest.mark.parametrize(
+    "name, c", [p for p in _case_params() if p.values[0] not in _NOT_IN_BLOCKS]
+)
+@settings(max_examples=3)
+@given(data=st.data())
+def test_op_inside_a_block(name, c, data):
+    """Every case again with its function as an ``@acrobat.block``: the op runs inside a
+    traced program, as generated code (acrobat/codegen.py) calling torch directly or the
+    op's rule."""
+    ex = build(c, lambda lo, hi: data.draw(st.integers(lo, hi)))
+    body = acrobat.block(lambda inst, shared: c.fn(**inst, **shared))
+    f = acrobat.autobatch(lambda inst, **shared: body(inst, shared))
+    check_map(f, ex.instances, **ex.shared)
