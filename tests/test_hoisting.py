@@ -14,7 +14,7 @@ from torch import nn
 import acrobat
 from tests.helpers import assert_close_tree, check_map
 
-block_mod = importlib.import_module("acrobat.block")  # the module, not acrobat.block()
+block_mod = importlib.import_module("acrobat.hoisting")
 
 
 class Loop(nn.Module):
