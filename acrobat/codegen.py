@@ -111,6 +111,72 @@ _EMITTERS: dict[Callable, Callable] = {
 }
 
 
+EPILOGUES = True  # fuse linear(x, W) + y into addmm (see _gemm_epilogues)
+_ADDS = (torch.add, torch.Tensor.add, torch.Tensor.__add__)
+
+
+def _gemm_epilogues(nodes: list, outputs: list) -> dict:
+    """``linear(x, W) + y`` with no bias, the linear read only by the add: the pair
+    becomes one ``addmm(y, x, W.t())`` (the add rides on the GEMM). Returns the linear
+    nodes so fused, by id (their values: filled in with their index while emitting)."""
+    uses: dict[int, int] = {}
+    for nd in nodes:
+        for t in nd.inputs:
+            uses[id(t.node)] = uses.get(id(t.node), 0) + 1
+    for t in outputs:
+        uses[id(t.node)] = uses.get(id(t.node), 0) + 2  # an output is always materialized
+    linears = {}
+    for nd in nodes:
+        if nd.op.rule is linear_rule and uses.get(id(nd)) == 1 and _plain_linear(nd):
+            linears[id(nd)] = nd
+    fused: dict = {}
+    for nd in nodes:
+        if nd.op.rule is not elementwise_rule or nd.func not in _ADDS or nd.kwargs:
+            continue
+        if len(nd.args) != 2 or not all(type(a) is LazyTensor for a in nd.args):
+            continue
+        a, b = nd.args
+        if a.shape != b.shape or len(a.shape) != 1 or a.node is b.node:
+            continue
+        for t in (a, b):
+            if id(t.node) in linears and id(t.node) not in fused:
+                fused[id(t.node)] = None
+                break
+    return fused
+
+
+def _plain_linear(nd) -> bool:
+    """linear(x, W) of a per-instance vector x, a real 2-D W and no bias."""
+    if nd.kwargs and set(nd.kwargs) - {"bias"}:
+        return False
+    args = nd.args
+    bias = args[2] if len(args) > 2 else (nd.kwargs or {}).get("bias")
+    return (
+        len(args) >= 2
+        and bias is None
+        and type(args[0]) is LazyTensor
+        and len(args[0].shape) == 1
+        and isinstance(args[1], torch.Tensor)
+        and args[1].ndim == 2
+    )
+
+
+def _emit_addmm(e, nd, var, into_add):
+    if nd.func not in _ADDS or len(nd.args) != 2 or nd.kwargs:
+        return None
+    a, b = nd.args
+    if type(a) is not LazyTensor or type(b) is not LazyTensor:
+        return None
+    for lin, other in ((a, b), (b, a)):
+        k = into_add.get(id(lin.node))
+        if k is not None:
+            x = lin.node.args[0]
+            w = e.const(f"w{k}", lin.node.args[1])
+            y = var[(id(other.node), other.idx)]
+            return f"torch.addmm({y}, {var[(id(x.node), x.idx)]}, {w}.t())"
+    return None
+
+
 def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -> Callable:
     """``run(xs, n) -> tuple of outputs`` for a block program (see the module doc)."""
     e = _Emitter()
@@ -120,9 +186,17 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
         if (id(ph), 0) not in var:
             var[(id(ph), 0)] = f"p{i}"
             lines.append(f"    p{i} = xs[{i}]")
+    into_add = _gemm_epilogues(nodes, outputs) if EPILOGUES else {}
     for k, nd in enumerate(nodes):
+        if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
+            into_add[id(nd)] = k
+            continue
         emit = _EMITTERS.get(nd.op.rule)
-        expr = emit(e, nd, var, k) if emit is not None else None
+        expr = None
+        if nd.op.rule is elementwise_rule and into_add:
+            expr = _emit_addmm(e, nd, var, into_add)
+        if expr is None and emit is not None:
+            expr = emit(e, nd, var, k)
         single = nd.info.single
         if expr is None:  # the op's own rule, called from the generated code
             rule = e.const(f"rule{k}", nd.op.rule)

@@ -326,3 +326,45 @@ def test_generated_code_calls_rules_for_ops_without_an_emitter():
     inputs = [torch.randn(n, 4) for _ in trace.placeholders]
     for g, w in zip(trace.run_ops(inputs, n), trace.interpret(inputs, n)):
         assert torch.equal(g, w)
+
+
+class Elman(nn.Module):
+    def __init__(self, h, bias_h):
+        super().__init__()
+        self.wx = nn.Linear(h, h)
+        self.wh = nn.Linear(h, h, bias=bias_h)
+
+
+@acrobat.block
+def elman_cell(m, x, h):
+    return torch.tanh(m.wx(x) + m.wh(h))
+
+
+@acrobat.block
+def elman_reuse(m, x, h):
+    u = m.wh(h)  # read twice: must be materialized
+    return torch.tanh(m.wx(x) + u) * u
+
+
+@acrobat.autobatch
+def elman(xs, m, cell):
+    h = torch.zeros(m.wh.in_features)
+    for x in xs:
+        h = cell(m, x, h)
+    return h
+
+
+@pytest.mark.parametrize("bias_h", [False, True])
+@pytest.mark.parametrize("cell", [elman_cell, elman_reuse], ids=["once", "twice"])
+def test_linear_plus_add_becomes_one_addmm(bias_h, cell):
+    """Generated code fuses ``linear(h, W) + y`` (no bias, the linear read once) into
+    ``addmm(y, h, W.t())``; with a bias or a second reader it keeps both ops."""
+    torch.manual_seed(4)
+    m = Elman(5, bias_h)
+    cell.cache.clear()
+    seqs = [list(torch.randn(k, 5)) for k in (3, 1, 4)]
+    with torch.no_grad():
+        check_map(elman, seqs, m=m, cell=cell)
+    sources = [t.compiled.source for t in _all_traces(cell) if t.compiled is not None]
+    fused = any("torch.addmm(" in src for src in sources)
+    assert fused == (not bias_h and cell is elman_cell), sources
