@@ -488,6 +488,9 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         rt.all_fibers = []
         rt.ready.clear()
         rt.main = None
+        for split in rt.used_splits:  # traces outlive the map; this run's graph must not
+            split.memo = {}
+        rt.used_splits = []
         if gc_was_enabled:
             gc.enable()
     return results

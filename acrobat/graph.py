@@ -111,6 +111,7 @@ class Runtime:
         self.nodes = 0
         self.deferred = 0  # deferred constants not queued (yet): see record_data
         self.py_rows: dict[int, list] = {}  # id(batch output) -> its tolist(), per flush
+        self.used_splits: list = []  # hoisting.Split objects whose memo holds this run
         # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)
         # keys its trace by how the constant was made, not by the per-run object
         self.factory_keys: dict[int, tuple] = {}

@@ -100,6 +100,7 @@ def split_call(rt, trace, inputs: list):
                 assert split is not None  # the same trace cut the same way before
             split.memo = {}
             split.run_id = rt.id
+            rt.used_splits.append(split)  # its memo is cleared when the map ends
         arg = inputs[k]
         memo = split.memo.get(id(arg))
         if memo is None:
@@ -132,6 +133,7 @@ def split_call(rt, trace, inputs: list):
                 split = build_split(trace, k, rt, inputs)
                 if split is not None:
                     trace.splits[k] = split
+                    rt.used_splits.append(split)
                     trace.split_on = (k,)
         trace.may_split = trace.split_on + trace.observe
     return None

@@ -140,3 +140,31 @@ def test_gradients_and_parameter_updates_through_the_cut():
         check_map(inner_loop, inputs, m=m)
         m.cell.weight.mul_(0.5)
         check_map(inner_loop, inputs, m=m)
+
+
+def test_a_map_with_cut_traces_frees_its_graph():
+    """The cut's memo (argument -> hoisted outputs) lives on the trace, which outlives the
+    map: it is cleared when the map ends, so nothing of the run stays alive."""
+    import weakref
+
+    from acrobat import graph
+
+    torch.manual_seed(5)
+    m = Loop(4, True)
+    inputs = [(torch.randn(4), 40) for _ in range(3)]
+    runtimes = []
+    original = graph.Runtime.__init__
+
+    def tracking(self, *args):
+        original(self, *args)
+        runtimes.append(weakref.ref(self))
+
+    graph.Runtime.__init__ = tracking
+    try:
+        with torch.no_grad():
+            for _ in range(2):
+                stats = check_map(inner_loop, inputs, m=m)
+    finally:
+        graph.Runtime.__init__ = original
+    assert _hoisted_nodes(stats) == 3
+    assert runtimes and all(r() is None for r in runtimes)
