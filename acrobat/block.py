@@ -16,6 +16,7 @@ global state.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -136,9 +137,21 @@ class Trace:
         """The program op by op, as generated straight-line code (acrobat/codegen.py)."""
         run = self.compiled
         if run is None:
-            run = self.compiled = codegen.compile_program(
-                self.placeholders, self.nodes, self.out_lazies, self.op.name
-            )
+            try:
+                run = codegen.compile_program(
+                    self.placeholders, self.nodes, self.out_lazies, self.op.name
+                )
+            except Exception as exc:  # an optimisation must not break a map: interpret
+                if config.VERIFY:
+                    raise
+                warnings.warn(
+                    f"acrobat: could not generate code for {self.op.name} ({exc!r}); "
+                    "running its program op by op. Please report this.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                run = self.interpret
+            self.compiled = run
         return run(xs, n)
 
     def interpret(self, xs, n):

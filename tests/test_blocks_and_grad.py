@@ -368,3 +368,24 @@ def test_linear_plus_add_becomes_one_addmm(bias_h, cell):
     sources = [t.compiled.source for t in _all_traces(cell) if t.compiled is not None]
     fused = any("torch.addmm(" in src for src in sources)
     assert fused == (not bias_h and cell is elman_cell), sources
+
+
+def test_a_code_generation_failure_falls_back_to_the_interpreter(monkeypatch):
+    """Generated code is an optimisation: if it cannot be made, the program runs op by op
+    (with a warning); under config.VERIFY (the tests' default) the failure raises."""
+    from acrobat import codegen
+
+    def broken(*args):
+        raise ValueError("no emitter today")
+
+    monkeypatch.setattr(codegen, "compile_program", broken)
+    m = Cell(3)
+    ts = trees(6, seed=7)
+    block_cell.cache.clear()
+    with torch.no_grad():
+        with acrobat.config.override(VERIFY=False), pytest.warns(RuntimeWarning, match="op by op"):
+            check_map(encode_block, ts, m=m)
+        block_cell.cache.clear()
+        with pytest.raises(acrobat.AcrobatError, match="no emitter today"):
+            encode_block.map(ts, m=m)
+    block_cell.cache.clear()
