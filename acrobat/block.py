@@ -253,7 +253,7 @@ class Block:
             else:  # a module or other object: by identity (kept alive by the trace)
                 # a constant made by a pure factory (torch.zeros(h)) is a new object
                 # every map: keyed by how it was made, the trace outlives the map
-                parts.append(made.get(id(a)) or ("id", id(a)) if made else ("id", id(a)))
+                parts.append(made.get(id(a)) or ("id", id(a)))
         key = (tuple(parts), _key(kwargs, [], inputs) if kwargs else None)
         if not inputs:
             return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op

@@ -18,15 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from acrobat.graph import LazyTensor
-from acrobat.ops import cat_rule, elementwise_rule, linear_rule, split_rule
-
-_SCALARS = (int, float, bool, type(None))
+from acrobat.ops import cat_rule, elementwise_rule, linear_operands, linear_rule, split_rule
 
 
 class _Emitter:
     def __init__(self):
         self.consts: dict = {"torch": torch}
-        self.lines: list[str] = []
 
     def const(self, name: str, value) -> str:
         self.consts[name] = value
@@ -65,13 +62,10 @@ def _emit_elementwise(e, nd, var, k):
 
 
 def _emit_linear(e, nd, var, k):
-    args, kwargs = nd.args, nd.kwargs or {}
-    if len(args) < 2 or set(kwargs) - {"bias"}:
+    operands = linear_operands(nd)
+    if operands is None:
         return None
-    x, w = args[0], args[1]
-    bias = args[2] if len(args) > 2 else kwargs.get("bias")
-    if type(x) is not LazyTensor or type(w) is LazyTensor or type(bias) is LazyTensor:
-        return None
+    x, w, bias = operands
     xv = var[(id(x.node), x.idx)]
     return f"{e.const('F_linear', F.linear)}({xv}, {e.const(f'w{k}', w)}, {e.const(f'b{k}', bias)})"
 
@@ -147,18 +141,11 @@ def _gemm_epilogues(nodes: list, outputs: list) -> dict:
 
 def _plain_linear(nd) -> bool:
     """linear(x, W) of a per-instance vector x, a real 2-D W and no bias."""
-    if nd.kwargs and set(nd.kwargs) - {"bias"}:
+    operands = linear_operands(nd)
+    if operands is None:
         return False
-    args = nd.args
-    bias = args[2] if len(args) > 2 else (nd.kwargs or {}).get("bias")
-    return (
-        len(args) >= 2
-        and bias is None
-        and type(args[0]) is LazyTensor
-        and len(args[0].shape) == 1
-        and isinstance(args[1], torch.Tensor)
-        and args[1].ndim == 2
-    )
+    x, w, bias = operands
+    return bias is None and len(x.shape) == 1 and isinstance(w, torch.Tensor) and w.ndim == 2
 
 
 def _emit_addmm(e, nd, var, into_add):
@@ -170,8 +157,8 @@ def _emit_addmm(e, nd, var, into_add):
     for lin, other in ((a, b), (b, a)):
         k = into_add.get(id(lin.node))
         if k is not None:
-            x = lin.node.args[0]
-            w = e.const(f"w{k}", lin.node.args[1])
+            x, weight, _ = linear_operands(lin.node)
+            w = e.const(f"w{k}", weight)
             y = var[(id(other.node), other.idx)]
             return f"torch.addmm({y}, {var[(id(x.node), x.idx)]}, {w}.t())"
     return None

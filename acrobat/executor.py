@@ -38,9 +38,14 @@ def reset_slots() -> None:
     _batches = itertools.count(1)
 
 
+def _slots(ts: list) -> list:
+    """Where each computed LazyTensor of ``ts`` lives, as one int (see above)."""
+    return [t.node.slot + (t.idx << _IDX_SHIFT) for t in ts]
+
+
 def gather(ts: list, n: int, stats) -> torch.Tensor:
     """Stack the values of LazyTensors ``ts`` (all computed) along a new leading dim."""
-    slots = [t.node.slot + (t.idx << _IDX_SHIFT) for t in ts]
+    slots = _slots(ts)
     lo = slots[0]
     hi = slots[-1]
     if hi - lo == n - 1 and slots == list(range(lo, hi + 1)):  # consecutive rows
@@ -211,9 +216,7 @@ def _columns_are_views(nodes: list) -> bool:
     no more than a flat gather (a cat and a reorder)."""
     gathers = 0
     for j in range(len(nodes[0].inputs)):
-        slots = [nd.inputs[j].node.slot + (nd.inputs[j].idx << _IDX_SHIFT) for nd in nodes]
-        lo = slots[0]
-        if slots != list(range(lo, lo + len(slots))):
+        if not _is_range(_slots([nd.inputs[j] for nd in nodes])):
             gathers += 1
             if gathers > 1:
                 return False

@@ -16,6 +16,7 @@ import torch
 
 from acrobat import graph
 from acrobat.graph import Info, LazyTensor, Node, add_node, wrap_outputs
+from acrobat.ops import FUNCS, linear_operands
 
 _GEMMS = frozenset({"linear", "matmul", "mm", "mv", "addmm", "addmv", "bilinear", "einsum"})
 
@@ -23,11 +24,11 @@ _GEMMS = frozenset({"linear", "matmul", "mm", "mv", "addmm", "addmv", "bilinear"
 def _linear_over_cat(nd: Node, by_id: dict, inv: set):
     """If ``nd`` is ``linear(cat(parts, -1), W, b)`` whose parts are an invariant prefix
     or suffix and a variant rest: (parts, number of invariant parts, invariant first)."""
-    if nd.op.name != "linear" or nd.kwargs or not 2 <= len(nd.args) <= 3:
+    operands = linear_operands(nd) if nd.op.name == "linear" else None
+    if operands is None:
         return None
-    x, w = nd.args[0], nd.args[1]
-    bias = nd.args[2] if len(nd.args) == 3 else None
-    if type(x) is not LazyTensor or not isinstance(w, torch.Tensor) or w.ndim != 2:
+    x, w, bias = operands
+    if not isinstance(w, torch.Tensor) or w.ndim != 2:
         return None
     if bias is not None and not isinstance(bias, torch.Tensor):
         return None
@@ -147,14 +148,14 @@ class Split:
     """A trace cut at argument ``k``: ``inv`` computes the part that depends on that
     argument alone, ``var`` the rest from the other arguments and ``inv``'s outputs."""
 
-    __slots__ = ("inv", "var", "var_inputs", "arg_pos", "per_run", "run_id", "memo")
+    __slots__ = ("inv", "var", "arg_pos", "per_run", "run_id", "memo")
 
-    def __init__(self, inv, var, var_inputs, per_run, run_id):
-        self.arg_pos = tuple(w for kind, w in var_inputs if kind == "arg")
+    def __init__(self, inv, var, arg_pos, per_run, run_id):
         self.memo: dict = {}  # id(argument) -> hoisted outputs, in map run run_id
         self.inv = inv
         self.var = var
-        self.var_inputs = var_inputs  # ("arg", position) | ("inv", output index)
+        self.arg_pos = arg_pos  # var's inputs: the call's arguments at these positions,
+        # then inv's outputs
         self.per_run = per_run  # holds autograd views of parameters: this run only
         self.run_id = run_id
 
@@ -179,7 +180,6 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
     import torch.nn.functional as F
 
     from acrobat.block import Trace, Tracer, finish_trace  # block imports this module
-    from acrobat.ops import FUNCS
 
     inv_ids, cuts = _classify(trace, k)
     ph_k = trace.placeholders[k]
@@ -241,8 +241,7 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
             v = from_inv(get_inv(t))
         elif id(nd) in cuts:
             parts, m, inv_first = cuts[id(nd)]
-            w = nd.args[1]
-            bias = nd.args[2] if len(nd.args) == 3 else None
+            _, w, bias = linear_operands(nd)
             inv_parts, var_parts = (parts[:m], parts[m:]) if inv_first else (parts[-m:], parts[:-m])
             n_inv = sum(p.shape[-1] for p in inv_parts)
             n_var = w.shape[1] - n_inv
@@ -288,4 +287,5 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
     var_phs = [var_phs[i] for i in order]
     inv = program(inv_tracer, [inv_ph.node], inv_outs, f"{trace.op.name}:hoisted")
     var = program(var_tracer, var_phs, var_outs, f"{trace.op.name}:rest")
-    return Split(inv, var, tuple(var_inputs), per_run[0], rt.id)
+    arg_pos = tuple(w for kind, w in var_inputs if kind == "arg")
+    return Split(inv, var, arg_pos, per_run[0], rt.id)

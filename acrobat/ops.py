@@ -325,11 +325,20 @@ def _choose_mv(key, device, bmm, mulsum):
     return choice.CHOOSER.run(key, {"bmm": bmm, "mulsum": mulsum}, device)
 
 
-def linear_rule(node, xs, n):
+def linear_operands(node):
+    """``(x, W, bias)`` of a linear node whose input is per-instance and whose weight and
+    bias are real (the batched-GEMM case), however they were passed; else None."""
     x, w = _arg(node, 0, "input"), _arg(node, 1, "weight")
     bias = _arg(node, 2, "bias")
     if _is_lazy(x) and not _is_lazy(w) and not _is_lazy(bias):
-        return (F.linear(xs[0], w, bias),)
+        return x, w, bias
+    return None
+
+
+def linear_rule(node, xs, n):
+    operands = linear_operands(node)
+    if operands is not None:
+        return (F.linear(xs[0], operands[1], operands[2]),)
     return vmap_rule(node, xs, n)
 
 
@@ -489,6 +498,23 @@ _LIST_DTYPES = {  # element types of a flat list -> torch.tensor's dtype (None: 
 }
 
 
+def _row_lookup(idx, weight, max_norm, grad_options) -> bool:
+    """Whether ``embedding(idx, weight)`` is the row lookup ``weight[i]`` of a deferred
+    ``torch.tensor(i)``. Not with max_norm (it renormalises the table in place), nor with
+    padding_idx / scale_grad_by_freq / sparse (``grad_options``: they change only the
+    gradient) when a gradient is taken, nor inside a block trace."""
+    rt = graph.RT
+    return (
+        rt is not None
+        and type(idx) is LazyTensor
+        and idx.node.depth == graph.DEFERRED
+        and isinstance(weight, Tensor)
+        and max_norm is None
+        and not (grad_options and torch.is_grad_enabled() and weight.requires_grad)
+        and rt.tracer is None
+    )
+
+
 def _special_embedding(func, args, kwargs):
     """F.embedding(torch.tensor(i), W): the constant was deferred, so this is the row
     lookup W[i] (op take): one node instead of two, one index_select per batch."""
@@ -497,18 +523,10 @@ def _special_embedding(func, args, kwargs):
     names = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
     options = dict(zip(names, args[2:]))
     options.update((k, kwargs[k]) for k in names if k in kwargs)
-    # padding_idx, scale_grad_by_freq and sparse change only the gradient
     grad_options = options.get("padding_idx") is not None or any(
         options.get(k) for k in ("scale_grad_by_freq", "sparse")
     )
-    if (
-        type(idx) is LazyTensor
-        and idx.node.depth == graph.DEFERRED
-        and isinstance(weight, Tensor)
-        and options.get("max_norm") is None  # max_norm renormalises the table in place
-        and not (grad_options and torch.is_grad_enabled() and weight.requires_grad)
-        and graph.RT.tracer is None
-    ):
+    if _row_lookup(idx, weight, options.get("max_norm"), grad_options):
         return _special_take(weight, idx.node.data)
     if has_lazy(args) or has_lazy(kwargs):
         return record(EMBEDDING, func, args, kwargs)
@@ -986,19 +1004,11 @@ def _linear_forward(self, input):
 def _embedding_forward(self, input):
     if type(input) is LazyTensor:
         with _NO_MODE():
-            node = input.node
-            if (  # the word lookup emb(torch.tensor(i)): straight to the row lookup
-                node.depth == graph.DEFERRED
-                and self.max_norm is None
-                and graph.RT.tracer is None
-                and not (
-                    (self.padding_idx is not None or self.scale_grad_by_freq or self.sparse)
-                    and self.weight.requires_grad
-                    and torch.is_grad_enabled()
-                )
-            ):
-                return _special_take(self.weight, node.data)
-            args = (input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
+            weight = self.weight  # a Module.__getattr__ lookup: once
+            grad_options = self.padding_idx is not None or self.scale_grad_by_freq or self.sparse
+            if _row_lookup(input, weight, self.max_norm, grad_options):
+                return _special_take(weight, input.node.data)  # emb(torch.tensor(i))
+            args = (input, weight, self.padding_idx, self.max_norm, self.norm_type,
                     self.scale_grad_by_freq, self.sparse)  # fmt: skip
             return _special_embedding(F.embedding, args, {})
     return _ORIGINAL_FORWARD[nn.Embedding](self, input)
