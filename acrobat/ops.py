@@ -287,6 +287,11 @@ def matmul_rule(node, xs, n):
     if lb and not la and a.ndim == 2:
         if b.ndim == 1:
             return (torch.matmul(B, a.t()),)
+        if b.ndim == 2:
+            # W @ X_i for a batch of matrices: torch.matmul folds this into one GEMM by
+            # making X^T contiguous, a transposing copy of the whole batch; a bmm over
+            # the broadcast W reads X in place (MV-RNN large b64: 260 -> 180 ms)
+            return (torch.bmm(a.expand(n, *a.shape), B),)
         return (torch.matmul(a, B),)
     if lb and not la and a.ndim == 1 and b.ndim == 2:
         return (torch.matmul(a, B),)
