@@ -47,6 +47,14 @@ KERNEL_BACKEND: str = os.environ.get("ACROBAT_KERNEL_BACKEND", "off")
 #: word lookup. Off: every call takes the generic route (the results are the same).
 FAST_MODULES: bool = bool(_env_int("ACROBAT_FAST_MODULES", 1))
 
+#: A flush forced by value demands is also levelled as late as possible (by each node's
+#: longest path to the end of the flush) and runs that way when it needs fewer batches:
+#: the demanded values of all instances then line up, where levelling by depth splits
+#: them whenever one branch of an ``if`` is shorter (StackRNN: a SHIFT vs. a reduce
+#: step; ACRoBat inserts "ghost operators" into the shorter branch for this). Costs one
+#: pass over the flush's nodes; the flush at the end of a map keeps depth levelling.
+RELEVEL: bool = bool(_env_int("ACROBAT_RELEVEL", 1))
+
 #: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
 BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
 

@@ -25,7 +25,7 @@ from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, fra
 from acrobat.executor import execute, reset_slots
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
 from acrobat.ops import FUNCS, HOISTED_FACTORIES, HOISTED_GETTERS, INPUT, supported_names
-from acrobat.scheduler import describe, lower_bound, schedule
+from acrobat.scheduler import describe, lower_bound, relevel, schedule
 
 _IMPURE = {"rand_like", "dropout"}
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
@@ -304,10 +304,12 @@ def _copy(row):
     return list(row)
 
 
-def _flush(rt: Runtime, max_phase=float("inf")) -> None:
+def _flush(rt: Runtime, max_phase=float("inf"), demand: bool = False) -> None:
     t0 = time.perf_counter()
     rt.py_rows = {}  # ids of this flush's outputs: a new flush makes new ones
     batches = schedule(rt, max_phase)
+    if demand and config.RELEVEL:
+        batches = relevel(batches)
     rt.stats.t_schedule += time.perf_counter() - t0
     rt.stats.flushes += 1
     if config.VERIFY or config.DEBUG >= 1:
@@ -388,7 +390,7 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
             p = f.waiting.node.phase
             if p > max_phase:
                 max_phase = p
-        _flush(rt, max_phase)
+        _flush(rt, max_phase, demand=True)
         _copy_demanded(blocked, rt.device)
         rt.blocked = []
         for f in blocked:

@@ -48,6 +48,7 @@ class Node:
         "outs",
         "row",
         "slot",
+        "height",
     )
 
     def __init__(self, op, func, args, kwargs, inputs, info, sig, depth, phase, instance, rt):
@@ -66,6 +67,7 @@ class Node:
         self.outs = None  # after execution: the batch's output tensors
         self.row = 0  # ... and this node's row in them
         self.slot = 0  # ... as one int (executor.gather)
+        self.height = 0  # longest path to a sink of its flush (scheduler.relevel)
 
     def __repr__(self) -> str:
         return (

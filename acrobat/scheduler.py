@@ -32,6 +32,35 @@ def schedule(rt: Runtime, max_phase: float = float("inf")) -> list[list]:
     return batches
 
 
+def relevel(batches: list[list]) -> list[list]:
+    """The same nodes levelled as late as possible, if that makes fewer batches.
+
+    A node's height is the longest path from it to a node nothing in this flush reads;
+    within a phase, batches run by decreasing height (a topological order: a producer
+    is higher than its consumers). Depth levelling aligns where instances' work starts,
+    height levelling where it ends, which is the value each instance demands; the one
+    with fewer (phase, level, signature) groups wins, depth levelling on a tie."""
+    for nodes in reversed(batches):  # ASAP order reversed: consumers before producers
+        for nd in nodes:
+            h = nd.height + 1
+            for t in nd.inputs:
+                p = t.node
+                if p.height < h and p.outs is None:
+                    p.height = h
+    groups: dict = {}
+    for nodes in batches:
+        for nd in nodes:
+            key = (nd.phase, -nd.height, nd.sig)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [nd]
+            else:
+                group.append(nd)
+    if len(groups) >= len(batches):
+        return batches
+    return [groups[k] for k in sorted(groups, key=_order)]
+
+
 def lower_bound(batches: list[list]) -> int:
     """Fewest batches any schedule of these nodes needs: for each signature, the longest
     dependency chain through nodes of that signature (no two of them can share a batch),

@@ -150,6 +150,35 @@ def test_phases_wait_for_all_instances():
     assert stats.batches_of("sigmoid") == 1  # all instances' outputs, one batch
 
 
+@acrobat.autobatch
+def shift_reduce(x, steps):
+    """A parser's loop: one branch of the ``if`` does an extra op before the shared tail,
+    and every round ends in a value demand."""
+    h, taken = x, []
+    for _ in range(steps):
+        go = bool(h.sum() > 0)
+        taken.append(go)
+        if go:
+            h = torch.tanh(h @ U)  # the longer branch
+        h = torch.sigmoid(h @ W) - 0.5  # both branches: one batch per round if levelled late
+    return h, taken
+
+
+@pytest.mark.parametrize("relevel", [True, False])
+def test_demand_flushes_level_late_so_branches_line_up(relevel):
+    xs = [torch.randn(6, generator=torch.Generator().manual_seed(s)) for s in range(8)]
+    with torch.no_grad(), acrobat.config.override(RELEVEL=relevel):
+        stats = check_map(shift_reduce, xs, steps=6)
+    decisions = [shift_reduce.eager(x, steps=6)[1] for x in xs]
+    mixed = [len({d[i] for d in decisions}) > 1 for i in range(6)]
+    assert any(mixed[:5])  # both branches taken in some round, else nothing to show
+    # sigmoid runs once per round; a round where the branches differ costs a second batch
+    # under depth levelling (the shorter branch reaches sigmoid a level early), and under
+    # late levelling only in the last round (it runs in the map's final flush, by depth)
+    expected = 6 + (mixed[5] if relevel else sum(mixed))
+    assert stats.batches_of("sigmoid") == expected
+
+
 # ---- hypothesis: random branching programs ------------------------------------------
 
 OPS = [
