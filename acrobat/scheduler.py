@@ -40,6 +40,8 @@ def relevel(batches: list[list]) -> list[list]:
     is higher than its consumers). Depth levelling aligns where instances' work starts,
     height levelling where it ends, which is the value each instance demands; the one
     with fewer (phase, level, signature) groups wins, depth levelling on a tie."""
+    if len({(nodes[0].phase, nodes[0].sig) for nodes in batches}) == len(batches):
+        return batches  # no signature at two depths: nothing to merge (DRNN, Berxit)
     for nodes in reversed(batches):  # ASAP order reversed: consumers before producers
         for nd in nodes:
             h = nd.height + 1
@@ -48,9 +50,18 @@ def relevel(batches: list[list]) -> list[list]:
                 if p.height < h and p.outs is None:
                     p.height = h
     groups: dict = {}
-    for nodes in batches:
+    for nodes in batches:  # a depth bucket: one phase and signature, mostly one height
+        n0 = nodes[0]
+        if len({nd.height for nd in nodes}) == 1:
+            key = (n0.phase, -n0.height, n0.sig)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = list(nodes)
+            else:
+                group.extend(nodes)
+            continue
         for nd in nodes:
-            key = (nd.phase, -nd.height, nd.sig)
+            key = (n0.phase, -nd.height, n0.sig)
             group = groups.get(key)
             if group is None:
                 groups[key] = [nd]
