@@ -17,7 +17,7 @@ import torch
 
 from acrobat import config
 from acrobat.errors import AcrobatError
-from acrobat.ops import DATA_OPS
+from acrobat.ops import DATA_OPS, TAKE, reshape_rule
 from acrobat.tensor import index_tensor
 
 # Where a computed value lives, as one int per (node, output): the batch's number, the
@@ -70,6 +70,8 @@ def gather(ts: list, n: int, stats) -> torch.Tensor:
 
 
 _ROW_VIEWS = 3  # a sparse source with at most this many rows is read as row views
+_HOLE_BYTES = 1 << 16  # a source's covering range is copied if its unused rows are fewer
+# than its used ones and at most this many bytes (vectors: yes; word matrices: no)
 
 
 def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
@@ -92,7 +94,8 @@ def _gather_sources(ts: list, slots: list, n: int, stats) -> torch.Tensor:
         lo, hi = min(rows), max(rows)
         t = ts[keys.index(key)]
         buf = t.node.outs[t.idx]
-        if hi - lo < 2 * len(rows):
+        holes = hi + 1 - lo - len(rows)
+        if holes == 0 or (holes < len(rows) and holes * buf[0].nbytes <= _HOLE_BYTES):
             parts.append(buf[lo : hi + 1])
             shift[key] = total - lo
             total += hi + 1 - lo
@@ -163,12 +166,16 @@ def run_batch(nodes: list, stats) -> None:
     n = len(nodes)
     t0 = time.perf_counter()
     if op in DATA_OPS:
+        if op is TAKE and _take_in_place(nodes, n, stats, t0):
+            return
         outs = op.rule(nodes)
         t1 = time.perf_counter()
     else:
         flat = op.extra.get("flat")
         if flat is not None and flat(n0) and not _columns_are_views(nodes):
             _run_flat(nodes, n, stats, t0)
+            return
+        if op.name in ROW_VIEWS and len(n0.inputs) == 1 and _view_in_place(nodes, n, stats, t0):
             return
         xs = []
         in_place = op.source_args
@@ -208,6 +215,63 @@ def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> Non
         nd.outs = outs
         nd.row = i
         nd.slot = base + i
+
+
+# Ops whose batched rule maps row i of its operand to row i of its outputs as a view,
+# for any number of rows (reshape_rule and split_rule ops with one operand).
+ROW_VIEWS = frozenset(
+    {"reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "chunk", "split",
+     "unbind", "narrow", "select", "transpose", "t", "permute"}
+)  # fmt: skip
+
+
+def _in_place_rows(nodes: list, outs, rows, stats, t0: float, t1: float) -> None:
+    """Finish a batch whose outputs are a whole tensor (or views of one) with each node at
+    its own row, not at its position in the batch."""
+    nodes[0].rt.tables.add(id(outs))
+    _finish_batch(nodes, outs, len(nodes), stats, t0, t1)
+    base = nodes[0].slot - nodes[0].row
+    for nd, r in zip(nodes, rows):
+        nd.row = r
+        nd.slot = base + r
+
+
+def _take_in_place(nodes: list, n: int, stats, t0: float) -> bool:
+    """Row lookups of a real tensor (``emb(torch.tensor(i))``, ``W[i]``) copy nothing: the
+    batch's output is the table itself and each node's row is its index, so a consumer
+    gathers straight from the table (one copy instead of two: MV-RNN's word matrices).
+    Tables too tall for a slot's row field take the copying rule."""
+    table = nodes[0].args[0]
+    if table.shape[0] > _ROW_MASK:
+        return False
+    t1 = time.perf_counter()
+    _in_place_rows(nodes, (table,), [nd.data for nd in nodes], stats, t0, t1)
+    return True
+
+
+def _view_in_place(nodes: list, n: int, stats, t0: float) -> bool:
+    """A row-wise view op over rows of one producer batch that are not consecutive (rows of
+    a table, scattered rows) is applied to the producer's whole output, rows kept: a view
+    of it, instead of a gather and a view of the copy."""
+    first = nodes[0].inputs[0]
+    outs, idx = first.node.outs, first.idx
+    for nd in nodes:
+        t = nd.inputs[0]
+        if t.node.outs is not outs or t.idx != idx:
+            return False
+    rows = [nd.inputs[0].node.row for nd in nodes]
+    if rows == list(range(rows[0], rows[0] + n)):
+        return False  # the plain path reads these rows as a view already
+    buf = outs[idx]
+    if nodes[0].op.rule is reshape_rule and not buf.is_contiguous():
+        return False  # reshape would copy the whole output
+    t1 = time.perf_counter()
+    try:
+        result = nodes[0].op.rule(nodes[0], [buf], buf.shape[0])
+    except Exception:
+        return False  # the per-batch path re-runs it and names the culprit if it fails
+    _in_place_rows(nodes, result, rows, stats, t0, t1)
+    return True
 
 
 def _columns_are_views(nodes: list) -> bool:

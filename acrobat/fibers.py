@@ -287,9 +287,9 @@ def demand_py(t: LazyTensor):
             return host.tolist()
         node = t.node
         buf = node.outs[t.idx]
-        if buf.numel() > _PY_ROWS_MAX * max(buf.shape[0], 1):
-            return buf[node.row].tolist()
         rt = node.rt
+        if buf.numel() > _PY_ROWS_MAX * max(buf.shape[0], 1) or id(node.outs) in rt.tables:
+            return buf[node.row].tolist()
         rows = rt.py_rows.get(id(buf))
         if rows is None:
             rows = rt.py_rows[id(buf)] = buf.tolist()
@@ -428,6 +428,8 @@ def _materialize(value, instance: int, fn_name: str):
             rt = node.rt
             graph.queue(rt, node)
             _flush(rt)
+        if id(node.outs) in node.rt.tables:  # a row of a parameter, in place: eager's
+            return node.outs[value.idx][node.row].clone()  # lookup returns a copy
         return node.outs[value.idx][node.row]
     if value is None or t in (int, float, bool, str, complex) or isinstance(value, torch.Tensor):
         return value

@@ -113,6 +113,8 @@ class Runtime:
         self.nodes = 0
         self.deferred = 0  # deferred constants not queued (yet): see record_data
         self.py_rows: dict[int, list] = {}  # id(batch output) -> its tolist(), per flush
+        self.tables: set[int] = set()  # id(outs) of batches whose outputs are a real
+        # tensor's rows in place (executor: row lookups, row-wise views of them)
         self.used_splits: list = []  # hoisting.Split objects whose memo holds this run
         # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)
         # keys its trace by how the constant was made, not by the per-run object

@@ -246,3 +246,59 @@ def test_flat_gather_for_a_long_stack_of_scattered_steps():
             TABLE["stack"].extra["flat"] = saved
     # 2 stack batches (lengths 6 and 7): 6 + 7 column gathers become at most 2 x 2
     assert per_part.gathers - stats.gathers >= 13 - 4, (stats, per_part)
+
+
+@acrobat.autobatch
+def lookups(ids, table, emb):
+    """Row lookups of a parameter (indexing, nn.Embedding), row-wise views of them, a
+    lookup returned as it is."""
+    mats = [table[i].reshape(3, 4).t() for i in ids]  # (4, 3) views of table rows
+    vecs = [emb(torch.tensor(i)) for i in ids]
+    out = sum(m @ v[:3] for m, v in zip(mats, vecs))
+    return out, table[ids[0]], mats[-1]
+
+
+@given(
+    ids=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=5), min_size=1, max_size=6),
+    grad=st.booleans(),
+)
+def test_row_lookups_read_the_table_in_place(ids, grad):
+    """A batch of row lookups is the table itself (each node at its index's row) and a
+    row-wise view of it views the whole table: map == eager, gradients equal, and what
+    map returns is a copy (a later in-place update of the table does not change it)."""
+    torch.manual_seed(0)
+    table = torch.randn(10, 12, requires_grad=grad)
+    emb = torch.nn.Embedding(10, 5)
+    with torch.set_grad_enabled(grad):
+        got = lookups.map(ids, table=table, emb=emb)
+        want = [lookups.eager(i, table=table, emb=emb) for i in ids]
+        for g, w in zip(got, want):
+            for a, b in zip(g, w):
+                torch.testing.assert_close(a, b)
+        if grad:
+            (g_table,) = torch.autograd.grad(sum(o.sum() for g in got for o in g), table)
+            (w_table,) = torch.autograd.grad(sum(o.sum() for w in want for o in w), table)
+            torch.testing.assert_close(g_table, w_table)
+    before = [g[1].clone() for g in got]
+    with torch.no_grad():
+        table.add_(1.0)
+    for g, b in zip(got, before):
+        assert torch.equal(g[1], b)  # not a view of the table
+
+
+def test_row_lookup_batch_copies_nothing(monkeypatch):
+    from acrobat import executor
+
+    table = torch.randn(50, 12)
+    emb = torch.nn.Embedding(50, 5)
+    xs = [[1, 7, 3], [40, 2], [9]]
+    with torch.no_grad():
+        stats = check_map(lookups, xs, table=table, emb=emb)
+        monkeypatch.setattr(executor, "ROW_VIEWS", frozenset())
+        monkeypatch.setattr(executor, "_take_in_place", lambda *args: False)
+        copying = check_map(lookups, xs, table=table, emb=emb)
+    assert stats.batches_of("reshape") == copying.batches_of("reshape") == 1
+    # copies: the copying path's lookup batches each copy their rows before anything
+    # gathers them; in place, the rows are copied once, by the gather that reads them
+    assert stats.gathers < copying.gathers + copying.batches_of("take")
+    assert stats.gathers >= copying.gathers
