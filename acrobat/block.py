@@ -224,6 +224,9 @@ def _unflatten(spec, leaves):
     return kind(_unflatten(v, leaves) for v in spec[1])
 
 
+_KWARGS = object()  # separates a call key's keyword part: never an argument's key
+
+
 class Block:
     """A function traced once per signature and recorded as one node per call."""
 
@@ -254,7 +257,7 @@ class Block:
                 # a constant made by a pure factory (torch.zeros(h)) is a new object
                 # every map: keyed by how it was made, the trace outlives the map
                 parts.append(made.get(id(a)) or ("id", id(a)))
-        key = (tuple(parts), _key(kwargs, [], inputs) if kwargs else None)
+        key = (tuple(parts), _KWARGS, _key(kwargs, [], inputs)) if kwargs else tuple(parts)
         if not inputs:
             return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op
         trace = self.cache.get(key)
@@ -268,13 +271,17 @@ class Block:
             node = hoisting.split_call(rt, trace, inputs)
         if node is None:
             node = add_node(rt, trace.op, None, None, None, inputs, trace.info, trace.sig)
-        outs = wrap_outputs(node, trace.info)
-        if trace.plain_tuple:
-            return outs
-        if trace.info.single:
+        info = trace.info
+        if info.single:  # wrap_outputs, inlined for the common one-output block
+            shape, dtype = info.metas[0]
+            outs = LazyTensor(node, 0, shape, dtype, info.keys[0])
             if trace.out_spec[0] == "leaf":
                 return outs
             outs = (outs,)
+        else:
+            outs = wrap_outputs(node, info)
+            if trace.plain_tuple:
+                return outs
         leaves = []
         for src in trace.out_sources:
             kind, v = src
