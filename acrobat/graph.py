@@ -113,6 +113,7 @@ class Runtime:
         self.nodes = 0
         self.deferred = 0  # deferred constants not queued (yet): see record_data
         self.py_rows: dict[int, list] = {}  # id(batch output) -> its tolist(), per flush
+        self.take_tables: dict[int, tuple] = {}  # id(table) -> (rows, row shape, dtype, sig)
         self.tables: set[int] = set()  # id(outs) of batches whose outputs are a real
         # tensor's rows in place (executor: row lookups, row-wise views of them)
         self.used_splits: list = []  # hoisting.Split objects whose memo holds this run

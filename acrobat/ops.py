@@ -542,16 +542,20 @@ def _special_take(base, index):
     """param[i] with a Python int i inside an instance: an embedding-style row lookup,
     batched into one index_select over all instances (the int is instance data)."""
     rt = graph.RT
-    size = base.shape[0]
+    table = rt.take_tables.get(id(base))
+    if table is None:  # once per table and map: tensor attributes dispatch to the mode
+        with _NO_MODE():
+            table = (base.shape[0], base.shape[1:], base.dtype, (TAKE, id(base)))
+        rt.take_tables[id(base)] = table
+        rt.hoist_keepalive.append(base)  # its id keys the signature
+    size, row_shape, dtype, sig = table
     if not -size <= index < size:
         inst = rt.fiber.instance if rt.fiber is not None else None
         raise IndexError(
             f"index {index} is out of bounds for dimension 0 with size {size} "
             f"(instance {inst}, at {user_line(4)})"
         )
-    sig = (TAKE, id(base))
-    rt.hoist_keepalive.append(base)
-    node_out = record_data(TAKE, sig, index % size, base.shape[1:], base.dtype)
+    node_out = record_data(TAKE, sig, index % size, row_shape, dtype)
     node_out.node.args = (base,)
     return node_out
 
@@ -1008,11 +1012,14 @@ def _linear_forward(self, input):
 
 def _embedding_forward(self, input):
     if type(input) is LazyTensor:
+        weight = self.weight  # a Module.__getattr__ lookup: once
+        grad_options = self.padding_idx is not None or self.scale_grad_by_freq or self.sparse
+        if not grad_options and _row_lookup(input, weight, self.max_norm, False):
+            # reads no tensor attribute (they dispatch to the mode): no DisableTorchFunction
+            return _special_take(weight, input.node.data)  # emb(torch.tensor(i))
         with _NO_MODE():
-            weight = self.weight  # a Module.__getattr__ lookup: once
-            grad_options = self.padding_idx is not None or self.scale_grad_by_freq or self.sparse
             if _row_lookup(input, weight, self.max_norm, grad_options):
-                return _special_take(weight, input.node.data)  # emb(torch.tensor(i))
+                return _special_take(weight, input.node.data)
             args = (input, weight, self.padding_idx, self.max_norm, self.norm_type,
                     self.scale_grad_by_freq, self.sparse)  # fmt: skip
             return _special_embedding(F.embedding, args, {})
