@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from acrobat.graph import LazyTensor
-from acrobat.ops import cat_rule, elementwise_rule, linear_operands, linear_rule, split_rule
+from acrobat.ops import (
+    cat_rule,
+    elementwise_rule,
+    linear_operands,
+    linear_rule,
+    matmul_rule,
+    split_rule,
+)
 
 
 class _Emitter:
@@ -164,6 +171,64 @@ def _emit_addmm(e, nd, var, into_add):
     return None
 
 
+def _cat_dim0_parts(nd):
+    """The parts of ``cat(parts, dim=0)`` of per-instance matrices with equal trailing
+    dims, else None."""
+    if nd.op.name != "cat" or not nd.args:
+        return None
+    parts = nd.args[0]
+    dim = nd.args[1] if len(nd.args) > 1 else (nd.kwargs or {}).get("dim", 0)
+    if set(nd.kwargs or ()) - {"dim"} or dim not in (0, -2):
+        return None
+    if type(parts) not in (list, tuple) or len(parts) < 2:
+        return None
+    if not all(type(p) is LazyTensor and len(p.shape) == 2 for p in parts):
+        return None
+    if len({p.shape[1] for p in parts}) != 1:
+        return None
+    return parts
+
+
+def _matmuls_over_cat(nodes: list, outputs: list) -> dict:
+    """``W @ cat([A, B], 0)`` with W real and 2-D, the cat read only by the matmul: the
+    product is ``W[:, :a] @ A + W[:, a:] @ B`` (a bmm and a baddbmm), so the batch of
+    concatenated matrices is never made (MV-RNN's ``W_M @ cat([A, B])``). Returns
+    {id(cat node): matmul node}."""
+    uses: dict[int, int] = {}
+    for nd in nodes:
+        for t in nd.inputs:
+            uses[id(t.node)] = uses.get(id(t.node), 0) + 1
+    for t in outputs:
+        uses[id(t.node)] = uses.get(id(t.node), 0) + 2
+    by_id = {id(nd): nd for nd in nodes}
+    found = {}
+    for nd in nodes:
+        if nd.op.rule is not matmul_rule or nd.kwargs or len(nd.args) != 2:
+            continue
+        w, x = nd.args
+        if not isinstance(w, torch.Tensor) or type(w) is LazyTensor or w.ndim != 2:
+            continue
+        if type(x) is not LazyTensor or x.idx != 0 or uses.get(id(x.node)) != 1:
+            continue
+        cat = by_id.get(id(x.node))
+        if cat is not None and _cat_dim0_parts(cat) is not None:
+            found[id(cat)] = nd
+    return found
+
+
+def _emit_matmul_over_cat(e, nd, cat, var, k):
+    w = e.const(f"w{k}", nd.args[0])
+    expr, start = None, 0
+    for p in _cat_dim0_parts(cat):
+        rows = p.shape[0]
+        wp = f"{w}[:, {start}:{start + rows}]"  # sliced per batch: views made under the
+        wp = f"{wp}.expand(n, {nd.args[0].shape[0]}, {rows})"  # current grad mode
+        pv = var[(id(p.node), p.idx)]
+        expr = f"torch.bmm({wp}, {pv})" if expr is None else f"torch.baddbmm({expr}, {wp}, {pv})"
+        start += rows
+    return expr
+
+
 def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -> Callable:
     """``run(xs, n) -> tuple of outputs`` for a block program (see the module doc)."""
     e = _Emitter()
@@ -174,12 +239,19 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             var[(id(ph), 0)] = f"p{i}"
             lines.append(f"    p{i} = xs[{i}]")
     into_add = _gemm_epilogues(nodes, outputs) if EPILOGUES else {}
+    over_cat = _matmuls_over_cat(nodes, outputs) if EPILOGUES else {}
+    cat_of = {id(mm): nodes_cat for nodes_cat in nodes if id(nodes_cat) in over_cat
+              for mm in (over_cat[id(nodes_cat)],)}  # fmt: skip
     for k, nd in enumerate(nodes):
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k
             continue
+        if id(nd) in over_cat:  # emitted by its consumer, as bmm + baddbmm
+            continue
         emit = _EMITTERS.get(nd.op.rule)
         expr = None
+        if id(nd) in cat_of:
+            expr = _emit_matmul_over_cat(e, nd, cat_of[id(nd)], var, k)
         if nd.op.rule is elementwise_rule and into_add:
             expr = _emit_addmm(e, nd, var, into_add)
         if expr is None and emit is not None:

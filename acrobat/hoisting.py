@@ -111,8 +111,10 @@ def split_call(rt, trace, inputs: list):
             if inv.info.single:
                 memo = (memo,)
             split.memo[id(arg)] = memo  # holds arg (the hoisted node's input): no id reuse
-        var_inputs = [inputs[j] for j in split.arg_pos] if len(split.arg_pos) > 1 else (
-            [inputs[split.arg_pos[0]]] if split.arg_pos else []
+        var_inputs = (
+            [inputs[j] for j in split.arg_pos]
+            if len(split.arg_pos) > 1
+            else ([inputs[split.arg_pos[0]]] if split.arg_pos else [])
         )  # no comprehension frame for the common one-argument rest
         var_inputs += memo
         var = split.var

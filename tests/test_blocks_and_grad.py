@@ -5,6 +5,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import acrobat
@@ -389,3 +391,49 @@ def test_a_code_generation_failure_falls_back_to_the_interpreter(monkeypatch):
         with pytest.raises(acrobat.AcrobatError, match="no emitter today"):
             encode_block.map(ts, m=m)
     block_cell.cache.clear()
+
+
+@acrobat.block
+def mat_compose(W, A, B, C, how):
+    if how == "two":
+        return W @ torch.cat([A, B], dim=0)
+    if how == "three":
+        return torch.matmul(W, torch.cat([A, B, C], -2))
+    X = torch.cat([A, B])  # read twice: the concatenation must exist
+    return W @ X + X[:1].sum()
+
+
+@acrobat.autobatch
+def mat_tree(mats, W, how):
+    A, B, C = mats
+    return mat_compose(W, A, B, C, how)
+
+
+@given(
+    n=st.integers(1, 6),
+    rows=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)),
+    how=st.sampled_from(["two", "three", "reused"]),
+    grad=st.booleans(),
+)
+@settings(max_examples=30, deadline=None)
+def test_matmul_over_cat_is_split_into_bmm_and_baddbmm(n, rows, how, grad):
+    """``W @ cat([A, B], 0)`` (cat read once) runs as ``W[:, :a] @ A + W[:, a:] @ B``
+    without the concatenated batch: map == eager, gradients included."""
+    g = torch.Generator().manual_seed(sum(rows) + n)
+    cols = 3
+    parts = rows if how == "three" else (rows[0], rows[1], rows[1])
+    k = sum(parts) if how == "three" else parts[0] + parts[1]
+    W = torch.randn(2, k, generator=g, requires_grad=grad)
+    mats = [tuple(torch.randn(r, cols, generator=g) for r in parts) for _ in range(n)]
+    mat_compose.cache.clear()
+    with torch.set_grad_enabled(grad):
+        got = mat_tree.map(mats, W=W, how=how)
+        want = [mat_tree.eager(m, W=W, how=how) for m in mats]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        if grad:
+            (gw,) = torch.autograd.grad(sum(o.sum() for o in got), W)
+            (ww,) = torch.autograd.grad(sum(o.sum() for o in want), W)
+            torch.testing.assert_close(gw, ww)
+    sources = [t.compiled.source for t in _all_traces(mat_compose) if t.compiled is not None]
+    assert any("torch.baddbmm(" in s for s in sources) == (how != "reused"), sources
