@@ -112,20 +112,26 @@ _EMITTERS: dict[Callable, Callable] = {
 }
 
 
-EPILOGUES = True  # fuse linear(x, W) + y into addmm (see _gemm_epilogues)
+EPILOGUES = True  # peepholes: linear(x, W) + y as addmm, W @ cat([A, B]) as bmm + baddbmm
 _ADDS = (torch.add, torch.Tensor.add, torch.Tensor.__add__)
 
 
-def _gemm_epilogues(nodes: list, outputs: list) -> dict:
-    """``linear(x, W) + y`` with no bias, the linear read only by the add: the pair
-    becomes one ``addmm(y, x, W.t())`` (the add rides on the GEMM). Returns the linear
-    nodes so fused, by id (their values: filled in with their index while emitting)."""
+def _uses(nodes: list, outputs: list) -> dict[int, int]:
+    """id(node) -> how many times the program reads it (an output counts twice: it is
+    always materialized, so nothing may fuse it away)."""
     uses: dict[int, int] = {}
     for nd in nodes:
         for t in nd.inputs:
             uses[id(t.node)] = uses.get(id(t.node), 0) + 1
     for t in outputs:
-        uses[id(t.node)] = uses.get(id(t.node), 0) + 2  # an output is always materialized
+        uses[id(t.node)] = uses.get(id(t.node), 0) + 2
+    return uses
+
+
+def _gemm_epilogues(nodes: list, uses: dict) -> dict:
+    """``linear(x, W) + y`` with no bias, the linear read only by the add: the pair
+    becomes one ``addmm(y, x, W.t())`` (the add rides on the GEMM). Returns the linear
+    nodes so fused, by id (their values: filled in with their index while emitting)."""
     linears = {}
     for nd in nodes:
         if nd.op.rule is linear_rule and uses.get(id(nd)) == 1 and _plain_linear(nd):
@@ -189,17 +195,11 @@ def _cat_dim0_parts(nd):
     return parts
 
 
-def _matmuls_over_cat(nodes: list, outputs: list) -> dict:
+def _matmuls_over_cat(nodes: list, uses: dict) -> dict:
     """``W @ cat([A, B], 0)`` with W real and 2-D, the cat read only by the matmul: the
     product is ``W[:, :a] @ A + W[:, a:] @ B`` (a bmm and a baddbmm), so the batch of
     concatenated matrices is never made (MV-RNN's ``W_M @ cat([A, B])``). Returns
-    {id(cat node): matmul node}."""
-    uses: dict[int, int] = {}
-    for nd in nodes:
-        for t in nd.inputs:
-            uses[id(t.node)] = uses.get(id(t.node), 0) + 1
-    for t in outputs:
-        uses[id(t.node)] = uses.get(id(t.node), 0) + 2
+    {id(matmul node): cat node}."""
     by_id = {id(nd): nd for nd in nodes}
     found = {}
     for nd in nodes:
@@ -212,7 +212,7 @@ def _matmuls_over_cat(nodes: list, outputs: list) -> dict:
             continue
         cat = by_id.get(id(x.node))
         if cat is not None and _cat_dim0_parts(cat) is not None:
-            found[id(cat)] = nd
+            found[id(nd)] = cat
     return found
 
 
@@ -238,15 +238,15 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
         if (id(ph), 0) not in var:
             var[(id(ph), 0)] = f"p{i}"
             lines.append(f"    p{i} = xs[{i}]")
-    into_add = _gemm_epilogues(nodes, outputs) if EPILOGUES else {}
-    over_cat = _matmuls_over_cat(nodes, outputs) if EPILOGUES else {}
-    cat_of = {id(mm): nodes_cat for nodes_cat in nodes if id(nodes_cat) in over_cat
-              for mm in (over_cat[id(nodes_cat)],)}  # fmt: skip
+    uses = _uses(nodes, outputs) if EPILOGUES else {}
+    into_add = _gemm_epilogues(nodes, uses) if EPILOGUES else {}
+    cat_of = _matmuls_over_cat(nodes, uses) if EPILOGUES else {}
+    split_cats = {id(cat) for cat in cat_of.values()}
     for k, nd in enumerate(nodes):
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k
             continue
-        if id(nd) in over_cat:  # emitted by its consumer, as bmm + baddbmm
+        if id(nd) in split_cats:  # emitted by its consumer, as bmm + baddbmm
             continue
         emit = _EMITTERS.get(nd.op.rule)
         expr = None

@@ -260,7 +260,7 @@ def _view_in_place(nodes: list, n: int, stats, t0: float) -> bool:
         if t.node.outs is not outs or t.idx != idx:
             return False
     rows = [nd.inputs[0].node.row for nd in nodes]
-    if rows == list(range(rows[0], rows[0] + n)):
+    if _is_range(rows):
         return False  # the plain path reads these rows as a view already
     buf = outs[idx]
     if nodes[0].op.rule is reshape_rule and not buf.is_contiguous():

@@ -357,13 +357,7 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
             phase = p
             depth = producer.depth
     node = Node(op, func, args, kwargs, inputs, info, sig, depth + 1, phase, fiber.instance, rt)
-    key = (phase, depth + 1, sig)  # _enqueue, inlined: this is the hot path
-    bucket = rt.buckets.get(key)
-    if bucket is None:
-        rt.buckets[key] = [node]
-    else:
-        bucket.append(node)
-    rt.nodes += 1
+    _enqueue(rt, node)
     return node
 
 

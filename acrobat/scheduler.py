@@ -53,20 +53,10 @@ def relevel(batches: list[list]) -> list[list]:
     for nodes in batches:  # a depth bucket: one phase and signature, mostly one height
         n0 = nodes[0]
         if len({nd.height for nd in nodes}) == 1:
-            key = (n0.phase, -n0.height, n0.sig)
-            group = groups.get(key)
-            if group is None:
-                groups[key] = list(nodes)
-            else:
-                group.extend(nodes)
-            continue
-        for nd in nodes:
-            key = (n0.phase, -nd.height, n0.sig)
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [nd]
-            else:
-                group.append(nd)
+            groups.setdefault((n0.phase, -n0.height, n0.sig), []).extend(nodes)
+        else:
+            for nd in nodes:
+                groups.setdefault((n0.phase, -nd.height, n0.sig), []).append(nd)
     if len(groups) >= len(batches):
         return batches
     return [groups[k] for k in sorted(groups, key=_order)]
