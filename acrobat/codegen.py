@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from acrobat.graph import LazyTensor
 from acrobat.ops import (
+    BATCHED_FUNCS,
     cat_rule,
     elementwise_rule,
     linear_operands,
@@ -65,7 +66,8 @@ def _emit_elementwise(e, nd, var, k):
         if src is None:
             return None
         parts.append(f"{key}={src}")
-    return f"{e.const(f'f{k}', nd.func)}({', '.join(parts)})"
+    func = BATCHED_FUNCS.get(nd.func, nd.func)
+    return f"{e.const(f'f{k}', func)}({', '.join(parts)})"
 
 
 def _emit_linear(e, nd, var, k):
