@@ -290,15 +290,16 @@ class Block:
 
     def _trace(self, rt, args, kwargs, inputs, keep) -> Trace:
         tracer = Tracer(rt, getattr(self.fn, "__qualname__", "block"))
-        placeholders = {}
-        for t in inputs:
-            if id(t) not in placeholders:
-                placeholders[id(t)] = tracer.placeholder(t)
+        # One placeholder per argument position, even where a call passes one tensor
+        # twice (``cell(x, x)``): the trace is cached by shapes and reused by calls that
+        # pass two different tensors there.
+        placeholders = [tracer.placeholder(t) for t in inputs]
+        in_order = iter(placeholders)  # sub walks the arguments in the order _key did
 
         def sub(a):
             ta = type(a)
             if ta is LazyTensor:
-                return placeholders[id(a)]
+                return next(in_order)
             if ta is tuple or ta is list:
                 return ta(sub(x) for x in a)
             if ta is dict:
@@ -312,7 +313,7 @@ class Block:
             rt.tracer = None
         leaves: list = []
         spec = _flatten_out(out, leaves)
-        ph_nodes = [placeholders[id(t)].node for t in inputs]
+        ph_nodes = [ph.node for ph in placeholders]
         ph_index = {id(n): i for i, n in enumerate(ph_nodes)}
         out_lazies: list[LazyTensor] = []
         out_sources: list[tuple] = []

@@ -437,3 +437,24 @@ def test_matmul_over_cat_is_split_into_bmm_and_baddbmm(n, rows, how, grad):
             torch.testing.assert_close(gw, ww)
     sources = [t.compiled.source for t in _all_traces(mat_compose) if t.compiled is not None]
     assert any("torch.baddbmm(" in s for s in sources) == (how != "reused"), sources
+
+
+def test_a_trace_made_for_one_tensor_passed_twice_serves_two_tensors():
+    # cell(x, x) first, then cell(x, h): one trace (same shapes), two argument positions
+    lin = torch.nn.Linear(4, 4)
+
+    @acrobat.block
+    def cell(x, h):
+        return torch.tanh(lin(h) + x)
+
+    @acrobat.autobatch
+    def run(x):
+        h = cell(x, x)
+        for _ in range(3):
+            h = cell(x, h)
+        return h
+
+    xs = [torch.randn(4, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    with torch.no_grad():
+        check_map(run, xs)
+    check_map(run, [x.requires_grad_() for x in xs])
