@@ -61,6 +61,10 @@ RELEVEL: bool = bool(_env_int("ACROBAT_RELEVEL", 1))
 #: 1 ulp). Off: batches call ``torch.tanh``.
 FAST_TANH: bool = bool(_env_int("ACROBAT_FAST_TANH", 1))
 
+#: ALIGN: a node whose (phase, depth, signature) bucket does not exist yet joins the
+#: nearest bucket of its signature up to this many levels deeper, if any.
+ALIGN_WINDOW: int = _env_int("ACROBAT_ALIGN_WINDOW", 8)
+
 #: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
 BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from acrobat import config
 from acrobat.errors import AcrobatError, LazyValueError, ShapeError, UnsupportedOpError, user_line
 from acrobat.tensor import LazyTensor, type_key
 
@@ -366,7 +367,19 @@ def _enqueue(rt, node) -> None:
     key = (node.phase, node.depth, node.sig)
     bucket = rt.buckets.get(key)
     if bucket is None:
-        rt.buckets[key] = [node]
+        window = config.ALIGN_WINDOW
+        if window and node.depth:
+            phase, depth, sig = key
+            buckets = rt.buckets
+            for d in range(depth + 1, depth + window + 1):
+                bucket = buckets.get((phase, d, sig))
+                if bucket is not None:
+                    node.depth = d
+                    break
+        if bucket is None:
+            rt.buckets[key] = [node]
+        else:
+            bucket.append(node)
     else:
         bucket.append(node)
     rt.nodes += 1

@@ -302,3 +302,64 @@ def test_row_lookup_batch_copies_nothing(monkeypatch):
     # gathers them; in place, the rows are copied once, by the gather that reads them
     assert stats.gathers < copying.gathers + copying.batches_of("take")
     assert stats.gathers >= copying.gathers
+
+
+# ---- alignment: a new bucket joins a nearby later one of its signature ------------------
+
+step_w = torch.nn.Linear(8, 8)
+mix_w = torch.nn.Linear(16, 8)
+
+
+@acrobat.block
+def inner_step(x, r):
+    return torch.tanh(step_w(r) + x)
+
+
+@acrobat.block
+def outer_step(r, g):
+    return torch.sigmoid(mix_w(torch.cat([r, g]))) * g
+
+
+@acrobat.autobatch
+def nested_loops(inst):
+    x, trips = inst
+    g = x
+    for k in trips:
+        r = g
+        for _ in range(k):
+            r = inner_step(x, r)
+        g = outer_step(r, g)
+    return g
+
+
+def test_a_rare_step_waits_for_a_later_batch_of_its_kind():
+    # A: 5 inner steps, outer, 4 inner, outer; B: 3 inner, outer, 4 inner, outer.
+    # By depth B's outer steps (levels 4, 9) miss A's (6, 11): 4 outer batches and inner
+    # steps at 10 levels. Aligned, B's first outer step waits 2 levels for A's, and then
+    # B runs in step with A: 2 outer batches, inner steps at 9 levels.
+    gen = torch.Generator().manual_seed(0)
+    xs = [(torch.randn(8, generator=gen), trips) for trips in ((5, 4), (3, 4))]
+    with torch.no_grad():
+        with acrobat.config.override(ALIGN_WINDOW=0):
+            by_depth = check_map(nested_loops, xs)
+        with acrobat.config.override(ALIGN_WINDOW=2):
+            aligned = check_map(nested_loops, xs)
+        with acrobat.config.override(ALIGN_WINDOW=1):
+            narrow = check_map(nested_loops, xs)
+    names = "block:outer_step", "block:inner_step"
+    assert [by_depth.batches_of(n) for n in names] == [4, 10]
+    assert [aligned.batches_of(n) for n in names] == [2, 9]
+    # A's first outer step is 2 levels beyond B's, out of reach; B's second (level 10)
+    # joins A's at 11
+    assert [narrow.batches_of(n) for n in names] == [3, 9]
+
+
+@given(
+    st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=4), min_size=1, max_size=6),
+    st.integers(0, 6),
+)
+def test_aligned_schedules_compute_what_eager_does(trip_lists, window):
+    gen = torch.Generator().manual_seed(len(trip_lists))
+    xs = [(torch.randn(8, generator=gen), tuple(t)) for t in trip_lists]
+    with torch.no_grad(), acrobat.config.override(ALIGN_WINDOW=window, VERIFY=True):
+        check_map(nested_loops, xs)
