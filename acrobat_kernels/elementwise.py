@@ -163,13 +163,13 @@ OPS_TABLE: dict[str, OpDef] = {
     ),
     "tanh": _unary("{tanh}", torch.tanh),
     # Written so that NaN falls through to the argument, as torch.relu does.
-    "relu": OpDef(
-        1, torch.relu, ("{o} = ZERO if {a} < ZERO else {a}",), ("{o} = ({a} < ZERO) ? ZERO : {a}",)
-    ),
+    "relu": OpDef(1, torch.relu, ("{o} = ZERO if {a} < ZERO else {a}",),
+                  ("{o} = ({a} < ZERO) ? ZERO : {a}",)),
     "exp": _unary("{exp}", torch.exp),
     "log": _unary("{log}", torch.log),
     "sqrt": _unary("{sqrt}", torch.sqrt),
-    "rsqrt": OpDef(1, torch.rsqrt, ("{o} = ONE / {sqrt}({a})",), ("{o} = ONE / {sqrt}({a})",)),
+    "rsqrt": OpDef(1, torch.rsqrt, ("{o} = ONE / {sqrt}({a})",),
+                   ("{o} = ONE / {sqrt}({a})",)),
     "square": OpDef(1, torch.square, ("{o} = {a} * {a}",), ("{o} = {a} * {a}",)),
     # torch.maximum/minimum return NaN if either side is NaN (fmax/fmin would not).
     "maximum": OpDef(
@@ -203,9 +203,8 @@ OPS_TABLE: dict[str, OpDef] = {
         ("{o} = ({a} * HALF) * (ONE + {erf}({a} * RSQRT2))",),
     ),
     # x / (1 + exp(-x)), as torch computes silu; exp overflow gives x / inf = -0.
-    "silu": OpDef(
-        1, TF.silu, ("{o} = {a} / (ONE + {exp}(-{a}))",), ("{o} = {a} / (ONE + {exp}(-{a}))",)
-    ),
+    "silu": OpDef(1, TF.silu, ("{o} = {a} / (ONE + {exp}(-{a}))",),
+                  ("{o} = {a} / (ONE + {exp}(-{a}))",)),
     "leaky_relu": OpDef(
         2,
         lambda x, alpha: TF.leaky_relu(x, alpha),
@@ -314,24 +313,16 @@ def _validate_and_normalise(p: Program) -> None:
                 continue
             if pos in row.const_args:
                 fail(where, f"argument {pos} of {name} must be a number, got {arg!r}")
-            if not (
-                isinstance(arg, (tuple, list))
-                and len(arg) == 2
-                and arg[0] in _REF_KINDS
-                and isinstance(arg[1], int)
-                and not isinstance(arg[1], bool)
-            ):
-                fail(
-                    where, f"argument {pos} must be a number or ('in'|'sh'|'op', int), got {arg!r}"
-                )
+            if not (isinstance(arg, (tuple, list)) and len(arg) == 2 and arg[0] in _REF_KINDS
+                    and isinstance(arg[1], int) and not isinstance(arg[1], bool)):
+                fail(where, f"argument {pos} must be a number or ('in'|'sh'|'op', int), "
+                            f"got {arg!r}")
             kind, k = arg
             limit = {"in": p.n_inputs, "sh": p.n_shared, "op": j}[kind]
             if not 0 <= k < limit:
-                rule = {
-                    "in": f"the program has {p.n_inputs} input(s)",
-                    "sh": f"the program has {p.n_shared} shared operand(s)",
-                    "op": "an op can use only the results of ops before it (SSA order)",
-                }
+                rule = {"in": f"the program has {p.n_inputs} input(s)",
+                        "sh": f"the program has {p.n_shared} shared operand(s)",
+                        "op": "an op can use only the results of ops before it (SSA order)"}
                 fail(where, f"argument {pos} refers to ({kind!r}, {k}), but {rule[kind]}")
             norm_args.append((kind, k))
         ops.append((name, tuple(norm_args)))
@@ -378,15 +369,15 @@ def lstm_cell_tail(dtype: str = "float32") -> Program:
     """
     i, f, u, o, c_prev = (("in", k) for k in range(5))
     ops = (
-        ("sigmoid", (i,)),  # 0
-        ("tanh", (u,)),  # 1
-        ("mul", (("op", 0), ("op", 1))),  # 2
-        ("sigmoid", (f,)),  # 3
-        ("mul", (("op", 3), c_prev)),  # 4
-        ("add", (("op", 2), ("op", 4))),  # 5  c
-        ("sigmoid", (o,)),  # 6
-        ("tanh", (("op", 5),)),  # 7
-        ("mul", (("op", 6), ("op", 7))),  # 8  h
+        ("sigmoid", (i,)),                   # 0
+        ("tanh", (u,)),                      # 1
+        ("mul", (("op", 0), ("op", 1))),     # 2
+        ("sigmoid", (f,)),                   # 3
+        ("mul", (("op", 3), c_prev)),        # 4
+        ("add", (("op", 2), ("op", 4))),     # 5  c
+        ("sigmoid", (o,)),                   # 6
+        ("tanh", (("op", 5),)),              # 7
+        ("mul", (("op", 6), ("op", 7))),     # 8  h
     )
     return Program(n_inputs=5, n_shared=0, ops=ops, outputs=(5, 8), dtype=dtype)
 
@@ -416,9 +407,9 @@ def _run_torch(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor
     results, seen = [], set()
     for j in p.outputs:
         out = values[j]
-        if tuple(out.shape) != (n, F):  # only shared operands and constants: broadcast
+        if tuple(out.shape) != (n, F):      # only shared operands and constants: broadcast
             out = out.expand(n, F).contiguous()
-        elif j in seen:  # each output is a distinct tensor
+        elif j in seen:                     # each output is a distinct tensor
             out = out.clone()
         seen.add(j)
         results.append(out)
@@ -436,22 +427,10 @@ PARALLEL_MIN_ELEMENTS = 1 << 15
 # float32 exp/tanh/log/erf come from vecmath (vectorizable, where libm calls are not);
 # sqrt and abs are LLVM intrinsics, which vectorize by themselves.
 _NUMBA_MATH = {
-    "float32": {
-        "exp": "exp_f32",
-        "tanh": "tanh_f32",
-        "log": "log_f32",
-        "sqrt": "math.sqrt",
-        "erf": "erf_f32",
-        "fabs": "abs",
-    },
-    "float64": {
-        "exp": "math.exp",
-        "tanh": "math.tanh",
-        "log": "math.log",
-        "sqrt": "math.sqrt",
-        "erf": "math.erf",
-        "fabs": "abs",
-    },
+    "float32": {"exp": "exp_f32", "tanh": "tanh_f32", "log": "log_f32", "sqrt": "math.sqrt",
+                "erf": "erf_f32", "fabs": "abs"},
+    "float64": {"exp": "math.exp", "tanh": "math.tanh", "log": "math.log", "sqrt": "math.sqrt",
+                "erf": "math.erf", "fabs": "abs"},
 }
 
 _KERNEL_CONSTANTS = {"ZERO": 0.0, "ONE": 1.0, "HALF": 0.5, "RSQRT2": 0.7071067811865476}
@@ -478,12 +457,8 @@ def _operand_names(p: Program, consts: dict[float, int]):
 
 
 def _used_operands(p: Program, kind: str) -> list[int]:
-    used = {
-        arg[1]
-        for j in _live_ops(p)
-        for arg in p.ops[j][1]
-        if isinstance(arg, tuple) and arg[0] == kind
-    }
+    used = {arg[1] for j in _live_ops(p) for arg in p.ops[j][1]
+            if isinstance(arg, tuple) and arg[0] == kind}
     return sorted(used)
 
 
@@ -614,6 +589,7 @@ def _numba_kernel(p: Program, parallel: bool) -> Callable:
     return kernel
 
 
+
 def _flat_rows(buf: torch.Tensor):
     """A flat numpy view of the memory spanned by ``buf``'s rows, and its row stride."""
     if buf.is_contiguous():
@@ -665,22 +641,10 @@ def _raise_bad_index(sources) -> None:
 # --------------------------------------------------------------------------------------
 
 _CUDA_MATH = {
-    "float32": {
-        "exp": "expf",
-        "log": "logf",
-        "sqrt": "sqrtf",
-        "tanh": "tanhf",
-        "erf": "erff",
-        "fabs": "fabsf",
-    },
-    "float64": {
-        "exp": "exp",
-        "log": "log",
-        "sqrt": "sqrt",
-        "tanh": "tanh",
-        "erf": "erf",
-        "fabs": "fabs",
-    },
+    "float32": {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf",
+                "erf": "erff", "fabs": "fabsf"},
+    "float64": {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh",
+                "erf": "erf", "fabs": "fabs"},
 }
 _CUDA_THREADS = 256
 
@@ -712,12 +676,8 @@ def cuda_source(p: Program) -> str:
     name = _operand_names(p, consts)
     params = ["const long long n", "const long long F"]
     for k in range(p.n_inputs):
-        params += [
-            f"const {ctype}* __restrict__ buf{k}",
-            f"const long long* __restrict__ idx{k}",
-            f"const long long stride{k}",
-            f"const long long rows{k}",
-        ]
+        params += [f"const {ctype}* __restrict__ buf{k}", f"const long long* __restrict__ idx{k}",
+                   f"const long long stride{k}", f"const long long rows{k}"]
     for k in range(p.n_shared):
         params += [f"const {ctype}* __restrict__ sh{k}", f"const long long step{k}"]
     params += [f"{ctype}* __restrict__ out{m}" for m in range(len(p.outputs))]
@@ -744,10 +704,8 @@ def cuda_source(p: Program) -> str:
     ]
     for k in _used_operands(p, "in"):
         lines.append(f"        const long long r{k} = idx{k} ? idx{k}[i] : i;")
-        lines.append(
-            f"        const T x{k} = (r{k} >= 0 && r{k} < rows{k}) ? "
-            f"buf{k}[r{k} * stride{k} + j] : NOT_A_NUMBER;"
-        )
+        lines.append(f"        const T x{k} = (r{k} >= 0 && r{k} < rows{k}) ? "
+                     f"buf{k}[r{k} * stride{k} + j] : NOT_A_NUMBER;")
     for k in _used_operands(p, "sh"):
         lines.append(f"        const T s{k} = sh{k}[j * step{k}];")
     fmt_math = _CUDA_MATH[p.dtype]
@@ -795,12 +753,8 @@ def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]
 
     args: list = [np.int64(n), np.int64(F)]
     for buf, idx in sources:
-        args += [
-            ptr(buf),
-            np.uint64(0) if idx is None else ptr(idx),
-            np.int64(buf.stride(0)),
-            np.int64(buf.shape[0]),
-        ]
+        args += [ptr(buf), np.uint64(0) if idx is None else ptr(idx),
+                 np.int64(buf.stride(0)), np.int64(buf.shape[0])]
     for value in shared:
         args += [ptr(value), np.int64(0 if value.numel() == 1 else 1)]
     outs = [torch.empty((n, F), dtype=_DTYPES[p.dtype], device=device) for _ in p.outputs]
@@ -841,9 +795,8 @@ def _check_args(p: Program, n: int, F: int, sources, shared):
     if not (isinstance(n, int) and n >= 0 and isinstance(F, int) and F >= 0):
         raise ValueError(f"n and F must be non-negative ints, got n={n!r}, F={F!r}")
     if len(sources) != p.n_inputs:
-        raise ValueError(
-            f"the program takes {p.n_inputs} per-instance source(s) (buf, idx), got {len(sources)}"
-        )
+        raise ValueError(f"the program takes {p.n_inputs} per-instance source(s) "
+                         f"(buf, idx), got {len(sources)}")
     if len(shared) != p.n_shared:
         raise ValueError(f"the program takes {p.n_shared} shared operand(s), got {len(shared)}")
     dtype = _DTYPES[p.dtype]
@@ -854,11 +807,9 @@ def _check_args(p: Program, n: int, F: int, sources, shared):
             raise ValueError(f"sources[{k}]: expected a (buf, idx) pair, got {_describe(source)}")
         buf, idx = source
         if not isinstance(buf, torch.Tensor) or buf.dim() != 2:
-            raise ValueError(
-                f"sources[{k}]: buf must be a 2-D tensor (rows, F={F}), got "
-                f"{_describe(buf)}; "
-                "flatten each instance's operand into one row (buf.reshape(rows, -1))"
-            )
+            raise ValueError(f"sources[{k}]: buf must be a 2-D tensor (rows, F={F}), got "
+                             f"{_describe(buf)}; "
+                             "flatten each instance's operand into one row (buf.reshape(rows, -1))")
         if buf.shape[1] != F:
             raise ValueError(f"sources[{k}]: buf rows have length {buf.shape[1]}, expected F={F}")
         if buf.dtype != dtype:
@@ -867,15 +818,12 @@ def _check_args(p: Program, n: int, F: int, sources, shared):
             buf = buf.contiguous()
         if idx is None:
             if buf.shape[0] < n:
-                raise ValueError(
-                    f"sources[{k}]: idx is None (rows 0..{n - 1}), but buf has "
-                    f"only {buf.shape[0]} rows"
-                )
+                raise ValueError(f"sources[{k}]: idx is None (rows 0..{n - 1}), but buf has "
+                                 f"only {buf.shape[0]} rows")
         else:
             if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.shape[0] != n:
-                raise ValueError(
-                    f"sources[{k}]: idx must be a 1-D tensor of length n={n}, got {_describe(idx)}"
-                )
+                raise ValueError(f"sources[{k}]: idx must be a 1-D tensor of length n={n}, "
+                                 f"got {_describe(idx)}")
             if idx.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"sources[{k}]: idx must be int64, got {idx.dtype}")
             if idx.device != buf.device:
@@ -889,10 +837,8 @@ def _check_args(p: Program, n: int, F: int, sources, shared):
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"shared[{k}]: expected a tensor, got {_describe(value)}")
         if not (value.dim() == 0 or (value.dim() == 1 and value.shape[0] in (F, 1))):
-            raise ValueError(
-                f"shared[{k}]: expected a 0-d tensor or a 1-D tensor of length "
-                f"F={F}, got shape {tuple(value.shape)}; try value.reshape({F})"
-            )
+            raise ValueError(f"shared[{k}]: expected a 0-d tensor or a 1-D tensor of length "
+                             f"F={F}, got shape {tuple(value.shape)}; try value.reshape({F})")
         if value.dtype != dtype:
             raise ValueError(f"shared[{k}]: dtype {value.dtype}, the program is {p.dtype}")
         checked_shared.append(value if value.is_contiguous() else value.contiguous())
@@ -937,21 +883,15 @@ def run(
     if backend == "auto":
         backend = _auto_backend(checked_sources, checked_shared)
     elif backend not in _BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {['auto', *_BACKENDS]}")
+        raise ValueError(f"unknown backend {backend!r}; expected one of "
+                         f"{['auto', *_BACKENDS]}")
     elif backend != "torch" and _needs_grad(checked_sources, checked_shared):
-        raise ValueError(
-            f"backend={backend!r} does not record autograd, but an operand "
-            "requires grad; use backend='torch' (or 'auto')"
-        )
+        raise ValueError(f"backend={backend!r} does not record autograd, but an operand "
+                         "requires grad; use backend='torch' (or 'auto')")
     if n == 0 or F == 0:
-        return [
-            torch.empty(
-                (n, F),
-                dtype=_DTYPES[program.dtype],
-                device=_device(checked_sources, checked_shared),
-            )
-            for _ in program.outputs
-        ]
+        return [torch.empty((n, F), dtype=_DTYPES[program.dtype],
+                            device=_device(checked_sources, checked_shared))
+                for _ in program.outputs]
     if backend == "numba":
         if _numba() is None:
             raise RuntimeError("backend='numba' needs numba (pip install numba)")

@@ -41,45 +41,36 @@ _LN2_LO = F32(-2.12194440e-4)
 # tanh(x) = x + x * u * P(u), u = x*x, for |x| < _TANH_SMALL. P is a least-squares fit of
 # (tanh(x)/x - 1)/u on Chebyshev nodes, weighted for relative error (max 0.77 ulp).
 _TANH_SMALL = F32(0.625)
-_TANH_P = tuple(
-    F32(c)
-    for c in (
-        -0.33333281279109583,
-        0.1333143161004856,
-        -0.053739143911890275,
-        0.020637818509370374,
-        -0.00570399251201333,
-    )
-)
+_TANH_P = tuple(F32(c) for c in (
+    -0.33333281279109583,
+    0.1333143161004856,
+    -0.053739143911890275,
+    0.020637818509370374,
+    -0.00570399251201333,
+))
 
 
 # erf(x) = x * P(u), u = x*x, for |x| < 1 (max 2.2 ulp).
-_ERF_P = tuple(
-    F32(c)
-    for c in (
-        1.1283791211670153,
-        -0.37612319789478627,
-        0.112801305031135,
-        -0.02670995334602992,
-        0.004916025534026841,
-        -0.0005625397982168268,
-    )
-)
+_ERF_P = tuple(F32(c) for c in (
+    1.1283791211670153,
+    -0.37612319789478627,
+    0.112801305031135,
+    -0.02670995334602992,
+    0.004916025534026841,
+    -0.0005625397982168268,
+))
 # erf(x) = 1 - exp(-x*x) * Q(1/x) for 1 <= x, fitted on [1, 4] (max 1.3 ulp). Past 4 the
 # product is below 2e-8 (Q stays bounded for 1/x in (0, 1/4]), so the result rounds to 1.
-_ERF_Q = tuple(
-    F32(c)
-    for c in (
-        0.00033560270994433173,
-        0.557938346769195,
-        0.04987010464193106,
-        -0.502415288412597,
-        0.5694933028716013,
-        -0.3475894582467523,
-        0.11689795199681877,
-        -0.016946940309012982,
-    )
-)
+_ERF_Q = tuple(F32(c) for c in (
+    0.00033560270994433173,
+    0.557938346769195,
+    0.04987010464193106,
+    -0.502415288412597,
+    0.5694933028716013,
+    -0.3475894582467523,
+    0.11689795199681877,
+    -0.016946940309012982,
+))
 
 _INF = F32(np.inf)
 _NAN = F32(np.nan)
@@ -106,9 +97,8 @@ def _split_f32(typingctx, x):
     def codegen(context, builder, signature, args):
         i32 = ir.IntType(32)
         bits = builder.bitcast(args[0], i32)
-        mantissa_bits = builder.or_(
-            builder.and_(bits, ir.Constant(i32, 0x007FFFFF)), ir.Constant(i32, 0x3F800000)
-        )
+        mantissa_bits = builder.or_(builder.and_(bits, ir.Constant(i32, 0x007FFFFF)),
+                                    ir.Constant(i32, 0x3F800000))
         mantissa = builder.bitcast(mantissa_bits, ir.FloatType())
         exponent = builder.sub(builder.lshr(bits, ir.Constant(i32, 23)), ir.Constant(i32, 127))
         exponent = builder.sitofp(exponent, ir.FloatType())
