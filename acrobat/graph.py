@@ -364,25 +364,28 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
 
 def _enqueue(rt, node) -> None:
     """Append ``node`` to its (phase, depth, signature) bucket: forming batches is this."""
+    buckets = rt.buckets
     key = (node.phase, node.depth, node.sig)
-    bucket = rt.buckets.get(key)
+    bucket = buckets.get(key)
+    if bucket is None and node.depth and config.ALIGN_WINDOW:
+        bucket = _later_bucket(buckets, node, config.ALIGN_WINDOW)
     if bucket is None:
-        window = config.ALIGN_WINDOW
-        if window and node.depth:
-            phase, depth, sig = key
-            buckets = rt.buckets
-            for d in range(depth + 1, depth + window + 1):
-                bucket = buckets.get((phase, d, sig))
-                if bucket is not None:
-                    node.depth = d
-                    break
-        if bucket is None:
-            rt.buckets[key] = [node]
-        else:
-            bucket.append(node)
+        buckets[key] = [node]
     else:
         bucket.append(node)
     rt.nodes += 1
+
+
+def _later_bucket(buckets: dict, node, window: int) -> list | None:
+    """The nearest bucket of ``node``'s signature at most ``window`` levels deeper, with
+    ``node`` moved to its depth (config.ALIGN_WINDOW); None if there is none."""
+    phase, sig = node.phase, node.sig
+    for d in range(node.depth + 1, node.depth + window + 1):
+        bucket = buckets.get((phase, d, sig))
+        if bucket is not None:
+            node.depth = d
+            return bucket
+    return None
 
 
 def record_data(op, sig, data, shape, dtype, deferred: bool = False):

@@ -113,14 +113,6 @@ def batched_tanh(*args, **kwargs):
     return torch.tanh(*args, **kwargs)
 
 
-# What a batch calls in place of the user's function (the same function, batched faster)
-BATCHED_FUNCS: dict = {
-    torch.tanh: batched_tanh,
-    torch.Tensor.tanh: batched_tanh,
-    F.tanh: batched_tanh,
-}
-
-
 def elementwise_rule(node, xs, n):
     out_nd = len(node.info.metas[0][0])
     it = iter(xs)
@@ -675,6 +667,9 @@ _UNARY: dict[str, tuple] = {
     "bool": (T.bool,),
     "half": (T.half,),
 }
+# What a batch calls in place of the user's function (the same function, batched faster)
+BATCHED_FUNCS: dict = dict.fromkeys(_UNARY["tanh"], batched_tanh)
+
 _BINARY: dict[str, tuple] = {
     "add": (torch.add, T.add, T.__add__),
     "sub": (torch.sub, T.sub, T.__sub__, torch.subtract),

@@ -98,15 +98,16 @@ def _rnn(xs, w):
     return h
 
 
+@pytest.mark.parametrize("auto_blocks", [True, False])  # generated block code / op rules
 @pytest.mark.parametrize("fast", [True, False])
-def test_batched_tanh_is_used_by_maps_and_matches_eager(fast, monkeypatch):
+def test_batched_tanh_is_used_by_maps_and_matches_eager(fast, auto_blocks, monkeypatch):
     calls = []
     forward = unary._forward
     monkeypatch.setattr(unary, "_forward", lambda x: calls.append(x.shape) or forward(x))
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(64, 96, generator=gen) * 0.3
     inputs = [list(torch.randn(n, 32, generator=gen)) for n in (3, 5, 4) * 8]
-    with config.override(FAST_TANH=fast):
+    with config.override(FAST_TANH=fast, AUTO_BLOCKS=auto_blocks):
         got = _rnn.map(inputs, w=w)
     want = [_rnn.eager(x, w=w) for x in inputs]
     for g, e in zip(got, want):
