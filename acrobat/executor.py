@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from array import array
 
 import torch
 
@@ -19,6 +20,7 @@ from acrobat import config
 from acrobat.errors import AcrobatError
 from acrobat.ops import DATA_OPS, TAKE, reshape_rule
 from acrobat.tensor import index_tensor
+from acrobat_kernels.gather import gather_rows
 
 # Where a computed value lives, as one int per (node, output): the batch's number, the
 # output's index and the node's row, ``batch << 44 | idx << 24 | row``. A column of
@@ -36,6 +38,15 @@ def reset_slots() -> None:
     """Restart batch numbering (each map: keeps the slot ints small)."""
     global _batches
     _batches = itertools.count(1)
+    _bases.clear()
+    _reused.clear()
+
+
+# The address of row 0 of each (batch, output) a fast gather has read, keyed like a slot
+# without its row (``slot >> _ROW_BITS``); None for a source torch must read (not a
+# contiguous CPU tensor). Batch numbers are unique within a map and an entry is only read
+# while a LazyTensor of that batch, and so its buffer, is alive.
+_bases: dict[int, int | None] = {}
 
 
 def _slots(ts: list) -> list:
@@ -43,8 +54,17 @@ def _slots(ts: list) -> list:
     return [t.node.slot + (t.idx << _IDX_SHIFT) for t in ts]
 
 
-def gather(ts: list, n: int, stats) -> torch.Tensor:
-    """Stack the values of LazyTensors ``ts`` (all computed) along a new leading dim."""
+# The last gather of each operand column, ``(op, operand) -> (slots, tensor)``, for the
+# duration of one flush: a column that reads the same rows as last time reuses the copy.
+# A loop's hoisted part (NestedRNN's ``W x`` of every inner step, TreeLSTM leaves) is read
+# with the same rows at every step until an instance leaves the loop. Batched rules never
+# write into their operands (views of producer outputs are shared the same way).
+_reused: dict = {}
+
+
+def gather(ts: list, n: int, stats, column=None) -> torch.Tensor:
+    """Stack the values of LazyTensors ``ts`` (all computed) along a new leading dim;
+    ``column`` (hashable) names the operand column for reusing the previous gather."""
     slots = _slots(ts)
     lo = slots[0]
     hi = slots[-1]
@@ -55,6 +75,18 @@ def gather(ts: list, n: int, stats) -> torch.Tensor:
         if r0 == 0 and buf.shape[0] == n:
             return buf
         return buf[r0 : r0 + n]
+    if column is not None:
+        last = _reused.get(column)
+        if last is not None and last[0] == slots:
+            return last[1]
+    out = _copy_rows(ts, slots, n, stats)
+    if column is not None:
+        _reused[column] = (slots, out)
+    return out
+
+
+def _copy_rows(ts: list, slots: list, n: int, stats) -> torch.Tensor:
+    """``gather`` of rows that are not consecutive rows of one producer batch."""
     lo, hi = min(slots), max(slots)
     if lo >> _ROW_BITS == hi >> _ROW_BITS:  # one source, rows in any order
         t0 = ts[0]
@@ -64,9 +96,39 @@ def gather(ts: list, n: int, stats) -> torch.Tensor:
         out = buf.index_select(0, index)
         stats.gathers += 1
     else:
-        out = _gather_sources(ts, slots, n, stats)
+        out = None
+        if config.FAST_GATHER and not torch.is_grad_enabled():
+            out = _fast_gather(ts, slots)
+            stats.gathers += out is not None
+        if out is None:
+            out = _gather_sources(ts, slots, n, stats)
     stats.gather_bytes += out.numel() * out.element_size()
     return out
+
+
+def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
+    """Rows from several producer batches, each copied from its address, in one kernel
+    call (config.FAST_GATHER); None if a source is not a contiguous CPU tensor. (Rows
+    of one source: ``index_select`` is as fast.)"""
+    t0 = ts[0]
+    shape, dtype = t0.shape, t0.dtype
+    nbytes = shape.numel() * dtype.itemsize
+    bases = _bases
+    try:
+        addresses = array("q", [bases[s >> _ROW_BITS] + (s & _ROW_MASK) * nbytes for s in slots])
+    except KeyError:  # a source read for the first time
+        for key, t in {s >> _ROW_BITS: t for s, t in zip(slots, ts)}.items():
+            if key not in bases:
+                buf = t.node.outs[t.idx]
+                readable = buf.device.type == "cpu" and buf.is_contiguous()
+                if readable and buf.dtype == dtype and buf.shape[1:] == shape:
+                    bases[key] = buf.data_ptr()
+                else:
+                    bases[key] = None
+        return _fast_gather(ts, slots)
+    except TypeError:  # a source torch must read (None + int)
+        return None
+    return gather_rows(addresses, shape, dtype, nbytes)
 
 
 _ROW_VIEWS = 3  # a sparse source with at most this many rows is read as row views
@@ -186,7 +248,7 @@ def run_batch(nodes: list, stats) -> None:
             if j in in_place:
                 xs.append(gather_source(column, n, stats))
             else:
-                xs.append(gather(column, n, stats))
+                xs.append(gather(column, n, stats, (op, j)))
         t1 = time.perf_counter()
         try:
             outs = op.rule(n0, xs, n)
@@ -326,5 +388,8 @@ def _explain_failure(nodes: list, exc: Exception) -> None:
 
 
 def execute(batches: list[list], stats) -> None:
-    for nodes in batches:
-        run_batch(nodes, stats)
+    try:
+        for nodes in batches:
+            run_batch(nodes, stats)
+    finally:
+        _reused.clear()  # frees the copies; slots stay unique until the map ends

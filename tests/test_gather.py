@@ -1,0 +1,159 @@
+"""Gathers of scattered rows: the address-copy kernel (acrobat_kernels.gather), the
+executor's use of it (config.FAST_GATHER), and reuse of a column's last gather."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import acrobat
+from acrobat import config, executor
+from acrobat_kernels.gather import gather_rows
+
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.float16]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 5), max_size=3).map(tuple),
+    dtype=st.sampled_from(DTYPES),
+    heights=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    data=st.data(),
+)
+def test_gather_rows_copies_the_rows_at_the_addresses(shape, dtype, heights, data):
+    gen = torch.Generator().manual_seed(len(heights))
+    sources = [(torch.randn((h, *shape), generator=gen) * 10).to(dtype) for h in heights]
+    picks = data.draw(
+        st.lists(st.integers(0, sum(heights) - 1), max_size=12), label="rows (flat index)"
+    )
+    rows = [(s, r) for s, h in enumerate(heights) for r in range(h)]
+    chosen = [rows[p] for p in picks]
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    addresses = array("q", [sources[s].data_ptr() + r * nbytes for s, r in chosen])
+    got = gather_rows(addresses, shape, dtype, nbytes)
+    want = torch.stack([sources[s][r] for s, r in chosen]) if chosen else torch.empty(0, *shape)
+    assert got.shape == (len(chosen), *shape) and got.dtype == dtype and got.is_contiguous()
+    assert torch.equal(got, want.to(dtype))
+
+
+@acrobat.autobatch
+def recall(xs: list, picks: list, w: torch.Tensor) -> torch.Tensor:
+    """Each step adds the state of an earlier step chosen by the input: the rows of that
+    operand column come from as many producer batches as there are distinct picks."""
+    h = torch.zeros(w.shape[0])
+    states = [h]
+    for x, p in zip(xs, picks):
+        h = torch.tanh(w @ (h + states[p % len(states)]) + x)
+        states.append(h)
+    return torch.stack(states)
+
+
+def _recall_inputs(seed: int, batch: int, dim: int = 6):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 7, (batch,), generator=gen).tolist()
+    xs = [list(torch.randn(n, dim, generator=gen)) for n in lengths]
+    picks = [torch.randint(0, 100, (n,), generator=gen).tolist() for n in lengths]
+    return list(zip(xs, picks)), torch.randn(dim, dim, generator=gen) * 0.5
+
+
+def _spy(monkeypatch, module, name: str) -> list:
+    calls: list = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), batch=st.integers(2, 9))
+def test_maps_with_scattered_rows_match_eager(fast, seed, batch):
+    inputs, w = _recall_inputs(seed, batch)
+    with config.override(FAST_GATHER=fast), torch.no_grad():
+        got = recall.map([x for x, _ in inputs], [p for _, p in inputs], w=w)
+    want = [recall.eager(x, p, w=w) for x, p in inputs]
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_gather_runs_only_when_enabled_and_without_autograd(fast, monkeypatch):
+    calls = _spy(monkeypatch, executor, "gather_rows")
+    inputs, w = _recall_inputs(3, 8)
+    xs, picks = [x for x, _ in inputs], [p for _, p in inputs]
+    with config.override(FAST_GATHER=fast):
+        with torch.no_grad():
+            recall.map(xs, picks, w=w)
+        assert bool(calls) == fast
+        calls.clear()
+        # autograd: torch's gathers, gradients as in the eager loop
+        wg = w.clone().requires_grad_()
+        torch.cat(recall.map(xs, picks, w=wg)).sum().backward()
+        assert not calls
+    we = w.clone().requires_grad_()
+    torch.cat([recall.eager(x, p, w=we) for x, p in inputs]).sum().backward()
+    torch.testing.assert_close(wg.grad, we.grad, atol=1e-5, rtol=1e-5)
+
+
+@acrobat.autobatch
+def recall_transposed(xs: list, picks: list) -> torch.Tensor:
+    """Like ``recall``, but the recalled states are transposed views (batched: a
+    non-contiguous output), which the address copy cannot read."""
+    y = torch.zeros(6)
+    mats = [y.reshape(2, 3).t()]
+    for x, p in zip(xs, picks):
+        y = torch.tanh(y + x)
+        mats.append(y.reshape(2, 3).t() + mats[p % len(mats)])
+    return torch.stack(mats)
+
+
+def test_sources_that_are_not_contiguous_take_torch_gathers(monkeypatch):
+    fallback = _spy(monkeypatch, executor, "_gather_sources")
+    inputs, _ = _recall_inputs(5, 8)
+    xs, picks = [x for x, _ in inputs], [p for _, p in inputs]
+    with config.override(FAST_GATHER=True), torch.no_grad():
+        got = recall_transposed.map(xs, picks)
+    want = [recall_transposed.eager(x, p) for x, p in inputs]
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e)
+    assert fallback
+
+
+@acrobat.autobatch
+def loop(x: torch.Tensor, steps: int, w: torch.Tensor) -> torch.Tensor:
+    wx = w @ x  # computed once, read at every step
+    h = torch.zeros(w.shape[0])
+    for _ in range(steps):
+        h = torch.tanh(wx + h)
+    return h
+
+
+def test_a_column_reading_the_same_rows_again_reuses_its_gather(monkeypatch):
+    copies = _spy(monkeypatch, executor, "_copy_rows")
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 5, generator=gen) * 0.5
+    xs = list(torch.randn(4, 5, generator=gen))
+    steps = [5, 2, 5, 5]  # instance 1 leaves after 2 steps: rows 0, 2, 3 of wx from then on
+    with torch.no_grad():
+        got = loop.map(xs, steps, w=w)
+        want = [loop.eager(x, n, w=w) for x, n in zip(xs, steps)]
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e)
+    # From step 3 on, rows 0, 2, 3: wx is copied at step 3 and that copy reused at steps
+    # 4 and 5; h is copied once (rows of step 2's batch of 4), later steps read views.
+    assert len(copies) == 2
+    copies.clear()
+
+    class Forgetful(dict):
+        def __setitem__(self, key, value):
+            pass
+
+    monkeypatch.setattr(executor, "_reused", Forgetful())
+    with torch.no_grad():
+        again = loop.map(xs, steps, w=w)
+    assert len(copies) == 4  # wx at steps 3, 4, 5 and h at step 3
+    for g, e in zip(again, want):
+        torch.testing.assert_close(g, e)
