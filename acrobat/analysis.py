@@ -31,6 +31,8 @@ import types
 import warnings
 from collections.abc import Iterator
 
+import torch
+
 from acrobat import config, graph
 from acrobat.errors import LazyValueError
 
@@ -280,10 +282,17 @@ def _referenced(fn) -> Iterator[object]:
 
 def discover(root) -> list[types.FunctionType]:
     """The straight-line functions reachable from ``root``, in a deterministic order."""
+    return _reachable(root)[0]
+
+
+def _reachable(root) -> tuple[list[types.FunctionType], list[types.FunctionType]]:
+    """(straight-line functions, functions with control flow, ``root`` included) reachable
+    from ``root``, each in a deterministic order."""
     from acrobat.api import Autobatched
     from acrobat.block import Block
 
     found: dict[int, types.FunctionType] = {}
+    control: dict[int, types.FunctionType] = {}
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -300,12 +309,13 @@ def discover(root) -> list[types.FunctionType]:
             if obj is not root and straight_line(obj):
                 found[id(obj)] = obj
             else:
+                control[id(obj)] = obj
                 stack.extend(_referenced(obj))
         elif isinstance(obj, (tuple, list)):
             stack.extend(v for v in obj if callable(v))
         elif isinstance(obj, dict):
             stack.extend(v for v in obj.values() if callable(v))
-    return list(found.values())
+    return list(found.values()), list(control.values())
 
 
 def _user_object(obj) -> bool:
@@ -407,9 +417,9 @@ def auto_blocks(root) -> Iterator[list]:
     swapped = []
     try:
         try:
-            candidates = discover(root)
+            candidates, control = _reachable(root)
         except Exception:  # analysis is an optimisation: never let it break a map
-            candidates = []
+            candidates, control = [], []
         for fn in candidates:
             original = fn.__code__
             dispatcher = _DISPATCHERS.get(original)
@@ -421,7 +431,405 @@ def auto_blocks(root) -> Iterator[list]:
             assert dispatcher.trampoline is not None
             fn.__code__ = dispatcher.trampoline
             swapped.append((fn, original))
+        for fn in control if config.AUTO_REGIONS else ():
+            outlined = outline(fn)
+            if outlined is not None:
+                swapped.append((fn, fn.__code__))
+                fn.__code__ = outlined.code
         yield [fn for fn, _ in swapped]
     finally:
         for fn, original in swapped:
             fn.__code__ = original
+
+
+# ---- regions -------------------------------------------------------------------------------
+#
+# A function with control flow (the decorated one, a recursive encoder, a parser loop) can
+# still hold straight-line stretches: an LSTM cell written inline after the recursive
+# calls. Each maximal run of consecutive assignments whose right-hand sides pass the
+# straight-line checks and make at least MIN_REGION_OPS tensor calls is outlined into a
+# function of its own (its free locals in, every name it assigns out) and called through a
+# RegionBlock, so it records as ONE node, like an @acrobat.block call. The rest of the
+# function runs as written. The rewritten code is compiled from the function's source, so
+# it is only used where compiling the unmodified source reproduces the running bytecode
+# (a source file edited after import is left alone).
+
+MIN_REGION_OPS = 2  # tensor calls a run needs to be worth a block (one op is one node anyway)
+_REGION_BASE = 1e-300  # region k's call is a placeholder constant _REGION_BASE * (k + 3)
+_DEMANDS = {"int", "float", "bool", "complex"}  # builtins that read a tensor's value
+_DEMAND_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"}
+_FUTURE_FLAGS = 0x1FE0000  # co_flags bits of __future__ features (compile() flags)
+_REGION_ARGS = (int, float, bool, str, type(None))
+
+
+class Outlined:
+    """A function's code with its straight-line runs outlined into region calls."""
+
+    def __init__(self, code: types.CodeType, regions: list):
+        self.code = code
+        self.regions = regions  # RegionBlock per outlined run, in source order
+
+
+_OUTLINED: dict[types.CodeType, Outlined | None] = {}
+
+
+def outline(fn) -> Outlined | None:
+    """``fn``'s code with straight-line runs outlined (cached per code object); None if
+    it has none or cannot be rewritten safely."""
+    code = fn.__code__
+    if code in _OUTLINED:
+        return _OUTLINED[code]
+    try:
+        result = _outline(fn)
+    except Exception:  # an optimisation: anything unexpected leaves the function alone
+        if config.VERIFY:
+            raise
+        result = None
+    _OUTLINED[code] = result
+    return result
+
+
+class RegionBlock(AutoBlock):
+    """Dispatcher of one outlined run: a block when it gets a lazy tensor and only
+    tensors, modules and scalars; the run's own code otherwise."""
+
+    def __init__(self, fn: types.FunctionType):
+        super().__init__(fn)
+        self.hits = 0
+        self.misses = 0
+
+    def __call__(self, *args):
+        rt = graph.RT
+        if self.disabled or rt is None or rt.fiber is None or rt.tracer is not None:
+            return self.impl(*args)
+        lazy = False
+        for a in args:
+            t = type(a)
+            if t is graph.LazyTensor:
+                lazy = True
+            elif not (t in _REGION_ARGS or isinstance(a, (torch.Tensor, torch.nn.Module))):
+                lazy = False  # a container or object: its structure would key the trace
+                break
+        if not lazy:
+            self.misses += 1
+            if self.misses > 32 and not self.hits:
+                self.disabled = True  # never per-instance work: skip the check from now on
+            return self.impl(*args)
+        self.hits += 1
+        out = AutoBlock.__call__(self, *args)
+        if len(self.block.cache) > config.BLOCK_CACHE_SIZE // 4:
+            self.disabled = True  # a new trace per call: scalars that change every time
+        return out
+
+
+def _outline(fn) -> Outlined | None:
+    if not isinstance(fn, types.FunctionType) or fn.__closure__:
+        return None
+    code = fn.__code__
+    if code.co_cellvars or code.co_freevars:
+        return None
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        return None
+    node = _function_ast(fn)
+    if node is None:
+        return None
+    for sub in ast.walk(node):
+        if sub is not node and isinstance(
+            sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+        ):
+            return None  # nested scopes: names could be bound where the rewrite cannot see
+        if isinstance(sub, (ast.Global, ast.Nonlocal)):
+            return None
+    node.decorator_list = []
+    ast.increment_lineno(node, code.co_firstlineno - 1)
+    flags = code.co_flags & _FUTURE_FLAGS
+    imports = [i for i in _module_imports(fn) if not isinstance(i, ast.ImportFrom)
+               or i.module != "__future__"]  # fmt: skip
+    if _compiled(node, code, flags, imports).co_code != code.co_code:
+        return None  # the source is not what runs (edited since import)
+    rewriter = _Rewriter(fn, set(code.co_varnames))
+    rewriter.rewrite(node)
+    if not rewriter.regions:
+        return None
+    module = ast.Module(
+        body=[*imports, node, *(r.definition for r in rewriter.regions)], type_ignores=[]
+    )
+    ast.fix_missing_locations(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)  # calling a constant placeholder
+        compiled = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
+    codes = {c.co_name: c for c in compiled.co_consts if isinstance(c, types.CodeType)}
+    dispatchers = {}
+    regions = []
+    for r in rewriter.regions:
+        lines = f"line {r.first}" if r.first == r.last else f"lines {r.first}-{r.last}"
+        where = f"{fn.__name__} ({code.co_filename.rsplit('/', 1)[-1]}, {lines})"
+        region_fn = types.FunctionType(codes[r.name], fn.__globals__, where)
+        region_fn.__qualname__ = where  # names the block op: errors and stats say where
+        dispatcher = RegionBlock(region_fn)
+        dispatchers[r.placeholder] = dispatcher
+        regions.append(dispatcher)
+    main = codes[node.name]
+    consts = tuple(dispatchers.get(c, c) if type(c) is float else c for c in main.co_consts)
+    new = main.replace(
+        co_consts=consts,
+        co_name=code.co_name,
+        co_qualname=code.co_qualname,
+        co_firstlineno=code.co_firstlineno,
+    )
+    if new.co_freevars:  # pragma: no cover - no nested scopes, so none
+        return None
+    return Outlined(new, regions)
+
+
+def _compiled(node: ast.FunctionDef, code: types.CodeType, flags: int, imports: list):
+    module = ast.Module(body=[*imports, node], type_ignores=[])
+    compiled = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
+    return next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+
+
+_IMPORTS: dict[str, list] = {}
+
+
+def _module_imports(fn) -> list:
+    """The import statements at the top level of ``fn``'s module: CPython compiles
+    ``torch.tanh(x)`` differently when ``torch`` is an imported name of the module, so a
+    function recompiled on its own must see them to give the same bytecode."""
+    name = fn.__module__ or ""
+    found = _IMPORTS.get(name)
+    if found is None:
+        found = []
+        module = inspect.getmodule(fn)
+        with contextlib.suppress(OSError, TypeError, SyntaxError):
+            if module is not None:
+                tree = ast.parse(inspect.getsource(module))
+                found = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
+        _IMPORTS[name] = found
+    return found
+
+
+class _Region:
+    def __init__(self, k: int, stmts: list, params: list, values: list, outputs: list):
+        self.name = f"_acrobat_region_{k}"
+        self.placeholder = _REGION_BASE * (k + 3)
+        self.first = stmts[0].lineno
+        self.last = getattr(stmts[-1], "end_lineno", None) or stmts[-1].lineno
+        ret = ast.Return(value=ast.Tuple([ast.Name(o, ast.Load()) for o in outputs], ast.Load()))
+        body = list(stmts) + [_located(ret, stmts[-1])]
+        args = ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(p) for p in params],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=[],
+        )
+        definition = ast.FunctionDef(name=self.name, args=args, body=body, decorator_list=[])
+        self.definition = _located(definition, stmts[0], stmts[-1])
+        call = ast.Assign(
+            targets=[ast.Tuple([ast.Name(o, ast.Store()) for o in outputs], ast.Store())],
+            value=ast.Call(
+                func=ast.Constant(self.placeholder),
+                args=values,
+                keywords=[],
+            ),
+        )
+        self.call = _located(call, stmts[0], stmts[-1])
+
+
+def _located(node, first, last=None):
+    """``node`` and its unlocated children placed at the lines of ``first``..``last``."""
+    last = last or first
+    for sub in ast.walk(node):
+        if "lineno" in sub._attributes and getattr(sub, "lineno", None) is None:
+            sub.lineno, sub.col_offset = first.lineno, first.col_offset
+            sub.end_lineno = last.end_lineno or last.lineno
+            sub.end_col_offset = last.end_col_offset or 0
+    return node
+
+
+class _Rewriter:
+    """Finds the runs of one function's statement lists and replaces them by calls."""
+
+    def __init__(self, fn, local: set):
+        self.fn = fn
+        self.local = local  # the function's local names (co_varnames)
+        self.regions: list[_Region] = []
+        self.seen: set = set()
+
+    def rewrite(self, node) -> None:
+        if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            return  # a handler could see the names a run had assigned when it raised
+        if isinstance(node, (ast.With, ast.AsyncWith)) and not all(
+            _transparent(item.context_expr) for item in node.items
+        ):
+            return  # a context manager could swallow an exception: the same problem
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                setattr(node, field, self._block(stmts))
+        for handler in getattr(node, "handlers", ()):
+            self.rewrite(handler)
+        for case in getattr(node, "cases", ()):
+            self.rewrite(case)
+
+    def _block(self, stmts: list) -> list:
+        out: list = []
+        run: list = []
+        ops = 0
+        for stmt in stmts + [None]:
+            k = self._ops(stmt) if stmt is not None else -1
+            if k >= 0:
+                run.append(stmt)
+                ops += k
+                continue
+            if run:
+                out.extend(self._close(run) if ops >= MIN_REGION_OPS else run)
+            run, ops = [], 0
+            if stmt is not None:
+                self.rewrite(stmt)
+                out.append(stmt)
+        return out
+
+    def _close(self, run: list) -> list:
+        params: list = []
+        assigned: list = []
+        hoisted: list = []  # (parameter, expression evaluated at the call)
+        for stmt in run:
+            stmt.value = _FactoryHoister(self.fn, set(assigned), hoisted).visit(stmt.value)
+            bound = _comprehension_names(stmt.value)
+            for sub in ast.walk(stmt.value):
+                if (
+                    isinstance(sub, ast.Name)
+                    and sub.id in self.local
+                    and sub.id not in bound
+                    and sub.id not in assigned
+                    and sub.id not in params
+                ):
+                    params.append(sub.id)
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name) and sub.id not in assigned:
+                        assigned.append(sub.id)
+        names = [p for p, _ in hoisted] + params
+        values = [e for _, e in hoisted] + [ast.Name(p, ast.Load()) for p in params]
+        region = _Region(len(self.regions), run, names, values, assigned)
+        self.regions.append(region)
+        return [region.call]
+
+    def _ops(self, stmt) -> int:
+        """Tensor calls of an outlinable assignment; -1 if it is not one."""
+        if isinstance(stmt, ast.Assign):
+            targets, value = stmt.targets, stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None and stmt.simple:
+            targets, value = [stmt.target], stmt.value
+        else:
+            return -1
+        if not all(_plain_target(t, set()) for t in targets):
+            return -1
+        bound = _comprehension_names(value)
+        if bound & self.local:
+            return -1  # a comprehension variable shadowing a local: keep it simple
+        ops = 0
+        for sub in ast.walk(value):
+            if isinstance(sub, _FORBIDDEN):
+                return -1
+            if isinstance(sub, ast.comprehension) and (sub.ifs or sub.is_async):
+                return -1
+            if isinstance(sub, ast.Call):
+                f = sub.func
+                if isinstance(f, ast.Name) and f.id in _DEMANDS and f.id not in self.local:
+                    return -1
+                if isinstance(f, ast.Attribute) and f.attr in _DEMAND_METHODS:
+                    return -1
+                if not _call_ok(f, self.local):
+                    return -1
+                ops += self._tensor_call(f)
+            if (
+                isinstance(sub, ast.Name)
+                and isinstance(sub.ctx, ast.Load)
+                and sub.id not in self.local
+                and sub.id not in bound
+                and not _global_ok(self.fn, sub.id, self.seen)
+            ):
+                return -1
+        return ops
+
+    def _tensor_call(self, f) -> int:
+        """1 if the call is likely a tensor op: torch's, a method or module of a local,
+        or a straight-line function; builtins and other globals count 0."""
+        if isinstance(f, ast.Name):
+            if f.id in self.local:
+                return 1
+            value = self.fn.__globals__.get(f.id)
+            return int(isinstance(value, types.FunctionType) or _is_torch_object(value))
+        root = f
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if not isinstance(root, ast.Name):
+            return 1  # a method of a computed value: (a + b).tanh()
+        if root.id in self.local:
+            return 1
+        value = self.fn.__globals__.get(root.id)
+        return int(isinstance(value, types.ModuleType) and value.__name__.split(".")[0] == "torch")
+
+
+# Context managers that never swallow an exception (so a run inside their body may
+# assign its names all at once at the end): acrobat.phase and torch's grad modes.
+_TRANSPARENT = {"phase", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled"}
+
+
+def _transparent(expr) -> bool:
+    if not isinstance(expr, ast.Call):
+        return False
+    f = expr.func
+    return (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) in _TRANSPARENT
+
+
+def _comprehension_names(value) -> set:
+    names: set = set()
+    for sub in ast.walk(value):
+        if isinstance(sub, ast.comprehension):
+            for t in ast.walk(sub.target):
+                if isinstance(t, ast.Name):
+                    names.add(t.id)
+    return names
+
+
+_FACTORIES = {"tensor", "as_tensor"}
+_SIMPLE = (ast.Name, ast.Attribute, ast.Constant, ast.Subscript, ast.Load, ast.Slice,
+           ast.Tuple, ast.List, ast.UnaryOp, ast.USub, ast.keyword)  # fmt: skip
+
+
+class _FactoryHoister(ast.NodeTransformer):
+    """``torch.tensor(tree.word_id)`` inside a run becomes a parameter evaluated at the call:
+    per instance, a Python value made a tensor is a lazy input (a deferred constant) rather
+    than part of the block's signature, and the object it is read from (a tree node) stays
+    out of the block's arguments. Only arguments of plain loads (no calls) that the run
+    does not assign are moved, so moving them changes no evaluation that matters."""
+
+    def __init__(self, fn, assigned: set, hoisted: list):
+        self.fn = fn
+        self.assigned = assigned
+        self.hoisted = hoisted
+
+    def visit_Call(self, node):
+        f = node.func
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr in _FACTORIES
+            and isinstance(f.value, ast.Name)
+            and getattr(self.fn.__globals__.get(f.value.id), "__name__", "") == "torch"
+            and all(
+                isinstance(sub, _SIMPLE)
+                for sub in ast.walk(node)
+                if sub is not node and sub is not f and sub is not f.value
+            )
+            and not any(
+                isinstance(sub, ast.Name) and sub.id in self.assigned for sub in ast.walk(node)
+            )
+        ):
+            name = f"_acrobat_arg{len(self.hoisted)}"
+            self.hoisted.append((name, node))
+            return ast.copy_location(ast.Name(name, ast.Load()), node)
+        return self.generic_visit(node)

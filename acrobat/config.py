@@ -29,6 +29,11 @@ VERIFY: bool = bool(_env_int("ACROBAT_VERIFY", 0))
 #: run as blocks inside f.map (see analysis.py). Off: only @acrobat.block functions do.
 AUTO_BLOCKS: bool = bool(_env_int("ACROBAT_AUTO_BLOCKS", 1))
 
+#: With AUTO_BLOCKS, also the straight-line runs inside functions with control flow (an
+#: LSTM cell written inline after a tree encoder's recursive calls): each maximal run of
+#: assignments making at least 2 tensor calls becomes one block node (analysis.outline).
+AUTO_REGIONS: bool = bool(_env_int("ACROBAT_AUTO_REGIONS", 1))
+
 #: File in which online variant choices (choice.py) are saved and reloaded; "" keeps
 #: them in memory only.
 CHOICE_CACHE: str = os.environ.get("ACROBAT_CHOICE_CACHE", "")

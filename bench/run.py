@@ -118,6 +118,9 @@ def torch_systems(name: str, task: Task, plain_task: Task) -> dict[str, Callable
         "acrobat-plain": lambda: plain_task.fn.map(plain_task.inputs, **plain_task.kwargs),
         "eager": lambda: run_eager(task),
     }
+    inline = getattr(importlib.import_module(f"models.{name}"), "INLINE", None)
+    if inline is not None:  # the model with its cells written inline (AUTO_REGIONS)
+        systems["acrobat-inline"] = lambda: inline.map(plain_task.inputs, **plain_task.kwargs)
     if importlib.util.find_spec(f"bench.hand.{name}") is not None:
         hand = importlib.import_module(f"bench.hand.{name}")
         systems["hand"] = lambda: hand.run(task)

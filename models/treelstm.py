@@ -90,6 +90,35 @@ def encode_plain(tree: Tree, model: TreeLSTM) -> tuple[torch.Tensor, torch.Tenso
         return h, model.out(h)
 
 
+def tree_state_inline(tree: Tree, model: TreeLSTM) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tree_state` with both cells written inline around the recursion, as a user
+    would write it without factoring cells out (acrobat outlines each inline cell into
+    one block: config.AUTO_REGIONS)."""
+    if tree.is_leaf:
+        x = model.emb(torch.tensor(tree.word_id))
+        i, o, u = model.leaf(x).chunk(3)
+        c = torch.sigmoid(i) * torch.tanh(u)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, c
+    hl, cl = tree_state_inline(tree.left, model)
+    hr, cr = tree_state_inline(tree.right, model)
+    i, fl, fr, o, u = model.node(torch.cat([hl, hr])).chunk(5)
+    c = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl + torch.sigmoid(fr) * cr
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return h, c
+
+
+@acrobat.autobatch
+def encode_inline(tree: Tree, model: TreeLSTM) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same as :func:`encode_plain` with the cells written inline."""
+    h, _ = tree_state_inline(tree, model)
+    with acrobat.phase("output"):  # every root's classifier: one batch
+        return h, model.out(h)
+
+
+INLINE = encode_inline  # bench/run.py times it as "acrobat-inline"
+
+
 def make_task(size: str, batch: int, seed: int = 0, blocks: bool = True) -> Task:
     """The first ``batch`` SST test trees and a TreeLSTM of the given size (vocab: test split)."""
     vocab = split_vocab("test")

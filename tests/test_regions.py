@@ -1,0 +1,328 @@
+"""Straight-line runs inside functions with control flow (config.AUTO_REGIONS): outlined
+into one block node each, with the eager loop's results and control decisions."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import linecache
+import random
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from acrobat import analysis, config
+
+DIM = 6
+node_lin = nn.Linear(2 * DIM, 5 * DIM)
+leaf_lin = nn.Linear(DIM, 3 * DIM)
+emb = nn.Embedding(10, DIM)
+
+
+def state(tree):
+    """A TreeLSTM with both cells written inline around the recursion."""
+    if isinstance(tree, int):
+        x = emb(torch.tensor(tree))
+        i, o, u = leaf_lin(x).chunk(3)
+        c = torch.sigmoid(i) * torch.tanh(u)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, c
+    hl, cl = state(tree[0])
+    hr, cr = state(tree[1])
+    i, fl, fr, o, u = node_lin(torch.cat([hl, hr])).chunk(5)
+    c = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl + torch.sigmoid(fr) * cr
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return h, c
+
+
+@acrobat.autobatch
+def encode(tree):
+    h, _ = state(tree)
+    return h
+
+
+def random_tree(rng: random.Random, height: int):
+    if height == 0 or rng.random() < 0.3:
+        return rng.randrange(10)
+    return (random_tree(rng, height - 1), random_tree(rng, height - 1))
+
+
+def tree_nodes(tree) -> int:
+    return 1 if isinstance(tree, int) else 1 + tree_nodes(tree[0]) + tree_nodes(tree[1])
+
+
+def _map_matches_eager(f, *columns, **shared):
+    with torch.no_grad():
+        got, stats = f.map(*columns, stats=True, **shared)
+        want = [f.eager(*args, **shared) for args in zip(*columns)]
+    for i, (g, w) in enumerate(zip(got, want)):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=f"instance {i}")
+        else:
+            assert g == w, f"instance {i}"
+    return stats
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), batch=st.integers(1, 8))
+def test_inline_cells_become_one_node_each_and_match_eager(seed, batch):
+    rng = random.Random(seed)
+    trees = [random_tree(rng, 4) for _ in range(batch)]
+    with config.override(AUTO_REGIONS=False):
+        per_op = _map_matches_eager(encode, trees)
+    stats = _map_matches_eager(encode, trees)
+    nodes = sum(tree_nodes(t) for t in trees)
+    # one node per cell, plus the deferred word ids (row lookups are inside the leaf block)
+    assert stats.nodes <= 2 * nodes
+    assert per_op.nodes >= 5 * nodes
+    assert stats.batches <= per_op.batches
+
+
+def test_outlined_runs_their_parameters_and_outputs():
+    outlined = analysis.outline(state)
+    assert outlined is not None
+    names = [r.impl.__name__ for r in outlined.regions]
+    assert names == ["state (test_regions.py, lines 30-33)", "state (test_regions.py, lines 37-39)"]
+    leaf, node = outlined.regions
+    code = leaf.impl.__code__
+    # torch.tensor(tree) is evaluated at the call: the tree itself is not an argument
+    assert code.co_varnames[: code.co_argcount] == ("_acrobat_arg0",)
+    code = node.impl.__code__
+    assert code.co_varnames[: code.co_argcount] == ("hl", "hr", "cr", "cl")
+    # outside a map a region is its code: every name the run assigns, in order
+    outputs = leaf.impl(torch.tensor(3))
+    assert len(outputs) == 6  # x, i, o, u, c, h
+    torch.testing.assert_close(outputs[-1], state(3)[0])
+
+
+def test_code_is_swapped_only_during_the_map_and_restored_after_errors():
+    original = state.__code__
+    seen = []
+
+    @acrobat.autobatch
+    def spy(tree):
+        seen.append(state.__code__ is original)
+        h, _ = state(tree)
+        if isinstance(tree, int) and tree == 7:
+            raise RuntimeError("boom")
+        return h
+
+    with torch.no_grad():
+        spy.map([(1, 2), 3])
+    assert seen == [False, False] and state.__code__ is original
+    with pytest.raises(RuntimeError, match="boom"), torch.no_grad():
+        spy.map([(1, 2), 7])
+    assert state.__code__ is original
+    with config.override(AUTO_REGIONS=False), torch.no_grad():
+        seen.clear()
+        spy.map([(1, 2)])
+    assert seen == [True]
+
+
+def small_run(x):
+    for _ in range(3):
+        y = torch.tanh(x)  # one tensor call: not worth a block
+        x = y + 1
+    return x
+
+
+def demands(x, n: int):
+    steps = 0
+    while steps < n:
+        a = torch.tanh(x)
+        b = torch.sigmoid(a) * 2
+        s = float(b.sum())  # a value demand: never inside a run
+        if s > DIM:
+            x = a - b
+        else:
+            x = a + b
+        steps += 1
+    return x, steps
+
+
+def in_try(x):
+    try:
+        a = torch.tanh(x)
+        b = torch.sigmoid(a)
+    except RuntimeError:
+        a = b = x
+    return a + b
+
+
+def in_suppress(x):
+    with contextlib.suppress(RuntimeError):
+        a = torch.tanh(x)
+        b = torch.sigmoid(a)
+    return a + b
+
+
+def in_phase(x):
+    with acrobat.phase("p"):
+        a = torch.tanh(x)
+        b = torch.sigmoid(a)
+    return a + b
+
+
+def with_closure(x):
+    def inner(t):
+        return t * 2
+
+    a = torch.tanh(x)
+    b = torch.sigmoid(a)
+    return inner(a + b)
+
+
+def test_what_is_outlined():
+    assert analysis.outline(small_run) is None
+    regions = analysis.outline(demands).regions
+    assert len(regions) == 1
+    code = regions[0].impl.__code__
+    assert code.co_varnames[: code.co_argcount] == ("x",)
+    assert analysis.outline(in_try) is None
+    assert analysis.outline(in_suppress) is None
+    assert analysis.outline(in_phase) is not None
+    assert analysis.outline(with_closure) is None
+
+
+@pytest.mark.parametrize("fn", [demands])
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 1000), lengths=st.lists(st.integers(0, 5), min_size=1, max_size=6))
+def test_value_demands_around_runs_take_the_eager_decisions(fn, seed, lengths):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(DIM, generator=gen) * 3 for _ in lengths]
+    run = acrobat.autobatch(fn)
+    with torch.no_grad():
+        got = run.map(xs, lengths)
+        want = [run.eager(x, n) for x, n in zip(xs, lengths)]
+    for (g, gs), (w, ws) in zip(got, want):
+        torch.testing.assert_close(g, w)
+        assert gs == ws
+
+
+@acrobat.autobatch
+def phased(x):
+    return in_phase(x)
+
+
+def test_a_run_in_a_phase_body_is_one_node():
+    xs = [torch.randn(DIM) for _ in range(5)]
+    stats = _map_matches_eager(phased, xs)
+    assert stats.by_op.get("tanh") is None and stats.by_op.get("sigmoid") is None
+
+
+class Node:
+    def __init__(self, value, scale):
+        self.value = value
+        self.scale = scale
+
+
+def reads_an_object(node, h):
+    for _ in range(2):
+        a = torch.tanh(h * node.scale)
+        h = torch.sigmoid(a) + node.value
+    return h
+
+
+@acrobat.autobatch
+def with_objects(node, h):
+    return reads_an_object(node, h)
+
+
+def test_a_run_given_an_object_runs_as_written():
+    nodes = [Node(torch.randn(DIM), s) for s in (0.5, 1.0, 2.0)]
+    hs = [torch.randn(DIM) for _ in nodes]
+    _map_matches_eager(with_objects, nodes, hs)
+
+
+def scaled_steps(h, n: int):
+    for i in range(n):
+        a = torch.tanh(h * i)  # i keys the trace: a new one every step
+        h = torch.sigmoid(a) + h
+    return h
+
+
+@acrobat.autobatch
+def scaled(h, n):
+    return scaled_steps(h, n)
+
+
+def test_a_run_that_retraces_every_call_is_turned_off():
+    hs = [torch.randn(DIM) * 0.1 for _ in range(3)]
+    _map_matches_eager(scaled, hs, [80, 80, 80])
+    (region,) = analysis.outline(scaled_steps).regions
+    assert region.disabled
+    _map_matches_eager(scaled, hs, [5, 80, 3])  # still right, op by op
+
+
+def failing(x, k):
+    a = torch.tanh(x)
+    b = a.reshape(k, -1)  # bad shape for some k
+    return b
+
+
+@acrobat.autobatch
+def fails(x, k):
+    for _ in range(1):
+        y = failing(x, k)
+        z = torch.tanh(x)
+        w = z.reshape(k, -1) * 2
+    return y, w
+
+
+def test_an_error_in_a_run_names_the_instance_and_the_lines():
+    xs = [torch.randn(DIM) for _ in range(3)]
+    with pytest.raises(Exception) as info, torch.no_grad():
+        fails.map(xs, [2, 4, 3])
+    message = str(info.value)
+    assert "instance 1" in message and "test_regions.py" in message, message
+
+
+SOURCE = """
+import torch
+
+
+def steps(x):
+    for _ in range(2):
+        a = torch.tanh(x)
+        x = torch.sigmoid(a) * 2
+    return x
+"""
+
+
+def test_a_function_whose_source_changed_after_import_is_left_alone(tmp_path):
+    path = tmp_path / "edited_module.py"
+    path.write_text(SOURCE)
+    spec = importlib.util.spec_from_file_location("edited_module", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["edited_module"] = module
+    try:
+        spec.loader.exec_module(module)
+        assert analysis.outline(module.steps) is not None
+        analysis._OUTLINED.pop(module.steps.__code__)
+        path.write_text(SOURCE.replace("* 2", "* 3"))  # same lines, other code
+        linecache.checkcache(str(path))
+        assert analysis.outline(module.steps) is None
+    finally:
+        del sys.modules["edited_module"]
+
+
+@pytest.mark.parametrize("batch", [8])
+def test_treelstm_written_inline_records_at_most_two_nodes_per_tree_node(batch):
+    from models import sst, treelstm
+
+    task = treelstm.make_task("small", batch, blocks=False)
+    with torch.no_grad():
+        got, stats = treelstm.encode_inline.map(task.inputs, model=task.model, stats=True)
+        want = [treelstm.encode_plain.eager(t, model=task.model) for t in task.inputs]
+        plain, plain_stats = treelstm.encode_plain.map(task.inputs, model=task.model, stats=True)
+    for (h, logits), (hw, lw) in zip(got, want):
+        torch.testing.assert_close(h, hw, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits, lw, atol=1e-5, rtol=1e-5)
+    tree_nodes = sum(sst.num_nodes(t) for t in task.inputs)
+    assert stats.nodes <= 2 * tree_nodes
+    assert (stats.nodes, stats.batches) == (plain_stats.nodes, plain_stats.batches)
