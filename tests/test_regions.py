@@ -319,7 +319,7 @@ def test_treelstm_written_inline_records_at_most_two_nodes_per_tree_node(batch):
     with torch.no_grad():
         got, stats = treelstm.encode_inline.map(task.inputs, model=task.model, stats=True)
         want = [treelstm.encode_plain.eager(t, model=task.model) for t in task.inputs]
-        plain, plain_stats = treelstm.encode_plain.map(task.inputs, model=task.model, stats=True)
+        _, plain_stats = treelstm.encode_plain.map(task.inputs, model=task.model, stats=True)
     for (h, logits), (hw, lw) in zip(got, want):
         torch.testing.assert_close(h, hw, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(logits, lw, atol=1e-5, rtol=1e-5)
