@@ -507,7 +507,7 @@ class RegionBlock(AutoBlock):
             t = type(a)
             if t is graph.LazyTensor:
                 lazy = True
-            elif not (t in _REGION_ARGS or isinstance(a, (torch.Tensor, torch.nn.Module))):
+            elif not (t in _REGION_ARGS or _code_like(a)):
                 lazy = False  # a container or object: its structure would key the trace
                 break
         if not lazy:
@@ -522,11 +522,29 @@ class RegionBlock(AutoBlock):
         return out
 
 
+def _code_like(a) -> bool:
+    """A region argument keyed by identity without risk: a tensor, module or function, or
+    a small tuple of them (a namedtuple of cells)."""
+    if isinstance(a, (torch.Tensor, torch.nn.Module, types.FunctionType, AutoBlock)):
+        return True
+    from acrobat.block import Block
+
+    if isinstance(a, Block):
+        return True
+    if isinstance(a, tuple) and len(a) <= 16:
+        return all(
+            type(v) in _REGION_ARGS
+            or isinstance(v, (torch.nn.Module, types.FunctionType, AutoBlock, Block))
+            for v in a
+        )
+    return False
+
+
 def _outline(fn) -> Outlined | None:
     if not isinstance(fn, types.FunctionType) or fn.__closure__:
         return None
     code = fn.__code__
-    if code.co_cellvars or code.co_freevars:
+    if code.co_freevars:  # (cell variables are fine: comprehensions capture locals)
         return None
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         return None
@@ -695,8 +713,9 @@ class _Rewriter:
         assigned: list = []
         hoisted: list = []  # (parameter, expression evaluated at the call)
         for stmt in run:
-            stmt.value = _FactoryHoister(self.fn, set(assigned), hoisted).visit(stmt.value)
             bound = _comprehension_names(stmt.value)
+            keep = set(assigned) | bound  # names the call site cannot evaluate
+            stmt.value = _FactoryHoister(self.fn, keep, hoisted).visit(stmt.value)
             for sub in ast.walk(stmt.value):
                 if (
                     isinstance(sub, ast.Name)

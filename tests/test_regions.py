@@ -326,3 +326,19 @@ def test_treelstm_written_inline_records_at_most_two_nodes_per_tree_node(batch):
     tree_nodes = sum(sst.num_nodes(t) for t in task.inputs)
     assert stats.nodes <= 2 * tree_nodes
     assert (stats.nodes, stats.batches) == (plain_stats.nodes, plain_stats.batches)
+
+
+@acrobat.autobatch
+def embed_all(ids, h):
+    if len(ids) > 2:
+        h = h * 2
+    xs = [emb(torch.tensor(i)) for i in ids]  # i is the comprehension's: not hoisted
+    g = torch.stack(xs).sum(0) + h
+    return torch.tanh(g)
+
+
+def test_factories_over_comprehension_variables_stay_inside():
+    ids = [[1, 2, 3], [4], [5, 6, 7, 8]]
+    hs = [torch.randn(DIM) for _ in ids]
+    assert len(analysis.outline(embed_all.fn).regions) == 1
+    _map_matches_eager(embed_all, ids, hs)
