@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import linecache
+import os
 import random
 import sys
 
@@ -87,7 +89,13 @@ def test_outlined_runs_their_parameters_and_outputs():
     outlined = analysis.outline(state)
     assert outlined is not None
     names = [r.impl.__name__ for r in outlined.regions]
-    assert names == ["state (test_regions.py, lines 30-33)", "state (test_regions.py, lines 37-39)"]
+    lines, first = inspect.getsourcelines(state)
+    leaf = first + next(i for i, line in enumerate(lines) if "x = emb(" in line)
+    node = first + next(i for i, line in enumerate(lines) if "i, fl, fr, o, u" in line)
+    assert names == [
+        f"state (test_regions.py, lines {leaf}-{leaf + 3})",
+        f"state (test_regions.py, lines {node}-{node + 2})",
+    ]
     leaf, node = outlined.regions
     code = leaf.impl.__code__
     # torch.tensor(tree) is evaluated at the call: the tree itself is not an argument
@@ -342,3 +350,100 @@ def test_factories_over_comprehension_variables_stay_inside():
     hs = [torch.randn(DIM) for _ in ids]
     assert len(analysis.outline(embed_all.fn).regions) == 1
     _map_matches_eager(embed_all, ids, hs)
+
+
+# ---- random programs: outlined code == the original, and map == eager -----------------------
+
+_VARS = ["a", "b", "c"]
+_TEMPLATES = [
+    "{v} = torch.tanh({u})",
+    "{v} = {u} * 0.5 + {w}",
+    "{v}, {v2} = torch.cat([{u}, {w}]).chunk(2)",
+    "{v} = torch.stack([torch.sigmoid(t) for t in ({u}, {w})]).sum(0)",
+    "{v} = lin({u}) - {w}",
+    "{v} = {u} + torch.tensor(float(k))",
+    "out.append({u})",
+    "k = len(out) + 1",
+]
+
+
+def _statements(draw, depth: int, indent: str) -> list[str]:
+    lines = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.integers(0, 9 if depth < 2 else 7))
+        if kind <= 7:
+            v, v2, u, w = (draw(st.sampled_from(_VARS)) for _ in range(4))
+            if v2 == v:
+                v2 = next(x for x in _VARS if x != v)
+            lines.append(indent + _TEMPLATES[kind].format(v=v, v2=v2, u=u, w=w))
+        elif kind == 8:
+            u = draw(st.sampled_from(_VARS))
+            lines.append(f"{indent}if float({u}.sum()) > 0:")
+            lines += _statements(draw, depth + 1, indent + "    ")
+            lines.append(f"{indent}else:")
+            lines += _statements(draw, depth + 1, indent + "    ")
+        else:
+            lines.append(f"{indent}for _ in range(n):")
+            lines += _statements(draw, depth + 1, indent + "    ")
+    return lines
+
+
+@st.composite
+def programs(draw) -> str:
+    body = _statements(draw, 0, "    ")
+    return "\n".join(
+        [
+            "import torch",
+            "from torch import nn",
+            "",
+            "torch.manual_seed(0)",
+            f"lin = nn.Linear({DIM // 2 * 2}, {DIM // 2 * 2})",
+            "",
+            "",
+            "def program(x, y, n):",
+            "    a, b, c = x, y, x * 2",
+            "    out = []",
+            "    k = 1",
+            *body,
+            "    return torch.stack([a, b, c]), len(out), k",
+            "",
+        ]
+    )
+
+
+_COUNTER = [0]
+
+
+@settings(max_examples=int(os.environ.get("REGION_EXAMPLES", "40")), deadline=None)
+@given(source=programs(), seed=st.integers(0, 100))
+def test_random_programs_outline_to_the_same_results(tmp_path_factory, source, seed):
+    _COUNTER[0] += 1
+    name = f"regions_program_{_COUNTER[0]}"
+    path = tmp_path_factory.mktemp("programs") / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        program = module.program
+        gen = torch.Generator().manual_seed(seed)
+        xs = [torch.randn(DIM, generator=gen) for _ in range(4)]
+        ys = [torch.randn(DIM, generator=gen) for _ in range(4)]
+        ns = [0, 1, 2, 3]
+        outlined = analysis.outline(program)
+        if outlined is not None:  # run directly (outside a map a region is its code)
+            rewritten = type(program)(outlined.code, program.__globals__)
+            for x, y, n in zip(xs, ys, ns):
+                with torch.no_grad():
+                    want, got = program(x, y, n), rewritten(x, y, n)
+                assert torch.equal(got[0], want[0]) and got[1:] == want[1:], source
+        f = acrobat.autobatch(program)
+        with torch.no_grad():
+            got = f.map(xs, ys, ns)
+            want = [f.eager(x, y, n) for x, y, n in zip(xs, ys, ns)]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g[0], w[0], atol=1e-4, rtol=1e-4, msg=source)
+            assert g[1:] == w[1:], source
+    finally:
+        del sys.modules[name]
