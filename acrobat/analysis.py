@@ -17,6 +17,11 @@ read a tensor value (or otherwise cannot be traced) is called as written from th
 What makes a function straight-line is decided from its source (``inspect``/``ast``,
 cached per code object); functions without source, with closures, ``*args``-only C
 functions, generators and methods are left alone.
+
+Regions (``config.AUTO_REGIONS``, the section at the end): in the functions with control
+flow that the search passes through, the decorated one included, each maximal run of
+straight-line assignments is outlined into a function of its own, called through a
+``RegionBlock``, and the function's code is swapped for the rewritten one for the map.
 """
 
 from __future__ import annotations
