@@ -39,6 +39,7 @@ from collections.abc import Iterator
 import torch
 
 from acrobat import config, graph
+from acrobat.block import Block
 from acrobat.errors import LazyValueError
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
@@ -294,7 +295,6 @@ def _reachable(root) -> tuple[list[types.FunctionType], list[types.FunctionType]
     """(straight-line functions, functions with control flow, ``root`` included) reachable
     from ``root``, each in a deterministic order."""
     from acrobat.api import Autobatched
-    from acrobat.block import Block
 
     found: dict[int, types.FunctionType] = {}
     control: dict[int, types.FunctionType] = {}
@@ -340,8 +340,6 @@ class AutoBlock:
     """Dispatcher behind a trampolined function: the block inside f.map, else the code."""
 
     def __init__(self, fn: types.FunctionType):
-        from acrobat.block import Block
-
         self.impl = types.FunctionType(
             fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
         )
@@ -527,21 +525,16 @@ class RegionBlock(AutoBlock):
         return out
 
 
+_CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
+
+
 def _code_like(a) -> bool:
     """A region argument keyed by identity without risk: a tensor, module or function, or
-    a small tuple of them (a namedtuple of cells)."""
-    if isinstance(a, (torch.Tensor, torch.nn.Module, types.FunctionType, AutoBlock)):
-        return True
-    from acrobat.block import Block
-
-    if isinstance(a, Block):
+    a small tuple of modules, functions and scalars (a namedtuple of cells)."""
+    if isinstance(a, (torch.Tensor, *_CALLABLES)):
         return True
     if isinstance(a, tuple) and len(a) <= 16:
-        return all(
-            type(v) in _REGION_ARGS
-            or isinstance(v, (torch.nn.Module, types.FunctionType, AutoBlock, Block))
-            for v in a
-        )
+        return all(type(v) in _REGION_ARGS or isinstance(v, _CALLABLES) for v in a)
     return False
 
 
@@ -568,20 +561,14 @@ def _outline(fn) -> Outlined | None:
     flags = code.co_flags & _FUTURE_FLAGS
     imports = [i for i in _module_imports(fn) if not isinstance(i, ast.ImportFrom)
                or i.module != "__future__"]  # fmt: skip
-    if _compiled(node, code, flags, imports).co_code != code.co_code:
+    if _functions(_compiled([*imports, node], code, flags))[node.name].co_code != code.co_code:
         return None  # the source is not what runs (edited since import)
     rewriter = _Rewriter(fn, set(code.co_varnames))
     rewriter.rewrite(node)
     if not rewriter.regions:
         return None
-    module = ast.Module(
-        body=[*imports, node, *(r.definition for r in rewriter.regions)], type_ignores=[]
-    )
-    ast.fix_missing_locations(module)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)  # calling a constant placeholder
-        compiled = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
-    codes = {c.co_name: c for c in compiled.co_consts if isinstance(c, types.CodeType)}
+    body = [*imports, node, *(r.definition for r in rewriter.regions)]
+    codes = _functions(_compiled(body, code, flags))
     dispatchers = {}
     regions = []
     for r in rewriter.regions:
@@ -605,10 +592,17 @@ def _outline(fn) -> Outlined | None:
     return Outlined(new, regions)
 
 
-def _compiled(node: ast.FunctionDef, code: types.CodeType, flags: int, imports: list):
-    module = ast.Module(body=[*imports, node], type_ignores=[])
-    compiled = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
-    return next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+def _compiled(body: list, code: types.CodeType, flags: int) -> types.CodeType:
+    """Module statements ``body`` compiled as ``code``'s file, with its future flags."""
+    module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)  # calling a constant placeholder
+        return compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
+
+
+def _functions(module: types.CodeType) -> dict[str, types.CodeType]:
+    """The code objects of a compiled module's functions, by name."""
+    return {c.co_name: c for c in module.co_consts if isinstance(c, types.CodeType)}
 
 
 _IMPORTS: dict[str, list] = {}

@@ -56,8 +56,8 @@ def _slots(ts: list) -> list:
 
 # The last gather of each operand column, ``(op, operand) -> (slots, tensor)``, for the
 # duration of one flush: a column that reads the same rows as last time reuses the copy.
-# A loop's hoisted part (NestedRNN's ``W x`` of every inner step, TreeLSTM leaves) is read
-# with the same rows at every step until an instance leaves the loop. Batched rules never
+# A loop's hoisted part (NestedRNN's ``W x`` of every inner step) is read with the same
+# rows at every step until an instance leaves the loop. Batched rules never
 # write into their operands (views of producer outputs are shared the same way).
 _reused: dict = {}
 

@@ -1030,8 +1030,8 @@ def _embedding_forward(self, input):
         if not grad_options and _row_lookup(input, weight, self.max_norm, False):
             # reads no tensor attribute (they dispatch to the mode): no DisableTorchFunction
             return _special_take(weight, input.node.data)  # emb(torch.tensor(i))
-        with _NO_MODE():
-            if _row_lookup(input, weight, self.max_norm, grad_options):
+        with _NO_MODE():  # weight.requires_grad dispatches to the mode
+            if grad_options and _row_lookup(input, weight, self.max_norm, grad_options):
                 return _special_take(weight, input.node.data)
             args = (input, weight, self.padding_idx, self.max_norm, self.norm_type,
                     self.scale_grad_by_freq, self.sparse)  # fmt: skip
