@@ -33,6 +33,7 @@ from acrobat.graph import (
     wrap_outputs,
 )
 from acrobat.ops import Op, vmap_rule
+from acrobat.tensor import _native
 
 ARG = Op("arg", vmap_rule, "data", doc="a block's per-instance argument (placeholder)")
 
@@ -224,6 +225,27 @@ def _unflatten(spec, leaves):
     return kind(_unflatten(v, leaves) for v in spec[1])
 
 
+def _finish_call(trace: Trace, node: Node, inputs: list):
+    """What a block call returns: its node's outputs packaged as the body returned them."""
+    info = trace.info
+    if info.single:  # wrap_outputs, inlined for the common one-output block
+        shape, dtype = info.metas[0]
+        out = LazyTensor(node, 0, shape, dtype, info.keys[0])
+        if trace.out_spec[0] == "leaf":
+            return out
+        outs: tuple = (out,)
+    else:
+        outs = wrap_outputs(node, info)
+        if trace.plain_tuple:
+            return outs
+    leaves = []
+    for src in trace.out_sources:
+        kind, v = src
+        leaves.append(outs[v] if kind == "out" else inputs[v] if kind == "arg" else v)
+    return _unflatten(trace.out_spec, leaves)
+
+
+_MISS = object()  # _native.block_call: "this call takes the Python path"
 _KWARGS = object()  # separates a call key's keyword part: never an argument's key
 
 
@@ -239,6 +261,10 @@ class Block:
         rt = graph.RT
         if rt is None or rt.tracer is not None or rt.fiber is None:
             return self.fn(*args, **kwargs)  # eager, or inlined into an enclosing block
+        if _native is not None and not kwargs:  # the same steps in C, when the trace hits
+            out = _native.block_call(self, args, rt)
+            if out is not _MISS:
+                return out
         inputs: list[LazyTensor] = []
         parts = []
         made = rt.factory_keys
@@ -271,22 +297,7 @@ class Block:
             node = hoisting.split_call(rt, trace, inputs)
         if node is None:
             node = add_node(rt, trace.op, None, None, None, inputs, trace.info, trace.sig)
-        info = trace.info
-        if info.single:  # wrap_outputs, inlined for the common one-output block
-            shape, dtype = info.metas[0]
-            outs = LazyTensor(node, 0, shape, dtype, info.keys[0])
-            if trace.out_spec[0] == "leaf":
-                return outs
-            outs = (outs,)
-        else:
-            outs = wrap_outputs(node, info)
-            if trace.plain_tuple:
-                return outs
-        leaves = []
-        for src in trace.out_sources:
-            kind, v = src
-            leaves.append(outs[v] if kind == "out" else inputs[v] if kind == "arg" else v)
-        return _unflatten(trace.out_spec, leaves)
+        return _finish_call(trace, node, inputs)
 
     def _trace(self, rt, args, kwargs, inputs, keep) -> Trace:
         tracer = Tracer(rt, getattr(self.fn, "__qualname__", "block"))
@@ -374,3 +385,7 @@ def block(fn):
     if isinstance(fn, Block):
         return fn
     return Block(fn)
+
+
+if _native is not None:
+    _native.setup_block(_key, _finish_call, hoisting.split_call, _MISS)

@@ -83,6 +83,12 @@ FAST_GATHER: bool = bool(_env_int("ACROBAT_FAST_GATHER", 1))
 #: better). 0: pure depth levelling.
 ALIGN_WINDOW: int = _env_int("ACROBAT_ALIGN_WINDOW", 8)
 
+#: Record nodes with the C helpers of ``acrobat/_native.c`` (built at install when a C
+#: compiler is present): graph.Node and LazyTensor keep their fields in C, and
+#: ``add_node`` and block calls that hit their trace cache run in C. 0 (or the module not
+#: built): the same steps in Python. Read once, at import (it picks the classes' bases).
+NATIVE: bool = bool(_env_int("ACROBAT_NATIVE", 1))
+
 #: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
 BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
 

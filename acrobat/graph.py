@@ -21,17 +21,17 @@ import itertools
 import threading
 from collections import deque
 from types import NoneType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from acrobat import config
 from acrobat.errors import AcrobatError, LazyValueError, ShapeError, UnsupportedOpError, user_line
-from acrobat.tensor import LazyTensor, type_key
+from acrobat.tensor import LazyTensor, _native, type_key
 
 
-class Node:
-    """One recorded op of one instance. Plain data; operations live in the stage modules."""
+class _NodeFields:
+    """Node's fields (``_native.NodeBase`` holds the same ones in C)."""
 
     __slots__ = (
         "op",
@@ -69,6 +69,20 @@ class Node:
         self.row = 0  # ... and this node's row in them
         self.slot = 0  # ... as one int (executor.gather)
         self.height = 0  # longest path to a sink of its flush (scheduler.relevel)
+
+
+if TYPE_CHECKING:
+    _NodeBase = _NodeFields
+else:
+    _NodeBase = _native.NodeBase if _native is not None else _NodeFields
+
+
+class Node(_NodeBase):
+    """One recorded op of one instance. Plain data; operations live in the stage modules.
+    Fields: see ``_NodeFields`` (``depth``, ``phase``, ``instance``, ``row``, ``slot``
+    and ``height`` are ints; the others any object, ``data`` and ``outs`` None at first)."""
+
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return (
@@ -327,6 +341,8 @@ def record(op, func, args: tuple, kwargs: dict):
         )
     if rt.tracer is not None:
         return rt.tracer.record(op, func, args, kwargs)
+    if _native is not None and type(args) is tuple:  # the same steps in C
+        return _native.record_node(rt, op, func, args, kwargs)
     inputs: list[LazyTensor] = []
     sig = signature(func, args, kwargs, inputs)
     info = rt.sig_info.get(sig)
@@ -484,6 +500,15 @@ def lint(buckets: dict) -> None:
                 assert p.outs is not None or (p.phase, p.depth) < (phase, depth), (
                     f"{node} reads {p} which is scheduled at the same time or later"
                 )
+
+
+# The C record path (config.NATIVE): the same add_node, bound in place of the Python one
+# (``_py_add_node`` stays for reference and tests).
+_py_add_node = add_node
+if _native is not None:
+    _native.setup(Node, LazyTensor, queue, _check_inputs, config, type_key)
+    _native.setup_record(freeze, freeze_kwargs, infer, wrap_outputs)
+    add_node = _native.add_node  # type: ignore[assignment]
 
 
 __all__ = [

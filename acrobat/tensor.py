@@ -15,10 +15,20 @@ from the same table, so ``x @ W``, ``x.chunk(4)`` and ``torch.tanh(x)`` all land
 from __future__ import annotations
 
 from array import array
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from acrobat import config
 from acrobat.errors import LazyValueError, user_line
+
+_native: Any
+try:
+    from acrobat import _native  # type: ignore[attr-defined, no-redef]
+except ImportError:  # not built (no C compiler at install): the Python classes below
+    _native = None
+if not config.NATIVE:
+    _native = None
 
 _TYPE_KEYS: dict[tuple, int] = {}
 _LONG = torch.int64
@@ -42,7 +52,9 @@ def type_key(shape: torch.Size, dtype: torch.dtype) -> int:
     return key
 
 
-class LazyTensor:
+class _LazyFields:
+    """LazyTensor's fields (``_native.LazyBase`` holds the same ones in C)."""
+
     __slots__ = ("node", "idx", "shape", "dtype", "key")
 
     def __init__(self, node, idx: int, shape: torch.Size, dtype: torch.dtype, key=None):
@@ -52,6 +64,16 @@ class LazyTensor:
         self.dtype = dtype
         # this operand's part of a batching signature: a small int naming (shape, dtype)
         self.key = key if key is not None else type_key(shape, dtype)
+
+
+if TYPE_CHECKING:
+    _LazyBase = _LazyFields
+else:
+    _LazyBase = _native.LazyBase if _native is not None else _LazyFields
+
+
+class LazyTensor(_LazyBase):
+    __slots__ = ()
 
     # ---- metadata: answered without a demand ---------------------------------------
     @property

@@ -1,0 +1,865 @@
+/* acrobat._native: the record hot path in C (optional; acrobat/graph.py has the same
+ * code in Python and uses it when this module is not built or ACROBAT_NATIVE=0).
+ *
+ * What is here and why: recording one node in Python costs ~2-3 us (building the Node
+ * object, its depth and phase, its bucket key, the LazyTensor handle), which is most of
+ * a control-flow model's graph construction. The same steps in C cost a fraction.
+ *
+ *   NodeBase    graph.Node's fields (graph.Node subclasses it, adding methods only)
+ *   LazyBase    tensor.LazyTensor's fields (likewise)
+ *   add_node    graph.add_node: depth and phase inline, appended to its bucket
+ *   lazy1       graph.wrap_outputs for a one-output signature
+ *   block_call  the fast path of block.Block.__call__: key, cache hit, node, output
+ *
+ * Semantics are those of the Python functions named above; keep them in step (the
+ * tests run both: tests/test_native.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* ---- NodeBase ------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *op, *func, *args, *kwargs, *inputs, *info, *sig, *rt, *data, *outs;
+    Py_ssize_t depth, phase, instance, row, height;
+    long long slot;
+} NodeObject;
+
+static PyTypeObject NodeType;
+
+static int node_traverse(NodeObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->op);
+    Py_VISIT(self->func);
+    Py_VISIT(self->args);
+    Py_VISIT(self->kwargs);
+    Py_VISIT(self->inputs);
+    Py_VISIT(self->info);
+    Py_VISIT(self->sig);
+    Py_VISIT(self->rt);
+    Py_VISIT(self->data);
+    Py_VISIT(self->outs);
+    return 0;
+}
+
+static int node_clear(NodeObject *self) {
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->func);
+    Py_CLEAR(self->args);
+    Py_CLEAR(self->kwargs);
+    Py_CLEAR(self->inputs);
+    Py_CLEAR(self->info);
+    Py_CLEAR(self->sig);
+    Py_CLEAR(self->rt);
+    Py_CLEAR(self->data);
+    Py_CLEAR(self->outs);
+    return 0;
+}
+
+/* A static base type: a heap subclass's subtype_dealloc calls this, then releases the
+ * subclass's reference to its type itself. */
+static void node_dealloc(NodeObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, node_dealloc)  /* long chains of nodes free iteratively */
+    node_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_TRASHCAN_END
+}
+
+/* A new node of type ``tp`` (NodeType or graph.Node), fields stolen: no Python __init__. */
+static NodeObject *node_new_fields(PyTypeObject *tp, PyObject *op, PyObject *func,
+                                   PyObject *args, PyObject *kwargs, PyObject *inputs,
+                                   PyObject *info, PyObject *sig, Py_ssize_t depth,
+                                   Py_ssize_t phase, Py_ssize_t instance, PyObject *rt) {
+    NodeObject *nd = (NodeObject *)tp->tp_alloc(tp, 0);
+    if (nd == NULL) return NULL;
+    Py_INCREF(op); nd->op = op;
+    Py_INCREF(func); nd->func = func;
+    Py_INCREF(args); nd->args = args;
+    Py_INCREF(kwargs); nd->kwargs = kwargs;
+    Py_INCREF(inputs); nd->inputs = inputs;
+    Py_INCREF(info); nd->info = info;
+    Py_INCREF(sig); nd->sig = sig;
+    Py_INCREF(rt); nd->rt = rt;
+    Py_INCREF(Py_None); nd->data = Py_None;
+    Py_INCREF(Py_None); nd->outs = Py_None;
+    nd->depth = depth;
+    nd->phase = phase;
+    nd->instance = instance;
+    nd->row = 0;
+    nd->slot = 0;
+    nd->height = 0;
+    return nd;
+}
+
+static int node_init(NodeObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *op, *func, *a, *kw, *inputs, *info, *sig, *rt;
+    Py_ssize_t depth, phase, instance;
+    static char *names[] = {"op", "func", "args", "kwargs", "inputs", "info", "sig",
+                            "depth", "phase", "instance", "rt", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOnnnO", names, &op, &func, &a, &kw,
+                                     &inputs, &info, &sig, &depth, &phase, &instance, &rt))
+        return -1;
+#define SETF(f, v) do { PyObject *o_ = self->f; Py_INCREF(v); self->f = v; Py_XDECREF(o_); } while (0)
+    SETF(op, op);
+    SETF(func, func);
+    SETF(args, a);
+    SETF(kwargs, kw);
+    SETF(inputs, inputs);
+    SETF(info, info);
+    SETF(sig, sig);
+    SETF(rt, rt);
+    SETF(data, Py_None);
+    SETF(outs, Py_None);
+#undef SETF
+    self->depth = depth;
+    self->phase = phase;
+    self->instance = instance;
+    self->row = 0;
+    self->slot = 0;
+    self->height = 0;
+    return 0;
+}
+
+#define NODE_OBJ(name) {#name, T_OBJECT, offsetof(NodeObject, name), 0, NULL}
+static PyMemberDef node_members[] = {
+    NODE_OBJ(op), NODE_OBJ(func), NODE_OBJ(args), NODE_OBJ(kwargs), NODE_OBJ(inputs),
+    NODE_OBJ(info), NODE_OBJ(sig), NODE_OBJ(rt), NODE_OBJ(data), NODE_OBJ(outs),
+    {"depth", T_PYSSIZET, offsetof(NodeObject, depth), 0, NULL},
+    {"phase", T_PYSSIZET, offsetof(NodeObject, phase), 0, NULL},
+    {"instance", T_PYSSIZET, offsetof(NodeObject, instance), 0, NULL},
+    {"row", T_PYSSIZET, offsetof(NodeObject, row), 0, NULL},
+    {"height", T_PYSSIZET, offsetof(NodeObject, height), 0, NULL},
+    {"slot", T_LONGLONG, offsetof(NodeObject, slot), 0, NULL},
+    {NULL}};
+
+static PyTypeObject NodeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "acrobat._native.NodeBase",
+    .tp_basicsize = sizeof(NodeObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "graph.Node's fields (see acrobat/graph.py)",
+    .tp_traverse = (traverseproc)node_traverse,
+    .tp_clear = (inquiry)node_clear,
+    .tp_dealloc = (destructor)node_dealloc,
+    .tp_members = node_members,
+    .tp_init = (initproc)node_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---- LazyBase ------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *node, *idx, *shape, *dtype, *key;
+} LazyObject;
+
+static PyTypeObject LazyType;
+static PyObject *type_key_fn;  /* tensor.type_key */
+
+static int lazy_traverse(LazyObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->node);
+    Py_VISIT(self->idx);
+    Py_VISIT(self->shape);
+    Py_VISIT(self->dtype);
+    Py_VISIT(self->key);
+    return 0;
+}
+
+static int lazy_clear(LazyObject *self) {
+    Py_CLEAR(self->node);
+    Py_CLEAR(self->idx);
+    Py_CLEAR(self->shape);
+    Py_CLEAR(self->dtype);
+    Py_CLEAR(self->key);
+    return 0;
+}
+
+static void lazy_dealloc(LazyObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, lazy_dealloc)
+    lazy_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_TRASHCAN_END
+}
+
+static int lazy_init(LazyObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *node, *idx, *shape, *dtype, *key = Py_None;
+    static char *names[] = {"node", "idx", "shape", "dtype", "key", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|O", names, &node, &idx, &shape,
+                                     &dtype, &key))
+        return -1;
+    if (key == Py_None) {
+        key = PyObject_CallFunctionObjArgs(type_key_fn, shape, dtype, NULL);
+        if (key == NULL) return -1;
+    } else {
+        Py_INCREF(key);
+    }
+    Py_INCREF(node);
+    Py_INCREF(idx);
+    Py_INCREF(shape);
+    Py_INCREF(dtype);
+    Py_XSETREF(self->node, node);
+    Py_XSETREF(self->idx, idx);
+    Py_XSETREF(self->shape, shape);
+    Py_XSETREF(self->dtype, dtype);
+    Py_XSETREF(self->key, key);
+    return 0;
+}
+
+#define LAZY_OBJ(name) {#name, T_OBJECT, offsetof(LazyObject, name), 0, NULL}
+static PyMemberDef lazy_members[] = {LAZY_OBJ(node), LAZY_OBJ(idx), LAZY_OBJ(shape),
+                                     LAZY_OBJ(dtype), LAZY_OBJ(key), {NULL}};
+
+static PyTypeObject LazyType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "acrobat._native.LazyBase",
+    .tp_basicsize = sizeof(LazyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "tensor.LazyTensor's fields (see acrobat/tensor.py)",
+    .tp_traverse = (traverseproc)lazy_traverse,
+    .tp_clear = (inquiry)lazy_clear,
+    .tp_dealloc = (destructor)lazy_dealloc,
+    .tp_members = lazy_members,
+    .tp_init = (initproc)lazy_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---- module state: set once by graph.py through setup() --------------------------- */
+
+static PyTypeObject *node_cls;  /* graph.Node */
+static PyTypeObject *lazy_cls;  /* tensor.LazyTensor */
+static PyObject *queue_fn;      /* graph.queue */
+static PyObject *check_inputs_fn;  /* graph._check_inputs */
+static PyObject *config_mod;    /* acrobat.config (ALIGN_WINDOW) */
+static PyObject *zero;          /* the int 0 */
+
+static PyObject *s_sig;
+static PyObject *s_fiber, *s_phase, *s_instance, *s_buckets, *s_nodes, *s_ALIGN_WINDOW,
+    *s_metas, *s_keys, *s_single;
+
+static PyObject *setup(PyObject *mod, PyObject *args) {
+    PyObject *nc, *lc, *q, *ci, *cfg, *tk;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &nc, &lc, &q, &ci, &cfg, &tk)) return NULL;
+    if (!PyType_Check(nc) || !PyType_IsSubtype((PyTypeObject *)nc, &NodeType) ||
+        !PyType_Check(lc) || !PyType_IsSubtype((PyTypeObject *)lc, &LazyType)) {
+        PyErr_SetString(PyExc_TypeError, "setup: Node and LazyTensor must subclass the bases");
+        return NULL;
+    }
+    Py_INCREF(nc); Py_XSETREF(node_cls, (PyTypeObject *)nc);
+    Py_INCREF(lc); Py_XSETREF(lazy_cls, (PyTypeObject *)lc);
+    Py_INCREF(q); Py_XSETREF(queue_fn, q);
+    Py_INCREF(ci); Py_XSETREF(check_inputs_fn, ci);
+    Py_INCREF(cfg); Py_XSETREF(config_mod, cfg);
+    Py_INCREF(tk); Py_XSETREF(type_key_fn, tk);
+    Py_RETURN_NONE;
+}
+
+/* ---- _enqueue -------------------------------------------------------------------- */
+
+static PyObject *bucket_key(Py_ssize_t phase, Py_ssize_t depth, PyObject *sig) {
+    PyObject *key = PyTuple_New(3);
+    if (key == NULL) return NULL;
+    PyObject *p = PyLong_FromSsize_t(phase), *d = PyLong_FromSsize_t(depth);
+    if (p == NULL || d == NULL) {
+        Py_XDECREF(p);
+        Py_XDECREF(d);
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(key, 0, p);
+    PyTuple_SET_ITEM(key, 1, d);
+    Py_INCREF(sig);
+    PyTuple_SET_ITEM(key, 2, sig);
+    return key;
+}
+
+static int incr_nodes(PyObject *rt) {
+    PyObject *n = PyObject_GetAttr(rt, s_nodes);
+    if (n == NULL) return -1;
+    Py_ssize_t v = PyLong_AsSsize_t(n);
+    Py_DECREF(n);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    PyObject *m = PyLong_FromSsize_t(v + 1);
+    if (m == NULL) return -1;
+    int r = PyObject_SetAttr(rt, s_nodes, m);
+    Py_DECREF(m);
+    return r;
+}
+
+/* graph._enqueue: append to the (phase, depth, sig) bucket, or the nearest later bucket
+ * of that signature within ALIGN_WINDOW levels (moving the node there). */
+static int enqueue(PyObject *rt, NodeObject *nd) {
+    PyObject *buckets = PyObject_GetAttr(rt, s_buckets);
+    if (buckets == NULL) return -1;
+    if (!PyDict_CheckExact(buckets)) {
+        PyErr_SetString(PyExc_TypeError, "rt.buckets must be a dict");
+        Py_DECREF(buckets);
+        return -1;
+    }
+    PyObject *key = bucket_key(nd->phase, nd->depth, nd->sig);
+    if (key == NULL) goto fail;
+    PyObject *bucket = PyDict_GetItemWithError(buckets, key);  /* borrowed */
+    if (bucket == NULL && PyErr_Occurred()) goto fail_key;
+    if (bucket == NULL && nd->depth) {
+        PyObject *w = PyObject_GetAttr(config_mod, s_ALIGN_WINDOW);
+        if (w == NULL) goto fail_key;
+        Py_ssize_t window = PyObject_IsTrue(w) ? PyLong_AsSsize_t(w) : 0;
+        Py_DECREF(w);
+        if (window == -1 && PyErr_Occurred()) goto fail_key;
+        for (Py_ssize_t d = nd->depth + 1; d <= nd->depth + window; d++) {
+            PyObject *k2 = bucket_key(nd->phase, d, nd->sig);
+            if (k2 == NULL) goto fail_key;
+            bucket = PyDict_GetItemWithError(buckets, k2);
+            Py_DECREF(k2);
+            if (bucket != NULL) {
+                nd->depth = d;
+                break;
+            }
+            if (PyErr_Occurred()) goto fail_key;
+        }
+    }
+    if (bucket == NULL) {
+        PyObject *lst = PyList_New(1);
+        if (lst == NULL) goto fail_key;
+        Py_INCREF(nd);
+        PyList_SET_ITEM(lst, 0, (PyObject *)nd);
+        int r = PyDict_SetItem(buckets, key, lst);
+        Py_DECREF(lst);
+        if (r < 0) goto fail_key;
+    } else if (PyList_Append(bucket, (PyObject *)nd) < 0) {
+        goto fail_key;
+    }
+    Py_DECREF(key);
+    Py_DECREF(buckets);
+    return incr_nodes(rt);
+fail_key:
+    Py_DECREF(key);
+fail:
+    Py_DECREF(buckets);
+    return -1;
+}
+
+/* ---- add_node -------------------------------------------------------------------- */
+
+static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* graph.add_node; ``inputs`` is a list of LazyTensors. Returns a new reference. */
+static NodeObject *add_node_impl(PyObject *rt, PyObject *op, PyObject *func, PyObject *args,
+                                 PyObject *kwargs, PyObject *inputs, PyObject *info,
+                                 PyObject *sig) {
+    if (!PyList_CheckExact(inputs)) {
+        PyErr_SetString(PyExc_TypeError, "add_node: inputs must be a list");
+        return NULL;
+    }
+    PyObject *fiber = PyObject_GetAttr(rt, s_fiber);
+    if (fiber == NULL) return NULL;
+    Py_ssize_t phase, instance;
+    if (get_ssize(fiber, s_phase, &phase) < 0 || get_ssize(fiber, s_instance, &instance) < 0) {
+        Py_DECREF(fiber);
+        return NULL;
+    }
+    Py_DECREF(fiber);
+    Py_ssize_t depth = 0;
+    Py_ssize_t n = PyList_GET_SIZE(inputs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(inputs, i);
+        if (!PyObject_TypeCheck(t, &LazyType)) {
+            PyErr_SetString(PyExc_TypeError, "add_node: an input is not a LazyTensor");
+            return NULL;
+        }
+        PyObject *p = ((LazyObject *)t)->node;
+        if (p == NULL || !PyObject_TypeCheck(p, &NodeType)) {
+            PyErr_SetString(PyExc_TypeError, "add_node: an input's producer is not a Node");
+            return NULL;
+        }
+        NodeObject *producer = (NodeObject *)p;
+        if (producer->depth < 0) {  /* a deferred constant: its value is needed after all */
+            PyObject *r = PyObject_CallFunctionObjArgs(queue_fn, rt, p, NULL);
+            if (r == NULL) return NULL;
+            Py_DECREF(r);
+        }
+        if (producer->outs != NULL && producer->outs != Py_None) {
+            if (producer->rt != rt) {
+                PyObject *r = PyObject_CallFunctionObjArgs(check_inputs_fn, inputs, rt, NULL);
+                if (r == NULL) return NULL;
+                Py_DECREF(r);
+            }
+            continue;
+        }
+        Py_ssize_t pp = producer->phase;
+        if (pp == phase) {
+            if (producer->depth > depth) depth = producer->depth;
+        } else if (pp > phase) {
+            phase = pp;
+            depth = producer->depth;
+        }
+    }
+    NodeObject *nd = node_new_fields(node_cls, op, func, args, kwargs, inputs, info, sig,
+                                     depth + 1, phase, instance, rt);
+    if (nd == NULL) return NULL;
+    if (enqueue(rt, nd) < 0) {
+        Py_DECREF(nd);
+        return NULL;
+    }
+    return nd;
+}
+
+static PyObject *add_node(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 8) {
+        PyErr_SetString(PyExc_TypeError, "add_node takes 8 arguments");
+        return NULL;
+    }
+    if (node_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup was not called");
+        return NULL;
+    }
+    return (PyObject *)add_node_impl(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+}
+
+/* ---- one-output handle ------------------------------------------------------------ */
+
+static PyObject *new_lazy(PyObject *node, PyObject *idx, PyObject *shape, PyObject *dtype,
+                          PyObject *key) {
+    LazyObject *t = (LazyObject *)lazy_cls->tp_alloc(lazy_cls, 0);
+    if (t == NULL) return NULL;
+    Py_INCREF(node); t->node = node;
+    Py_INCREF(idx); t->idx = idx;
+    Py_INCREF(shape); t->shape = shape;
+    Py_INCREF(dtype); t->dtype = dtype;
+    Py_INCREF(key); t->key = key;
+    return (PyObject *)t;
+}
+
+/* LazyTensor(node, 0, *info.metas[0], info.keys[0]) */
+static PyObject *lazy1_impl(PyObject *node, PyObject *info) {
+    PyObject *metas = PyObject_GetAttr(info, s_metas);
+    if (metas == NULL) return NULL;
+    PyObject *keys = PyObject_GetAttr(info, s_keys);
+    if (keys == NULL) {
+        Py_DECREF(metas);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (PyTuple_CheckExact(metas) && PyTuple_GET_SIZE(metas) >= 1 && PyTuple_CheckExact(keys) &&
+        PyTuple_GET_SIZE(keys) >= 1) {
+        PyObject *m0 = PyTuple_GET_ITEM(metas, 0);
+        if (PyTuple_CheckExact(m0) && PyTuple_GET_SIZE(m0) == 2)
+            out = new_lazy(node, zero, PyTuple_GET_ITEM(m0, 0), PyTuple_GET_ITEM(m0, 1),
+                           PyTuple_GET_ITEM(keys, 0));
+        else
+            PyErr_SetString(PyExc_TypeError, "lazy1: info.metas[0] must be (shape, dtype)");
+    } else {
+        PyErr_SetString(PyExc_TypeError, "lazy1: info has no outputs");
+    }
+    Py_DECREF(metas);
+    Py_DECREF(keys);
+    return out;
+}
+
+static PyObject *lazy1(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "lazy1 takes 2 arguments");
+        return NULL;
+    }
+    return lazy1_impl(a[0], a[1]);
+}
+
+/* ---- record: graph.record after its runtime checks ------------------------------- */
+
+static PyObject *freeze_fn;         /* graph.freeze */
+static PyObject *freeze_kwargs_fn;  /* graph.freeze_kwargs */
+static PyObject *infer_fn;          /* graph.infer */
+static PyObject *wrap_outputs_fn;   /* graph.wrap_outputs */
+static PyObject *s_sig_info, *s_key;
+
+/* The outputs of ``node``: lazy1 for one output, else graph.wrap_outputs. */
+static PyObject *outputs_of(PyObject *node, PyObject *info) {
+    PyObject *single = PyObject_GetAttr(info, s_single);
+    if (single == NULL) return NULL;
+    int one = PyObject_IsTrue(single);
+    Py_DECREF(single);
+    if (one < 0) return NULL;
+    if (one) return lazy1_impl(node, info);
+    return PyObject_CallFunctionObjArgs(wrap_outputs_fn, node, info, NULL);
+}
+
+/* record_node(rt, op, func, args, kwargs): graph.signature, the Info of the signature
+ * (graph.infer on a miss), graph.add_node, the outputs. */
+static PyObject *record_node(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 5 || !PyTuple_Check(a[3])) {
+        PyErr_SetString(PyExc_TypeError, "record_node(rt, op, func, args: tuple, kwargs)");
+        return NULL;
+    }
+    PyObject *rt = a[0], *op = a[1], *func = a[2], *args = a[3], *kwargs = a[4];
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    PyObject *inputs = PyList_New(0), *parts = NULL, *sig = NULL, *sig_info = NULL,
+             *info = NULL, *out = NULL;
+    NodeObject *nd = NULL;
+    if (inputs == NULL) return NULL;
+    parts = PyTuple_New(nargs);
+    if (parts == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyObject *x = PyTuple_GET_ITEM(args, i), *part;
+        if (Py_TYPE(x) == lazy_cls) {
+            if (PyList_Append(inputs, x) < 0) goto done;
+            part = ((LazyObject *)x)->key;
+            Py_INCREF(part);
+        } else if (PyLong_CheckExact(x) || x == Py_None) {
+            part = x;
+            Py_INCREF(part);
+        } else {
+            part = PyObject_CallFunctionObjArgs(freeze_fn, x, inputs, NULL);
+            if (part == NULL) goto done;
+        }
+        PyTuple_SET_ITEM(parts, i, part);
+    }
+    int has_kwargs = kwargs != Py_None && PyObject_IsTrue(kwargs);
+    if (has_kwargs < 0) goto done;
+    if (has_kwargs) {
+        PyObject *kw = PyObject_CallFunctionObjArgs(freeze_kwargs_fn, kwargs, inputs, NULL);
+        if (kw == NULL) goto done;
+        sig = PyTuple_Pack(3, func, parts, kw);
+        Py_DECREF(kw);
+    } else {
+        sig = PyTuple_Pack(2, func, parts);
+    }
+    if (sig == NULL) goto done;
+    sig_info = PyObject_GetAttr(rt, s_sig_info);
+    if (sig_info == NULL) goto done;
+    info = PyDict_GetItemWithError(sig_info, sig);
+    if (info != NULL) {
+        Py_INCREF(info);
+    } else {
+        if (PyErr_Occurred()) goto done;
+        info = PyObject_CallFunctionObjArgs(infer_fn, op, func, args, kwargs, rt, NULL);
+        if (info == NULL || PyDict_SetItem(sig_info, sig, info) < 0) goto done;
+    }
+    nd = add_node_impl(rt, op, func, args, kwargs, inputs, info, sig);
+    if (nd == NULL) goto done;
+    out = outputs_of((PyObject *)nd, info);
+done:
+    Py_XDECREF(nd);
+    Py_XDECREF(info);
+    Py_XDECREF(sig_info);
+    Py_XDECREF(sig);
+    Py_XDECREF(parts);
+    Py_DECREF(inputs);
+    return out;
+}
+
+/* ---- block calls: block.Block.__call__ when its trace cache hits ----------------- */
+
+static PyObject *key_fn;       /* block._key */
+static PyObject *finish_fn;    /* block._finish_call(trace, node, inputs) */
+static PyObject *split_fn;     /* hoisting.split_call */
+static PyObject *miss;         /* block._MISS: "take the Python path" */
+static PyObject *s_split_on, *s_splits, *s_memo, *s_arg_pos, *s_var;
+static PyObject *s_cache, *s_factory_keys, *s_id, *s_run_id, *s_may_split, *s_op,
+    *s_info, *s_out_spec, *s_leaf;
+
+/* hoisting.split_call when the trace is cut and the cut argument's hoisted part was
+ * recorded earlier in this map (every call but the first per argument): the node of the
+ * rest. NULL without an exception: take hoisting.split_call. */
+static PyObject *split_hit(PyObject *rt, PyObject *trace, PyObject *inputs, PyObject *tinfo) {
+    PyObject *split_on = NULL, *splits = NULL, *split = NULL, *v = NULL, *rid = NULL,
+             *memo_d = NULL, *pos = NULL, *var = NULL, *vop = NULL, *vsig = NULL,
+             *var_inputs = NULL, *out = NULL;
+    split_on = PyObject_GetAttr(trace, s_split_on);
+    if (split_on == NULL || !PyTuple_Check(split_on) || PyTuple_GET_SIZE(split_on) != 1)
+        goto done;
+    splits = PyObject_GetAttr(trace, s_splits);
+    if (splits == NULL || !PyDict_Check(splits)) goto done;
+    split = PyDict_GetItemWithError(splits, PyTuple_GET_ITEM(split_on, 0));
+    if (split == NULL) goto done;
+    Py_INCREF(split);
+    Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(split_on, 0));
+    if (k == -1 && PyErr_Occurred()) goto done;
+    if (k < 0 || k >= PyList_GET_SIZE(inputs)) goto done;
+    v = PyObject_GetAttr(split, s_run_id);
+    if (v == NULL) goto done;
+    rid = PyObject_GetAttr(rt, s_id);
+    if (rid == NULL) goto done;
+    int same = PyObject_RichCompareBool(v, rid, Py_EQ);
+    if (same != 1) goto done;
+    memo_d = PyObject_GetAttr(split, s_memo);
+    if (memo_d == NULL || !PyDict_Check(memo_d)) goto done;
+    PyObject *ident = PyLong_FromVoidPtr(PyList_GET_ITEM(inputs, k));
+    if (ident == NULL) goto done;
+    PyObject *memo = PyDict_GetItemWithError(memo_d, ident);  /* borrowed */
+    Py_DECREF(ident);
+    if (memo == NULL || !PyTuple_Check(memo)) goto done;
+    pos = PyObject_GetAttr(split, s_arg_pos);
+    if (pos == NULL || !PyTuple_Check(pos)) goto done;
+    Py_ssize_t np = PyTuple_GET_SIZE(pos), nm = PyTuple_GET_SIZE(memo);
+    var_inputs = PyList_New(np + nm);
+    if (var_inputs == NULL) goto done;
+    for (Py_ssize_t i = 0; i < np; i++) {
+        Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(pos, i));
+        if (j == -1 && PyErr_Occurred()) goto done;
+        if (j < 0 || j >= PyList_GET_SIZE(inputs)) {
+            PyErr_SetString(PyExc_IndexError, "split_hit: argument position out of range");
+            goto done;
+        }
+        PyObject *x = PyList_GET_ITEM(inputs, j);
+        Py_INCREF(x);
+        PyList_SET_ITEM(var_inputs, i, x);
+    }
+    for (Py_ssize_t i = 0; i < nm; i++) {
+        PyObject *x = PyTuple_GET_ITEM(memo, i);
+        Py_INCREF(x);
+        PyList_SET_ITEM(var_inputs, np + i, x);
+    }
+    var = PyObject_GetAttr(split, s_var);
+    if (var == NULL) goto done;
+    vop = PyObject_GetAttr(var, s_op);
+    if (vop == NULL) goto done;
+    vsig = PyObject_GetAttr(var, s_sig);
+    if (vsig == NULL) goto done;
+    out = (PyObject *)add_node_impl(rt, vop, Py_None, Py_None, Py_None, var_inputs, tinfo, vsig);
+done:
+    if (out == NULL && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_AttributeError))
+        PyErr_Clear();  /* not the shape this fast path knows: the Python path decides */
+    Py_XDECREF(split_on);
+    Py_XDECREF(splits);
+    Py_XDECREF(split);
+    Py_XDECREF(v);
+    Py_XDECREF(rid);
+    Py_XDECREF(memo_d);
+    Py_XDECREF(pos);
+    Py_XDECREF(var);
+    Py_XDECREF(vop);
+    Py_XDECREF(vsig);
+    Py_XDECREF(var_inputs);
+    return out;
+}
+
+/* block_call(block, args: tuple, rt): the call's node and outputs, or _MISS when the
+ * call needs the Python path (no per-instance argument, a new or stale trace). */
+static PyObject *block_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "block_call(block, args: tuple, rt)");
+        return NULL;
+    }
+    PyObject *blk = a[0], *args = a[1], *rt = a[2];
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    PyObject *inputs = PyList_New(0), *key = NULL, *made = NULL, *cache = NULL,
+             *trace = NULL, *out = NULL, *v = NULL, *tinfo = NULL, *top = NULL,
+             *tsig = NULL;
+    PyObject *node = NULL;
+    if (inputs == NULL) return NULL;
+    key = PyTuple_New(nargs);
+    if (key == NULL) goto done;
+    made = PyObject_GetAttr(rt, s_factory_keys);
+    if (made == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyObject *x = PyTuple_GET_ITEM(args, i), *part;
+        PyTypeObject *tp = Py_TYPE(x);
+        if (tp == lazy_cls) {
+            if (PyList_Append(inputs, x) < 0) goto done;
+            part = ((LazyObject *)x)->key;
+            Py_INCREF(part);
+        } else if (tp == &PyTuple_Type || tp == &PyList_Type || tp == &PyDict_Type) {
+            PyObject *keep = PyList_New(0);
+            if (keep == NULL) goto done;
+            part = PyObject_CallFunctionObjArgs(key_fn, x, keep, inputs, NULL);
+            Py_DECREF(keep);
+            if (part == NULL) goto done;
+        } else if (tp == &PyLong_Type || tp == &PyUnicode_Type || x == Py_None) {
+            part = x;
+            Py_INCREF(part);
+        } else if (tp == &PyFloat_Type || tp == &PyBool_Type) {
+            part = PyTuple_Pack(2, (PyObject *)tp, x);
+            if (part == NULL) goto done;
+        } else {  /* by identity, or by how a pure factory made it (see Block.__call__) */
+            PyObject *ident = PyLong_FromVoidPtr(x);
+            if (ident == NULL) goto done;
+            part = PyDict_Check(made) ? PyDict_GetItemWithError(made, ident) : NULL;
+            if (part != NULL && PyObject_IsTrue(part) == 1) {
+                Py_INCREF(part);
+                Py_DECREF(ident);
+            } else {
+                if (PyErr_Occurred()) {
+                    Py_DECREF(ident);
+                    goto done;
+                }
+                part = PyTuple_Pack(2, s_id, ident);
+                Py_DECREF(ident);
+                if (part == NULL) goto done;
+            }
+        }
+        PyTuple_SET_ITEM(key, i, part);
+    }
+    if (PyList_GET_SIZE(inputs) == 0) goto take_python;
+    cache = PyObject_GetAttr(blk, s_cache);
+    if (cache == NULL) goto done;
+    if (!PyDict_Check(cache)) goto take_python;
+    trace = PyDict_GetItemWithError(cache, key);
+    if (trace == NULL) {
+        if (PyErr_Occurred()) goto done;
+        goto take_python;
+    }
+    Py_INCREF(trace);
+    /* a trace of an earlier map must be revalidated (Python path) */
+    v = PyObject_GetAttr(trace, s_run_id);
+    if (v == NULL) goto done;
+    {
+        PyObject *rid = PyObject_GetAttr(rt, s_id);
+        if (rid == NULL) goto done;
+        int same = PyObject_RichCompareBool(v, rid, Py_EQ);
+        Py_DECREF(rid);
+        if (same < 0) goto done;
+        if (!same) goto take_python;
+    }
+    Py_CLEAR(v);
+    v = PyObject_GetAttr(trace, s_may_split);
+    if (v == NULL) goto done;
+    int split = PyObject_IsTrue(v);
+    if (split < 0) goto done;
+    tinfo = PyObject_GetAttr(trace, s_info);
+    if (tinfo == NULL) goto done;
+    if (split) {
+        node = split_hit(rt, trace, inputs, tinfo);
+        if (node == NULL) {
+            if (PyErr_Occurred()) goto done;
+            node = PyObject_CallFunctionObjArgs(split_fn, rt, trace, inputs, NULL);
+            if (node == NULL) goto done;
+            if (node == Py_None) Py_CLEAR(node);
+        }
+    }
+    if (node == NULL) {
+        top = PyObject_GetAttr(trace, s_op);
+        if (top == NULL) goto done;
+        tsig = PyObject_GetAttr(trace, s_sig);
+        if (tsig == NULL) goto done;
+        node = (PyObject *)add_node_impl(rt, top, Py_None, Py_None, Py_None, inputs, tinfo,
+                                         tsig);
+        if (node == NULL) goto done;
+    }
+    /* the common one-output block returns its tensor; anything else is packaged by
+     * block._finish_call */
+    Py_CLEAR(v);
+    v = PyObject_GetAttr(trace, s_out_spec);
+    if (v == NULL) goto done;
+    if (PyTuple_Check(v) && PyTuple_GET_SIZE(v) >= 1 &&
+        PyUnicode_Check(PyTuple_GET_ITEM(v, 0)) &&
+        PyUnicode_Compare(PyTuple_GET_ITEM(v, 0), s_leaf) == 0) {
+        PyObject *single = PyObject_GetAttr(tinfo, s_single);
+        if (single == NULL) goto done;
+        int one = PyObject_IsTrue(single);
+        Py_DECREF(single);
+        if (one < 0) goto done;
+        if (one) {
+            out = lazy1_impl(node, tinfo);
+            goto done;
+        }
+    }
+    out = PyObject_CallFunctionObjArgs(finish_fn, trace, node, inputs, NULL);
+    goto done;
+take_python:
+    Py_INCREF(miss);
+    out = miss;
+done:
+    Py_XDECREF(node);
+    Py_XDECREF(tsig);
+    Py_XDECREF(top);
+    Py_XDECREF(tinfo);
+    Py_XDECREF(v);
+    Py_XDECREF(trace);
+    Py_XDECREF(cache);
+    Py_XDECREF(made);
+    Py_XDECREF(key);
+    Py_DECREF(inputs);
+    return out;
+}
+
+static PyObject *setup_record(PyObject *mod, PyObject *args) {
+    PyObject *f, *fk, *inf, *wo;
+    if (!PyArg_ParseTuple(args, "OOOO", &f, &fk, &inf, &wo)) return NULL;
+    Py_INCREF(f); Py_XSETREF(freeze_fn, f);
+    Py_INCREF(fk); Py_XSETREF(freeze_kwargs_fn, fk);
+    Py_INCREF(inf); Py_XSETREF(infer_fn, inf);
+    Py_INCREF(wo); Py_XSETREF(wrap_outputs_fn, wo);
+    Py_RETURN_NONE;
+}
+
+static PyObject *setup_block(PyObject *mod, PyObject *args) {
+    PyObject *k, *fin, *sp, *m;
+    if (!PyArg_ParseTuple(args, "OOOO", &k, &fin, &sp, &m)) return NULL;
+    Py_INCREF(k); Py_XSETREF(key_fn, k);
+    Py_INCREF(fin); Py_XSETREF(finish_fn, fin);
+    Py_INCREF(sp); Py_XSETREF(split_fn, sp);
+    Py_INCREF(m); Py_XSETREF(miss, m);
+    Py_RETURN_NONE;
+}
+
+/* ---- module ---------------------------------------------------------------------- */
+
+static PyMethodDef methods[] = {
+    {"setup", (PyCFunction)setup, METH_VARARGS,
+     "setup(Node, LazyTensor, queue, check_inputs, config, type_key)"},
+    {"add_node", (PyCFunction)(void (*)(void))add_node, METH_FASTCALL,
+     "add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node (graph.add_node)"},
+    {"lazy1", (PyCFunction)(void (*)(void))lazy1, METH_FASTCALL,
+     "lazy1(node, info) -> the LazyTensor of a one-output node"},
+    {"record_node", (PyCFunction)(void (*)(void))record_node, METH_FASTCALL,
+     "record_node(rt, op, func, args, kwargs) -> outputs (graph.record's tail)"},
+    {"block_call", (PyCFunction)(void (*)(void))block_call, METH_FASTCALL,
+     "block_call(block, args, rt) -> outputs, or _MISS (block.Block.__call__'s fast path)"},
+    {"setup_record", (PyCFunction)setup_record, METH_VARARGS,
+     "setup_record(freeze, freeze_kwargs, infer, wrap_outputs)"},
+    {"setup_block", (PyCFunction)setup_block, METH_VARARGS,
+     "setup_block(_key, _finish_call, split_call, _MISS)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "acrobat._native",
+                                    "The record hot path in C (see _native.c).", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&NodeType) < 0 || PyType_Ready(&LazyType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return NULL
+    INTERN(s_fiber, "fiber");
+    INTERN(s_phase, "phase");
+    INTERN(s_instance, "instance");
+    INTERN(s_buckets, "buckets");
+    INTERN(s_nodes, "nodes");
+    INTERN(s_ALIGN_WINDOW, "ALIGN_WINDOW");
+    INTERN(s_metas, "metas");
+    INTERN(s_keys, "keys");
+    INTERN(s_single, "single");
+    INTERN(s_sig_info, "sig_info");
+    INTERN(s_key, "key");
+    INTERN(s_cache, "cache");
+    INTERN(s_factory_keys, "factory_keys");
+    INTERN(s_id, "id");
+    INTERN(s_run_id, "run_id");
+    INTERN(s_may_split, "may_split");
+    INTERN(s_op, "op");
+    INTERN(s_info, "info");
+    INTERN(s_out_spec, "out_spec");
+    INTERN(s_leaf, "leaf");
+    INTERN(s_sig, "sig");
+    INTERN(s_split_on, "split_on");
+    INTERN(s_splits, "splits");
+    INTERN(s_memo, "memo");
+    INTERN(s_arg_pos, "arg_pos");
+    INTERN(s_var, "var");
+#undef INTERN
+    zero = PyLong_FromLong(0);
+    Py_INCREF(&NodeType);
+    if (PyModule_AddObject(m, "NodeBase", (PyObject *)&NodeType) < 0) return NULL;
+    Py_INCREF(&LazyType);
+    if (PyModule_AddObject(m, "LazyBase", (PyObject *)&LazyType) < 0) return NULL;
+    return m;
+}

@@ -1,0 +1,151 @@
+"""The C record path (acrobat/_native.c) against the Python one it replaces.
+
+Both must record the same graph: the same nodes, batches and results for every model,
+and the Python path (ACROBAT_NATIVE=0, or the module not built) must keep passing the
+suite's core tests on its own. The C path is what the rest of the suite runs whenever
+the module is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import acrobat
+from acrobat import graph
+from acrobat.graph import Node
+from acrobat.tensor import LazyTensor, _native
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_native = pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
+
+# One script, run in this process's environment and with ACROBAT_NATIVE=0: per model
+# (blocks and plain code), its recorded nodes and batches and a checksum of each output.
+_RECORD = textwrap.dedent(
+    """
+    import json, sys, torch
+    sys.path.insert(0, {root!r})
+    from acrobat.tensor import _native
+    from models import berxit, birnn, drnn, mvrnn, nestedrnn, stackrnn, treelstm
+
+    def sums(value):
+        if isinstance(value, torch.Tensor):
+            return [round(float(value.double().sum()), 4)]
+        if isinstance(value, (list, tuple)):
+            return [s for v in value for s in sums(v)]
+        return [value]
+
+    report = {{"native": _native is not None}}
+    for mod in (berxit, birnn, drnn, mvrnn, nestedrnn, stackrnn, treelstm):
+        for blocks in (True, False):
+            task = mod.make_task("small", 4, blocks=blocks)
+            with torch.no_grad():
+                out, st = task.fn.map(task.inputs, **task.kwargs, stats=True)
+            report[f"{{task.name}}-{{blocks}}"] = [st.nodes, st.batches, sums(out)]
+    print(json.dumps(report))
+    """
+)
+
+
+def _record(native: bool) -> dict:
+    env = dict(os.environ, ACROBAT_NATIVE="1" if native else "0", PYTHONPATH=str(ROOT))
+    code = _RECORD.format(root=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_native
+def test_native_and_python_record_the_same_graphs():
+    fast, slow = _record(True), _record(False)
+    assert fast.pop("native") is True
+    assert slow.pop("native") is False
+    assert fast.keys() == slow.keys()
+    for name in fast:
+        nodes, batches, sums = fast[name]
+        assert (nodes, batches) == tuple(slow[name][:2]), name
+        assert sums == pytest.approx(slow[name][2], rel=1e-4, abs=1e-4), name
+
+
+def test_python_path_passes_the_core_tests():
+    """The fallback is a supported configuration: run core test files with it."""
+    env = dict(os.environ, ACROBAT_NATIVE="0", PYTHONPATH=str(ROOT))
+    files = ["tests/test_fibers.py", "tests/test_hoisting.py", "tests/test_errors.py"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout
+
+
+@needs_native
+def test_node_fields_behave_like_slots():
+    nd = Node("op", None, (), None, [], None, ("sig",), 3, 1, 7, None)
+    assert (nd.op, nd.depth, nd.phase, nd.instance, nd.row, nd.slot, nd.height) == (
+        "op",
+        3,
+        1,
+        7,
+        0,
+        0,
+        0,
+    )
+    assert nd.data is None and nd.outs is None
+    nd.depth = -1
+    nd.slot = (5 << 44) | (2 << 24) | 9  # the executor's packed slot needs 64 bits
+    nd.outs = (torch.ones(2),)
+    assert nd.depth == -1 and nd.slot == (5 << 44) | (2 << 24) | 9
+    assert isinstance(nd.outs[0], torch.Tensor)
+    with pytest.raises(AttributeError):
+        nd.unknown = 1  # no __dict__: the fields are all there is
+    lazy = LazyTensor(nd, 0, torch.Size([2]), torch.float32)
+    assert lazy.node is nd and lazy.key == LazyTensor(nd, 0, torch.Size([2]), torch.float32).key
+
+
+@needs_native
+def test_a_long_chain_of_nodes_is_freed_without_recursion():
+    prev = None
+    for depth in range(200_000):
+        nd = Node(
+            None, None, (), None, [] if prev is None else [prev], None, None, depth, 0, 0, None
+        )
+        prev = LazyTensor(nd, 0, torch.Size([]), torch.float32, -1)
+    del nd, prev  # would overflow the C stack if each free recursed into the next
+
+
+@needs_native
+def test_native_paths_are_the_ones_bound():
+    assert graph.add_node is _native.add_node
+    assert graph._py_add_node is not _native.add_node
+
+    @acrobat.block
+    def cell(w, x, h):
+        return torch.tanh(x @ w + h)
+
+    @acrobat.autobatch
+    def run(x, w):
+        h = torch.zeros(3)
+        for _ in range(4):
+            h = cell(w, x, h)
+        return h
+
+    w = torch.randn(3, 3)
+    xs = [torch.randn(3) for _ in range(5)]
+    out, st = run.map(xs, w=w, stats=True)
+    for got, x in zip(out, xs):
+        torch.testing.assert_close(got, run.eager(x, w=w))
+    assert st.batches == 4 + 1  # the four steps, and the inputs' data batch
