@@ -802,6 +802,129 @@ static PyObject *setup_block(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- has_lazy: graph.has_lazy ---------------------------------------------------- */
+
+static int has_lazy_impl(PyObject *a, int depth) {
+    PyTypeObject *tp = Py_TYPE(a);
+    if (tp == lazy_cls) return 1;
+    if (depth > 200) {  /* deeper than any argument: let Python's recursion limit decide */
+        PyErr_SetString(PyExc_RecursionError, "has_lazy: argument nested too deeply");
+        return -1;
+    }
+    if (tp == &PyTuple_Type || tp == &PyList_Type) {
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(a);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            /* a list may change under us only through user code, which cannot run here */
+            int r = has_lazy_impl(PySequence_Fast_GET_ITEM(a, i), depth + 1);
+            if (r) return r;
+        }
+        return 0;
+    }
+    if (tp == &PySlice_Type) {
+        PySliceObject *sl = (PySliceObject *)a;
+        int r = has_lazy_impl(sl->start, depth + 1);
+        if (!r) r = has_lazy_impl(sl->stop, depth + 1);
+        if (!r) r = has_lazy_impl(sl->step, depth + 1);
+        return r;
+    }
+    if (tp == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(a, &pos, &k, &v)) {
+            int r = has_lazy_impl(v, depth + 1);
+            if (r) return r;
+        }
+    }
+    return 0;
+}
+
+static PyObject *has_lazy(PyObject *mod, PyObject *a) {
+    int r = has_lazy_impl(a, 0);
+    if (r < 0) return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* ---- executor helpers: the per-row loops of a batch ------------------------------ */
+
+/* column(nodes, j) -> (operands, slots): operand j of every node and where each lives
+ * (executor._slots: ``t.node.slot + (t.idx << 24)``; producers must be computed). */
+static PyObject *column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 2 || !PyList_Check(a[0])) {
+        PyErr_SetString(PyExc_TypeError, "column(nodes: list, j)");
+        return NULL;
+    }
+    PyObject *nodes = a[0];
+    Py_ssize_t j = PyLong_AsSsize_t(a[1]);
+    if (j == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(nodes);
+    PyObject *col = PyList_New(m), *slots = PyList_New(m);
+    if (col == NULL || slots == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *nd = PyList_GET_ITEM(nodes, i);
+        if (!PyObject_TypeCheck(nd, &NodeType)) {
+            PyErr_SetString(PyExc_TypeError, "column: not a Node");
+            goto fail;
+        }
+        PyObject *ins = ((NodeObject *)nd)->inputs;
+        PyObject *t;
+        if (ins != NULL && PyList_CheckExact(ins) && j < PyList_GET_SIZE(ins))
+            t = PyList_GET_ITEM(ins, j);
+        else if (ins != NULL && PyTuple_CheckExact(ins) && j < PyTuple_GET_SIZE(ins))
+            t = PyTuple_GET_ITEM(ins, j);
+        else {
+            PyErr_SetString(PyExc_IndexError, "column: a node has no operand j");
+            goto fail;
+        }
+        if (!PyObject_TypeCheck(t, &LazyType) ||
+            !PyObject_TypeCheck(((LazyObject *)t)->node, &NodeType)) {
+            PyErr_SetString(PyExc_TypeError, "column: an operand is not a LazyTensor");
+            goto fail;
+        }
+        long long idx = PyLong_AsLongLong(((LazyObject *)t)->idx);
+        if (idx == -1 && PyErr_Occurred()) goto fail;
+        PyObject *slot =
+            PyLong_FromLongLong(((NodeObject *)((LazyObject *)t)->node)->slot + (idx << 24));
+        if (slot == NULL) goto fail;
+        Py_INCREF(t);
+        PyList_SET_ITEM(col, i, t);
+        PyList_SET_ITEM(slots, i, slot);
+    }
+    PyObject *r = PyTuple_Pack(2, col, slots);
+    Py_DECREF(col);
+    Py_DECREF(slots);
+    return r;
+fail:
+    Py_XDECREF(col);
+    Py_XDECREF(slots);
+    return NULL;
+}
+
+/* finish_rows(nodes, outs, base): node i gets outs, row i and slot base + i
+ * (executor._finish_batch). */
+static PyObject *finish_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyList_Check(a[0])) {
+        PyErr_SetString(PyExc_TypeError, "finish_rows(nodes: list, outs, base)");
+        return NULL;
+    }
+    PyObject *nodes = a[0], *outs = a[1];
+    long long base = PyLong_AsLongLong(a[2]);
+    if (base == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(nodes);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *nd = PyList_GET_ITEM(nodes, i);
+        if (!PyObject_TypeCheck(nd, &NodeType)) {
+            PyErr_SetString(PyExc_TypeError, "finish_rows: not a Node");
+            return NULL;
+        }
+        NodeObject *node = (NodeObject *)nd;
+        Py_INCREF(outs);
+        Py_XSETREF(node->outs, outs);
+        node->row = i;
+        node->slot = base + i;
+    }
+    Py_RETURN_NONE;
+}
+
 /* ---- module ---------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -815,6 +938,12 @@ static PyMethodDef methods[] = {
      "record_node(rt, op, func, args, kwargs) -> outputs (graph.record's tail)"},
     {"block_call", (PyCFunction)(void (*)(void))block_call, METH_FASTCALL,
      "block_call(block, args, rt) -> outputs, or _MISS (block.Block.__call__'s fast path)"},
+    {"has_lazy", (PyCFunction)has_lazy, METH_O,
+     "has_lazy(a) -> whether a LazyTensor is in a (tuples, lists, dicts, slices)"},
+    {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
+     "column(nodes, j) -> (operand j of each node, their slots)"},
+    {"finish_rows", (PyCFunction)(void (*)(void))finish_rows, METH_FASTCALL,
+     "finish_rows(nodes, outs, base): outs, row and slot of each node of a batch"},
     {"setup_record", (PyCFunction)setup_record, METH_VARARGS,
      "setup_record(freeze, freeze_kwargs, infer, wrap_outputs)"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,

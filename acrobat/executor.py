@@ -19,7 +19,7 @@ import torch
 from acrobat import config
 from acrobat.errors import AcrobatError
 from acrobat.ops import DATA_OPS, TAKE, reshape_rule
-from acrobat.tensor import index_tensor
+from acrobat.tensor import _native, index_tensor
 from acrobat_kernels.gather import gather_rows
 
 # Where a computed value lives, as one int per (node, output): the batch's number, the
@@ -62,10 +62,12 @@ def _slots(ts: list) -> list:
 _reused: dict = {}
 
 
-def gather(ts: list, n: int, stats, column=None) -> torch.Tensor:
+def gather(ts: list, n: int, stats, column=None, slots=None) -> torch.Tensor:
     """Stack the values of LazyTensors ``ts`` (all computed) along a new leading dim;
-    ``column`` (hashable) names the operand column for reusing the previous gather."""
-    slots = _slots(ts)
+    ``column`` (hashable) names the operand column for reusing the previous gather;
+    ``slots``: ``_slots(ts)`` if the caller has it."""
+    if slots is None:
+        slots = _slots(ts)
     lo = slots[0]
     hi = slots[-1]
     if hi - lo == n - 1 and slots == list(range(lo, hi + 1)):  # consecutive rows
@@ -244,11 +246,13 @@ def run_batch(nodes: list, stats) -> None:
         if in_place and (config.KERNEL_BACKEND == "off" or torch.is_grad_enabled()):
             in_place = ()
         for j in range(len(n0.inputs)):
-            column = [nd.inputs[j] for nd in nodes]
             if j in in_place:
-                xs.append(gather_source(column, n, stats))
+                xs.append(gather_source([nd.inputs[j] for nd in nodes], n, stats))
+            elif _native is not None and type(nodes) is list:  # operands, slots: one C loop
+                column, slots = _native.column(nodes, j)
+                xs.append(gather(column, n, stats, (op, j), slots))
             else:
-                xs.append(gather(column, n, stats, (op, j)))
+                xs.append(gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)))
         t1 = time.perf_counter()
         try:
             outs = op.rule(n0, xs, n)
@@ -273,6 +277,9 @@ def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> Non
         entry[0] += 1
         entry[1] += n
     base = next(_batches) << _BATCH_SHIFT
+    if _native is not None and type(nodes) is list:
+        _native.finish_rows(nodes, outs, base)
+        return
     for i, nd in enumerate(nodes):
         nd.outs = outs
         nd.row = i
