@@ -17,6 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <string.h>
 
 /* ---- NodeBase ------------------------------------------------------------------- */
 
@@ -925,6 +926,85 @@ static PyObject *finish_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+/* heights(batches): scheduler.relevel's pass, each node's longest path to a node nothing
+ * in this flush reads (``height``; 0 at first), consumers visited before producers. */
+static PyObject *heights(PyObject *mod, PyObject *batches) {
+    if (!PyList_Check(batches)) {
+        PyErr_SetString(PyExc_TypeError, "heights(batches: list of lists of nodes)");
+        return NULL;
+    }
+    for (Py_ssize_t b = PyList_GET_SIZE(batches) - 1; b >= 0; b--) {
+        PyObject *nodes = PyList_GET_ITEM(batches, b);
+        if (!PyList_Check(nodes)) {
+            PyErr_SetString(PyExc_TypeError, "heights: a batch is not a list");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+            PyObject *x = PyList_GET_ITEM(nodes, i);
+            if (!PyObject_TypeCheck(x, &NodeType)) {
+                PyErr_SetString(PyExc_TypeError, "heights: not a Node");
+                return NULL;
+            }
+            NodeObject *nd = (NodeObject *)x;
+            Py_ssize_t h = nd->height + 1;
+            PyObject *ins = nd->inputs;
+            if (ins == NULL || !(PyList_Check(ins) || PyTuple_Check(ins))) continue;
+            Py_ssize_t m = PySequence_Fast_GET_SIZE(ins);
+            for (Py_ssize_t j = 0; j < m; j++) {
+                PyObject *t = PySequence_Fast_GET_ITEM(ins, j);
+                if (!PyObject_TypeCheck(t, &LazyType)) continue;
+                PyObject *p = ((LazyObject *)t)->node;
+                if (p == NULL || !PyObject_TypeCheck(p, &NodeType)) continue;
+                NodeObject *pn = (NodeObject *)p;
+                if (pn->height < h && (pn->outs == NULL || pn->outs == Py_None)) pn->height = h;
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* copy_rows(dst, slots, bases, nbytes): row i of the buffer at address ``dst`` gets the
+ * ``nbytes`` bytes of the row that slot i names: ``bases[slot >> 24] + (slot & 0xFFFFFF)
+ * * nbytes`` (executor._fast_gather). True when copied; False when a source is not in
+ * ``bases`` yet (nothing to trust in dst); None when a source is marked None (not
+ * readable as bytes: torch must gather). The caller guarantees every base is the address
+ * of a live contiguous CPU buffer of rows of ``nbytes`` and dst holds len(slots) rows. */
+static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 4 || !PyList_Check(a[1]) || !PyDict_Check(a[2])) {
+        PyErr_SetString(PyExc_TypeError, "copy_rows(dst, slots: list, bases: dict, nbytes)");
+        return NULL;
+    }
+    char *dst = (char *)PyLong_AsVoidPtr(a[0]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    PyObject *slots = a[1], *bases = a[2];
+    Py_ssize_t nbytes = PyLong_AsSsize_t(a[3]);
+    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    long long last_key = -1;
+    char *last_base = NULL;
+    Py_ssize_t m = PyList_GET_SIZE(slots);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        long long slot = PyLong_AsLongLong(PyList_GET_ITEM(slots, i));
+        if (slot == -1 && PyErr_Occurred()) return NULL;
+        long long key = slot >> 24;
+        if (key != last_key) {
+            PyObject *k = PyLong_FromLongLong(key);
+            if (k == NULL) return NULL;
+            PyObject *b = PyDict_GetItemWithError(bases, k);  /* borrowed */
+            Py_DECREF(k);
+            if (b == NULL) {
+                if (PyErr_Occurred()) return NULL;
+                Py_RETURN_FALSE;
+            }
+            if (b == Py_None) Py_RETURN_NONE;
+            last_base = (char *)PyLong_AsVoidPtr(b);
+            if (last_base == NULL && PyErr_Occurred()) return NULL;
+            last_key = key;
+        }
+        memcpy(dst + i * nbytes, last_base + (slot & 0xFFFFFF) * nbytes, (size_t)nbytes);
+    }
+    Py_RETURN_TRUE;
+}
+
 /* ---- module ---------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -940,6 +1020,10 @@ static PyMethodDef methods[] = {
      "block_call(block, args, rt) -> outputs, or _MISS (block.Block.__call__'s fast path)"},
     {"has_lazy", (PyCFunction)has_lazy, METH_O,
      "has_lazy(a) -> whether a LazyTensor is in a (tuples, lists, dicts, slices)"},
+    {"heights", (PyCFunction)heights, METH_O,
+     "heights(batches): scheduler.relevel's longest-path pass"},
+    {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
+     "copy_rows(dst, slots, bases, nbytes) -> True | False (a base missing) | None"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
      "column(nodes, j) -> (operand j of each node, their slots)"},
     {"finish_rows", (PyCFunction)(void (*)(void))finish_rows, METH_FASTCALL,

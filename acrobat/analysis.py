@@ -500,17 +500,26 @@ class RegionBlock(AutoBlock):
         super().__init__(fn)
         self.hits = 0
         self.misses = 0
+        # id -> object of arguments found _code_like (modules, cell tuples): they stay so,
+        # and the entry keeps the object alive so its id is not reused
+        self.code_like: dict[int, object] = {}
 
     def __call__(self, *args):
         rt = graph.RT
         if self.disabled or rt is None or rt.fiber is None or rt.tracer is not None:
             return self.impl(*args)
         lazy = False
+        known = self.code_like
         for a in args:
             t = type(a)
             if t is graph.LazyTensor:
                 lazy = True
-            elif not (t in _REGION_ARGS or _code_like(a)):
+            elif t in _REGION_ARGS or id(a) in known:
+                continue
+            elif _code_like(a):
+                if len(known) < _CODE_LIKE_KEPT:
+                    known[id(a)] = a
+            else:
                 lazy = False  # a container or object: its structure would key the trace
                 break
         if not lazy:
@@ -526,6 +535,7 @@ class RegionBlock(AutoBlock):
 
 
 _CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
+_CODE_LIKE_KEPT = 64  # per region: the models pass one or two (the model, its cells)
 
 
 def _code_like(a) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from acrobat import config
 from acrobat.graph import Runtime, lint
+from acrobat.tensor import _native
 
 
 def _order(key):
@@ -42,13 +43,16 @@ def relevel(batches: list[list]) -> list[list]:
     with fewer (phase, level, signature) groups wins, depth levelling on a tie."""
     if len({(nodes[0].phase, nodes[0].sig) for nodes in batches}) == len(batches):
         return batches  # no signature at two depths: nothing to merge (DRNN, Berxit)
-    for nodes in reversed(batches):  # ASAP order reversed: consumers before producers
-        for nd in nodes:
-            h = nd.height + 1
-            for t in nd.inputs:
-                p = t.node
-                if p.height < h and p.outs is None:
-                    p.height = h
+    if _native is not None and type(batches) is list:
+        _native.heights(batches)  # the loop below, in C
+    else:
+        for nodes in reversed(batches):  # ASAP order reversed: consumers before producers
+            for nd in nodes:
+                h = nd.height + 1
+                for t in nd.inputs:
+                    p = t.node
+                    if p.height < h and p.outs is None:
+                        p.height = h
     groups: dict = {}
     for nodes in batches:  # a depth bucket: one phase and signature, mostly one height
         n0 = nodes[0]

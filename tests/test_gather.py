@@ -81,7 +81,7 @@ def test_maps_with_scattered_rows_match_eager(fast, seed, batch):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_fast_gather_runs_only_when_enabled_and_without_autograd(fast, monkeypatch):
-    calls = _spy(monkeypatch, executor, "gather_rows")
+    calls = _spy(monkeypatch, executor, "_fast_gather")
     inputs, w = _recall_inputs(3, 8)
     xs, picks = [x for x, _ in inputs], [p for _, p in inputs]
     with config.override(FAST_GATHER=fast):
@@ -157,3 +157,40 @@ def test_a_column_reading_the_same_rows_again_reuses_its_gather(monkeypatch):
     assert len(copies) == 4  # wx at steps 3, 4, 5 and h at step 3
     for g, e in zip(again, want):
         torch.testing.assert_close(g, e)
+
+
+_native = acrobat.tensor._native
+
+
+@pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 5), max_size=3).map(tuple),
+    dtype=st.sampled_from(DTYPES),
+    heights=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    data=st.data(),
+)
+def test_native_copy_rows_copies_the_rows_its_slots_name(shape, dtype, heights, data):
+    """The C row copy (executor._fast_gather with acrobat._native): slots name (source,
+    row) as the executor packs them, sources by their first row's address."""
+    gen = torch.Generator().manual_seed(len(heights))
+    sources = [(torch.randn((h, *shape), generator=gen) * 10).to(dtype) for h in heights]
+    picks = data.draw(
+        st.lists(st.integers(0, sum(heights) - 1), max_size=12), label="rows (flat index)"
+    )
+    rows = [(s, r) for s, h in enumerate(heights) for r in range(h)]
+    chosen = [rows[p] for p in picks]
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    keys = [(7 + s) << 20 for s in range(len(sources))]  # batch/output part of a slot
+    bases = {k: src.data_ptr() for k, src in zip(keys, sources)}
+    slots = [(keys[s] << executor._ROW_BITS) + r for s, r in chosen]
+    got = torch.empty((len(chosen), *shape), dtype=dtype)
+    assert _native.copy_rows(got.data_ptr(), slots, bases, nbytes) is True
+    want = torch.stack([sources[s][r] for s, r in chosen]) if chosen else torch.empty(0, *shape)
+    assert torch.equal(got, want.to(dtype))
+    if chosen:
+        s0 = chosen[0][0]
+        missing = {k: v for k, v in bases.items() if k != keys[s0]}
+        assert _native.copy_rows(got.data_ptr(), slots, missing, nbytes) is False
+        unreadable = {**bases, keys[s0]: None}
+        assert _native.copy_rows(got.data_ptr(), slots, unreadable, nbytes) is None
