@@ -237,6 +237,7 @@ static PyObject *queue_fn;      /* graph.queue */
 static PyObject *check_inputs_fn;  /* graph._check_inputs */
 static PyObject *config_mod;    /* acrobat.config (ALIGN_WINDOW) */
 static PyObject *zero;          /* the int 0 */
+static PyObject *one;           /* the int 1 */
 
 static PyObject *s_sig;
 static PyObject *s_fiber, *s_phase, *s_instance, *s_buckets, *s_nodes, *s_ALIGN_WINDOW,
@@ -555,6 +556,63 @@ done:
     Py_XDECREF(sig);
     Py_XDECREF(parts);
     Py_DECREF(inputs);
+    return out;
+}
+
+/* record_data(rt, op, sig, data, shape, dtype, deferred): graph.record_data when the
+ * signature's Info exists (None otherwise: the Python function makes it). */
+static PyObject *s_deferred;
+
+static PyObject *record_data(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_data(rt, op, sig, data, shape, dtype, deferred)");
+        return NULL;
+    }
+    PyObject *rt = a[0], *op = a[1], *sig = a[2], *data = a[3];
+    int deferred = PyObject_IsTrue(a[6]);
+    if (deferred < 0) return NULL;
+    PyObject *sig_info = PyObject_GetAttr(rt, s_sig_info);
+    if (sig_info == NULL) return NULL;
+    PyObject *info = PyDict_Check(sig_info) ? PyDict_GetItemWithError(sig_info, sig) : NULL;
+    Py_XINCREF(info);
+    Py_DECREF(sig_info);
+    if (info == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *out = NULL, *empty = PyTuple_New(0), *fiber = NULL;
+    NodeObject *nd = NULL;
+    Py_ssize_t phase, instance;
+    if (empty == NULL) goto done;
+    fiber = PyObject_GetAttr(rt, s_fiber);
+    if (fiber == NULL) goto done;
+    if (get_ssize(fiber, s_phase, &phase) < 0 || get_ssize(fiber, s_instance, &instance) < 0)
+        goto done;
+    nd = node_new_fields(node_cls, op, Py_None, empty, Py_None, empty, info, sig, 0, phase,
+                         instance, rt);
+    if (nd == NULL) goto done;
+    Py_INCREF(data);
+    Py_XSETREF(nd->data, data);
+    if (deferred) {
+        nd->depth = -1;  /* graph.DEFERRED: queued when something needs the value */
+        PyObject *d = PyObject_GetAttr(rt, s_deferred);
+        if (d == NULL) goto done;
+        PyObject *d1 = PyNumber_Add(d, one);
+        Py_DECREF(d);
+        if (d1 == NULL) goto done;
+        int r = PyObject_SetAttr(rt, s_deferred, d1);
+        Py_DECREF(d1);
+        if (r < 0) goto done;
+    } else if (enqueue(rt, nd) < 0) {
+        goto done;
+    }
+    out = lazy1_impl((PyObject *)nd, info);
+done:
+    Py_XDECREF(nd);
+    Py_XDECREF(fiber);
+    Py_XDECREF(empty);
+    Py_DECREF(info);
     return out;
 }
 
@@ -1024,6 +1082,8 @@ static PyMethodDef methods[] = {
      "heights(batches): scheduler.relevel's longest-path pass"},
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
      "copy_rows(dst, slots, bases, nbytes) -> True | False (a base missing) | None"},
+    {"record_data", (PyCFunction)(void (*)(void))record_data, METH_FASTCALL,
+     "record_data(rt, op, sig, data, shape, dtype, deferred) -> LazyTensor | None"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
      "column(nodes, j) -> (operand j of each node, their slots)"},
     {"finish_rows", (PyCFunction)(void (*)(void))finish_rows, METH_FASTCALL,
@@ -1052,6 +1112,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_keys, "keys");
     INTERN(s_single, "single");
     INTERN(s_sig_info, "sig_info");
+    INTERN(s_deferred, "deferred");
     INTERN(s_key, "key");
     INTERN(s_cache, "cache");
     INTERN(s_factory_keys, "factory_keys");
@@ -1070,6 +1131,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_var, "var");
 #undef INTERN
     zero = PyLong_FromLong(0);
+    one = PyLong_FromLong(1);
     Py_INCREF(&NodeType);
     if (PyModule_AddObject(m, "NodeBase", (PyObject *)&NodeType) < 0) return NULL;
     Py_INCREF(&LazyType);

@@ -413,6 +413,10 @@ def record_data(op, sig, data, shape, dtype, deferred: bool = False):
     (``ops._special_embedding``), so the constant never becomes a node of its own."""
     rt = RT
     assert rt is not None
+    if _native is not None:  # the same in C, once the signature's Info exists
+        out = _native.record_data(rt, op, sig, data, shape, dtype, deferred)
+        if out is not None:
+            return out
     fiber = rt.fiber
     info = rt.sig_info.get(sig)
     if info is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -149,3 +150,16 @@ def test_native_paths_are_the_ones_bound():
     for got, x in zip(out, xs):
         torch.testing.assert_close(got, run.eager(x, w=w))
     assert st.batches == 4 + 1  # the four steps, and the inputs' data batch
+
+
+@pytest.mark.skipif(
+    os.environ.get("ACROBAT_NATIVE", "1") == "0" or shutil.which("cc") is None,
+    reason="no C compiler (or the C path is switched off)",
+)
+def test_the_c_helpers_are_built_where_a_compiler_is():
+    """The build makes the extension optional; on a machine with a compiler a missing or
+    unloadable module (a build error, an unresolved symbol) is a bug, not a fallback."""
+    import importlib
+
+    module = importlib.import_module("acrobat._native")
+    assert _native is module
