@@ -25,6 +25,17 @@ DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, to
     data=st.data(),
 )
 def test_gather_rows_copies_the_rows_at_the_addresses(shape, dtype, heights, data):
+    sources, chosen, want = _sources_and_rows(shape, dtype, heights, data)
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    addresses = array("q", [sources[s].data_ptr() + r * nbytes for s, r in chosen])
+    got = gather_rows(addresses, shape, dtype, nbytes)
+    assert got.shape == (len(chosen), *shape) and got.dtype == dtype and got.is_contiguous()
+    assert torch.equal(got, want)
+
+
+def _sources_and_rows(shape, dtype, heights, data):
+    """Source tensors of the given heights, (source, row) picks drawn by hypothesis, and
+    the picked rows stacked by torch."""
     gen = torch.Generator().manual_seed(len(heights))
     sources = [(torch.randn((h, *shape), generator=gen) * 10).to(dtype) for h in heights]
     picks = data.draw(
@@ -32,12 +43,8 @@ def test_gather_rows_copies_the_rows_at_the_addresses(shape, dtype, heights, dat
     )
     rows = [(s, r) for s, h in enumerate(heights) for r in range(h)]
     chosen = [rows[p] for p in picks]
-    nbytes = torch.Size(shape).numel() * dtype.itemsize
-    addresses = array("q", [sources[s].data_ptr() + r * nbytes for s, r in chosen])
-    got = gather_rows(addresses, shape, dtype, nbytes)
     want = torch.stack([sources[s][r] for s, r in chosen]) if chosen else torch.empty(0, *shape)
-    assert got.shape == (len(chosen), *shape) and got.dtype == dtype and got.is_contiguous()
-    assert torch.equal(got, want.to(dtype))
+    return sources, chosen, want.to(dtype)
 
 
 @acrobat.autobatch
@@ -173,21 +180,14 @@ _native = acrobat.tensor._native
 def test_native_copy_rows_copies_the_rows_its_slots_name(shape, dtype, heights, data):
     """The C row copy (executor._fast_gather with acrobat._native): slots name (source,
     row) as the executor packs them, sources by their first row's address."""
-    gen = torch.Generator().manual_seed(len(heights))
-    sources = [(torch.randn((h, *shape), generator=gen) * 10).to(dtype) for h in heights]
-    picks = data.draw(
-        st.lists(st.integers(0, sum(heights) - 1), max_size=12), label="rows (flat index)"
-    )
-    rows = [(s, r) for s, h in enumerate(heights) for r in range(h)]
-    chosen = [rows[p] for p in picks]
+    sources, chosen, want = _sources_and_rows(shape, dtype, heights, data)
     nbytes = torch.Size(shape).numel() * dtype.itemsize
     keys = [(7 + s) << 20 for s in range(len(sources))]  # batch/output part of a slot
     bases = {k: src.data_ptr() for k, src in zip(keys, sources)}
     slots = [(keys[s] << executor._ROW_BITS) + r for s, r in chosen]
     got = torch.empty((len(chosen), *shape), dtype=dtype)
     assert _native.copy_rows(got.data_ptr(), slots, bases, nbytes) is True
-    want = torch.stack([sources[s][r] for s, r in chosen]) if chosen else torch.empty(0, *shape)
-    assert torch.equal(got, want.to(dtype))
+    assert torch.equal(got, want)
     if chosen:
         s0 = chosen[0][0]
         missing = {k: v for k, v in bases.items() if k != keys[s0]}
