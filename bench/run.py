@@ -273,7 +273,8 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
     lines = [
         "# acrobat benchmark",
         "",
-        f"torch {config['torch']}, {config['threads']} torch threads, {config['machine']}; "
+        f"torch {config['torch']}, {config['threads']} torch threads, {config['machine']}, "
+        f"{config['record_path']} record path; "
         f"{config['reps']} timed reps after {config['warmup']} warm-up. Correct: every output "
         f"within atol {config['atol']:g} + rtol {config['rtol']:g} of eager.",
         "",
@@ -390,6 +391,7 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
         "atol": args.atol, "rtol": args.rtol, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "record_path": "C" if acrobat.tensor._native is not None else "Python",
     }  # fmt: skip
     summary = summarize(measurements)
     report = markdown(measurements, summary, config)
