@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from acrobat.graph import LazyTensor
 from acrobat.ops import (
     BATCHED_FUNCS,
+    batched_addmm,
+    batched_linear,
     cat_rule,
     elementwise_rule,
     linear_operands,
@@ -76,7 +77,8 @@ def _emit_linear(e, nd, var, k):
         return None
     x, w, bias = operands
     xv = var[(id(x.node), x.idx)]
-    return f"{e.const('F_linear', F.linear)}({xv}, {e.const(f'w{k}', w)}, {e.const(f'b{k}', bias)})"
+    lin = e.const("linear", batched_linear)
+    return f"{lin}({xv}, {e.const(f'w{k}', w)}, {e.const(f'b{k}', bias)})"
 
 
 def _emit_cat(e, nd, var, k):
@@ -175,7 +177,8 @@ def _emit_addmm(e, nd, var, into_add):
             x, weight, _ = linear_operands(lin.node)
             w = e.const(f"w{k}", weight)
             y = var[(id(other.node), other.idx)]
-            return f"torch.addmm({y}, {var[(id(x.node), x.idx)]}, {w}.t())"
+            addmm = e.const("addmm", batched_addmm)
+            return f"{addmm}({y}, {var[(id(x.node), x.idx)]}, {w})"
     return None
 
 

@@ -66,6 +66,15 @@ RELEVEL: bool = bool(_env_int("ACROBAT_RELEVEL", 1))
 #: 1 ulp). Off: batches call ``torch.tanh``.
 FAST_TANH: bool = bool(_env_int("ACROBAT_FAST_TANH", 1))
 
+#: Batched linear layers over at most 16 float32 rows may run a numba loop that reads W
+#: once for four rows at a time (acrobat_kernels/gemm.py) instead of torch's GEMM, which
+#: is slow for few rows on this CPU (alone: 4 x 512 -> 256 in 8.8 µs against 31.5 for
+#: torch on 2 threads). Which of the two runs is chosen online per shape (ops.
+#: batched_linear). In the models, alternating in one process: NestedRNN large b8
+#: -18%, StackRNN large b8 -16%, TreeLSTM large b8 -14%, small models within +-4%.
+#: Not under autograd, float32 CPU only. Off: torch's GEMM for every batch.
+FAST_GEMM: bool = bool(_env_int("ACROBAT_FAST_GEMM", 1))
+
 #: Gathers of scattered rows (executor.gather) copy each row from its address in one numba
 #: call (acrobat_kernels/gather.py) on CPU without autograd, instead of torch's
 #: index_select per source + cat + reorder: 64 rows from several batches 65 -> 9 us alone,

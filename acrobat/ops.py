@@ -35,7 +35,7 @@ from acrobat import choice, config, graph
 from acrobat.errors import UnsupportedOpError, user_line
 from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
 from acrobat.tensor import index_tensor
-from acrobat_kernels import unary
+from acrobat_kernels import gemm, unary
 
 Tensor = torch.Tensor
 
@@ -111,6 +111,47 @@ def batched_tanh(*args, **kwargs):
     if config.FAST_TANH:
         return unary.tanh(*args, **kwargs)
     return torch.tanh(*args, **kwargs)
+
+
+def batched_linear(x, w, b=None):
+    """``F.linear`` of a batch: torch's GEMM, or the few-rows kernel of
+    :mod:`acrobat_kernels.gemm` where it applies and ``config.FAST_GEMM`` is on, chosen
+    online per (rows bucket, weight shape, bias, threads) by timing both on the first
+    real calls (``choice.CHOOSER``)."""
+    if config.FAST_GEMM and gemm.usable_linear(x, w, b):
+        key = ("linear", choice.bucket(x.shape[0]), w.shape, b is None, torch.get_num_threads())
+        name = _GEMM_DECIDED.get(key)
+        if name is None:
+            return _gemm_trial(key, lambda: gemm.run_linear(x, w, b), lambda: F.linear(x, w, b))
+        if name == "kernel":
+            return gemm.run_linear(x, w, b)
+    return F.linear(x, w, b)
+
+
+def batched_addmm(y, x, w):
+    """``torch.addmm(y, x, w.t())`` of a batch (a linear layer plus a batch operand), with
+    the same choice as :func:`batched_linear`."""
+    if config.FAST_GEMM and gemm.usable_addmm(y, x, w):
+        key = ("addmm", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads())
+        name = _GEMM_DECIDED.get(key)
+        if name is None:
+            return _gemm_trial(
+                key, lambda: gemm.run_addmm(y, x, w), lambda: torch.addmm(y, x, w.t())
+            )
+        if name == "kernel":
+            return gemm.run_addmm(y, x, w)
+    return torch.addmm(y, x, w.t())
+
+
+_GEMM_DECIDED: dict = {}  # choice key -> "kernel" | "torch", once choice.CHOOSER decided
+
+
+def _gemm_trial(key, kernel, torch_gemm):
+    out = choice.CHOOSER.run(key, {"kernel": kernel, "torch": torch_gemm})
+    decided = choice.CHOOSER.decided.get(key)
+    if decided is not None:
+        _GEMM_DECIDED[key] = decided
+    return out
 
 
 def elementwise_rule(node, xs, n):
@@ -353,7 +394,7 @@ def linear_operands(node):
 def linear_rule(node, xs, n):
     operands = linear_operands(node)
     if operands is not None:
-        return (F.linear(xs[0], operands[1], operands[2]),)
+        return (batched_linear(xs[0], operands[1], operands[2]),)
     return vmap_rule(node, xs, n)
 
 

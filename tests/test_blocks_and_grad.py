@@ -297,12 +297,13 @@ def test_generated_block_code_equals_the_interpreted_program(h):
         check_map(encode_block, trees(8, seed=h), m=m)
     (trace,) = _all_traces(block_cell)
     source = trace.compiled.source
-    assert "F_linear(" in source and "torch.cat(" in source and ".chunk(4, 1)" in source
+    assert "linear(" in source and "torch.cat(" in source and ".chunk(4, 1)" in source
     assert "rule" not in source  # every op of node_cell has an emitter
     n = 5
     xs = [torch.randn(n, h) for _ in trace.placeholders]
-    got = trace.run_ops(xs, n)
-    want = trace.interpret(xs, n)
+    with acrobat.config.override(FAST_GEMM=False):  # one GEMM for both (no online trials)
+        got = trace.run_ops(xs, n)
+        want = trace.interpret(xs, n)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
@@ -368,7 +369,7 @@ def test_linear_plus_add_becomes_one_addmm(bias_h, cell):
     with torch.no_grad():
         check_map(elman, seqs, m=m, cell=cell)
     sources = [t.compiled.source for t in _all_traces(cell) if t.compiled is not None]
-    fused = any("torch.addmm(" in src for src in sources)
+    fused = any("addmm(" in src for src in sources)
     assert fused == (not bias_h and cell is elman_cell), sources
 
 

@@ -1,0 +1,118 @@
+"""The few-rows linear kernel (acrobat_kernels/gemm.py) against torch, and the runtime's
+online choice between it and torch's GEMM (acrobat.ops.batched_linear)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import acrobat
+from acrobat import choice, config, ops
+from acrobat_kernels import gemm
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, gemm.MAX_ROWS),
+    k=st.integers(1, 70),
+    n=st.integers(1, 40),
+    spare=st.integers(0, 9),  # extra columns of W's storage: W is a column view
+    bias=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_kernel_matches_torch(rows, k, n, spare, bias, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen)
+    storage = torch.randn(n, k + spare, generator=gen)
+    w = storage[:, spare:]  # rows k + spare apart, each contiguous
+    b = torch.randn(n, generator=gen) if bias else None
+    y = torch.randn(rows, n, generator=gen)
+    assert gemm.usable_linear(x, w, b) and gemm.usable_addmm(y, x, w)
+    tol = dict(rtol=1e-5, atol=1e-5 * k)  # the sum over k is reassociated
+    torch.testing.assert_close(gemm.run_linear(x, w, b), F.linear(x, w, b), **tol)
+    torch.testing.assert_close(gemm.run_addmm(y, x, w), torch.addmm(y, x, w.t()), **tol)
+
+
+def test_kernel_takes_only_what_it_computes_exactly():
+    x, w, b = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5)
+    with torch.no_grad():  # parameters are tensors too
+        assert gemm.usable_linear(x, torch.nn.Parameter(w), b)
+    assert not gemm.usable_linear(x.double(), w.double(), b.double())
+    assert not gemm.usable_linear(torch.randn(8, 4).t(), w, b)  # x not contiguous
+    assert not gemm.usable_linear(x, torch.randn(8, 5).t(), b)  # W's rows strided
+    assert not gemm.usable_linear(torch.randn(gemm.MAX_ROWS + 1, 8), w, b)
+    assert not gemm.usable_linear(x, w, torch.randn(4))  # a bias of the wrong length
+    assert not gemm.usable_addmm(torch.randn(5), x, w)  # addend not (rows, N)
+    with torch.enable_grad():
+        assert not gemm.usable_linear(x, w.requires_grad_(), b)  # autograd: torch's GEMM
+    # what is not usable still gets torch's answer
+    xd, wd = torch.randn(3, 8, dtype=torch.float64), torch.randn(2, 8, dtype=torch.float64)
+    torch.testing.assert_close(gemm.linear(xd, wd), F.linear(xd, wd))
+
+
+def test_runtime_chooses_per_shape_and_keeps_the_choice(monkeypatch):
+    monkeypatch.setattr(ops, "_GEMM_DECIDED", {})
+    monkeypatch.setattr(choice, "CHOOSER", choice.Chooser())
+    calls = {"kernel": 0}
+    real = gemm.run_linear
+
+    def counted(x, w, b):
+        calls["kernel"] += 1
+        return real(x, w, b)
+
+    monkeypatch.setattr(gemm, "run_linear", counted)
+    x, w, b = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)
+    want = F.linear(x, w, b)
+    with config.override(FAST_GEMM=True):
+        for _ in range(2 * (choice.TRIALS + 1) + 3):  # warm-up and trials, then decided
+            torch.testing.assert_close(ops.batched_linear(x, w, b), want)
+    (key,) = ops._GEMM_DECIDED
+    assert key[:4] == ("linear", choice.bucket(3), w.shape, False)
+    assert ops._GEMM_DECIDED[key] in ("kernel", "torch")
+    assert calls["kernel"] >= choice.TRIALS + 1  # the kernel ran its trials on real work
+    with config.override(FAST_GEMM=False):
+        before = calls["kernel"]
+        ops.batched_linear(x, w, b)
+        assert calls["kernel"] == before
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_maps_match_eager_with_and_without_the_kernel(fast):
+    from models import stackrnn
+
+    task = stackrnn.make_task("small", 6)
+    with config.override(FAST_GEMM=fast), torch.no_grad():
+        got = task.fn.map(task.inputs, **task.kwargs)
+        want = [task.fn.eager(x, **task.kwargs) for x in task.inputs]
+    for (actions, h), (actions_e, h_e) in zip(got, want):
+        assert torch.equal(actions, actions_e)  # the same decisions
+        torch.testing.assert_close(h, h_e, rtol=1e-4, atol=1e-4)
+
+
+def test_gradients_flow_through_torch_gemm_under_autograd():
+    @acrobat.autobatch
+    def step(x, layer):
+        return torch.tanh(layer(x)).sum()
+
+    layer = torch.nn.Linear(6, 4)
+    xs = [torch.randn(6) for _ in range(3)]
+    with config.override(FAST_GEMM=True):
+        torch.stack(step.map(xs, layer=layer)).sum().backward()
+    grad = layer.weight.grad.clone()
+    layer.zero_grad()
+    torch.stack([step.eager(x, layer=layer) for x in xs]).sum().backward()
+    torch.testing.assert_close(grad, layer.weight.grad)
+
+
+def test_nan_and_infinities_propagate_as_in_torch():
+    x = torch.randn(5, 20)
+    x[1, 3], x[2, 4], x[3, 0] = float("nan"), float("inf"), -float("inf")
+    w, b = torch.randn(7, 20), torch.randn(7)
+    got, want = gemm.run_linear(x, w, b), F.linear(x, w, b)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    assert torch.equal(got[got.isinf()].sign(), want[want.isinf()].sign())
+    finite = ~want.isnan() & ~want.isinf()
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4)
