@@ -16,14 +16,17 @@ from acrobat_kernels.gather import gather_rows
 
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.float16]
 
-
-@settings(max_examples=60, deadline=None)
-@given(
+# sources of a row shape and dtype, their heights, and the draw of the rows to copy
+_ROW_CASES = given(
     shape=st.lists(st.integers(0, 5), max_size=3).map(tuple),
     dtype=st.sampled_from(DTYPES),
     heights=st.lists(st.integers(1, 6), min_size=1, max_size=5),
     data=st.data(),
 )
+
+
+@settings(max_examples=60, deadline=None)
+@_ROW_CASES
 def test_gather_rows_copies_the_rows_at_the_addresses(shape, dtype, heights, data):
     sources, chosen, want = _sources_and_rows(shape, dtype, heights, data)
     nbytes = torch.Size(shape).numel() * dtype.itemsize
@@ -171,12 +174,7 @@ _native = acrobat.tensor._native
 
 @pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
 @settings(max_examples=60, deadline=None)
-@given(
-    shape=st.lists(st.integers(0, 5), max_size=3).map(tuple),
-    dtype=st.sampled_from(DTYPES),
-    heights=st.lists(st.integers(1, 6), min_size=1, max_size=5),
-    data=st.data(),
-)
+@_ROW_CASES
 def test_native_copy_rows_copies_the_rows_its_slots_name(shape, dtype, heights, data):
     """The C row copy (executor._fast_gather with acrobat._native): slots name (source,
     row) as the executor packs them, sources by their first row's address."""
