@@ -67,7 +67,7 @@ RELEVEL: bool = bool(_env_int("ACROBAT_RELEVEL", 1))
 FAST_TANH: bool = bool(_env_int("ACROBAT_FAST_TANH", 1))
 
 #: Batched linear layers over at most 16 float32 rows may run a numba loop that reads W
-#: once for four rows at a time (acrobat_kernels/gemm.py) instead of torch's GEMM, which
+#: once for eight (or four) rows at a time (acrobat_kernels/gemm.py) instead of torch's GEMM, which
 #: is slow for few rows on this CPU (alone: 4 x 512 -> 256 in 8.8 µs against 31.5 for
 #: torch on 2 threads). Which of the two runs is chosen online per shape (ops.
 #: batched_linear). In the models, alternating in one process: NestedRNN large b8
