@@ -5,11 +5,14 @@
  * object, its depth and phase, its bucket key, the LazyTensor handle), which is most of
  * a control-flow model's graph construction. The same steps in C cost a fraction.
  *
- *   NodeBase    graph.Node's fields (graph.Node subclasses it, adding methods only)
- *   LazyBase    tensor.LazyTensor's fields (likewise)
- *   add_node    graph.add_node: depth and phase inline, appended to its bucket
- *   lazy1       graph.wrap_outputs for a one-output signature
- *   block_call  the fast path of block.Block.__call__: key, cache hit, node, output
+ *   NodeBase     graph.Node's fields (graph.Node subclasses it, adding methods only)
+ *   LazyBase     tensor.LazyTensor's fields (likewise)
+ *   add_node     graph.add_node: depth and phase inline, appended to its bucket
+ *   record_node  graph.record after its runtime checks: signature, Info, node, outputs
+ *   record_data  graph.record_data once the signature's Info exists
+ *   has_lazy     graph.has_lazy
+ *   block_call   the fast path of block.Block.__call__: key, cache hit, node, output
+ *   column, finish_rows, copy_rows, heights: the executor's and scheduler's per-row loops
  *
  * Semantics are those of the Python functions named above; keep them in step (the
  * tests run both: tests/test_native.py).
@@ -443,7 +446,7 @@ static PyObject *new_lazy(PyObject *node, PyObject *idx, PyObject *shape, PyObje
 }
 
 /* LazyTensor(node, 0, *info.metas[0], info.keys[0]) */
-static PyObject *lazy1_impl(PyObject *node, PyObject *info) {
+static PyObject *lazy1(PyObject *node, PyObject *info) {
     PyObject *metas = PyObject_GetAttr(info, s_metas);
     if (metas == NULL) return NULL;
     PyObject *keys = PyObject_GetAttr(info, s_keys);
@@ -459,21 +462,14 @@ static PyObject *lazy1_impl(PyObject *node, PyObject *info) {
             out = new_lazy(node, zero, PyTuple_GET_ITEM(m0, 0), PyTuple_GET_ITEM(m0, 1),
                            PyTuple_GET_ITEM(keys, 0));
         else
-            PyErr_SetString(PyExc_TypeError, "lazy1: info.metas[0] must be (shape, dtype)");
+            PyErr_SetString(PyExc_TypeError,
+                            "a one-output node's info.metas[0] must be (shape, dtype)");
     } else {
-        PyErr_SetString(PyExc_TypeError, "lazy1: info has no outputs");
+        PyErr_SetString(PyExc_TypeError, "a one-output node's info has no outputs");
     }
     Py_DECREF(metas);
     Py_DECREF(keys);
     return out;
-}
-
-static PyObject *lazy1(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (n != 2) {
-        PyErr_SetString(PyExc_TypeError, "lazy1 takes 2 arguments");
-        return NULL;
-    }
-    return lazy1_impl(a[0], a[1]);
 }
 
 /* ---- record: graph.record after its runtime checks ------------------------------- */
@@ -482,7 +478,7 @@ static PyObject *freeze_fn;         /* graph.freeze */
 static PyObject *freeze_kwargs_fn;  /* graph.freeze_kwargs */
 static PyObject *infer_fn;          /* graph.infer */
 static PyObject *wrap_outputs_fn;   /* graph.wrap_outputs */
-static PyObject *s_sig_info, *s_key;
+static PyObject *s_sig_info;
 
 /* The outputs of ``node``: lazy1 for one output, else graph.wrap_outputs. */
 static PyObject *outputs_of(PyObject *node, PyObject *info) {
@@ -491,7 +487,7 @@ static PyObject *outputs_of(PyObject *node, PyObject *info) {
     int one = PyObject_IsTrue(single);
     Py_DECREF(single);
     if (one < 0) return NULL;
-    if (one) return lazy1_impl(node, info);
+    if (one) return lazy1(node, info);
     return PyObject_CallFunctionObjArgs(wrap_outputs_fn, node, info, NULL);
 }
 
@@ -607,7 +603,7 @@ static PyObject *record_data(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     } else if (enqueue(rt, nd) < 0) {
         goto done;
     }
-    out = lazy1_impl((PyObject *)nd, info);
+    out = lazy1((PyObject *)nd, info);
 done:
     Py_XDECREF(nd);
     Py_XDECREF(fiber);
@@ -818,7 +814,7 @@ static PyObject *block_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         Py_DECREF(single);
         if (one < 0) goto done;
         if (one) {
-            out = lazy1_impl(node, tinfo);
+            out = lazy1(node, tinfo);
             goto done;
         }
     }
@@ -1070,8 +1066,6 @@ static PyMethodDef methods[] = {
      "setup(Node, LazyTensor, queue, check_inputs, config, type_key)"},
     {"add_node", (PyCFunction)(void (*)(void))add_node, METH_FASTCALL,
      "add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node (graph.add_node)"},
-    {"lazy1", (PyCFunction)(void (*)(void))lazy1, METH_FASTCALL,
-     "lazy1(node, info) -> the LazyTensor of a one-output node"},
     {"record_node", (PyCFunction)(void (*)(void))record_node, METH_FASTCALL,
      "record_node(rt, op, func, args, kwargs) -> outputs (graph.record's tail)"},
     {"block_call", (PyCFunction)(void (*)(void))block_call, METH_FASTCALL,
@@ -1113,7 +1107,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_single, "single");
     INTERN(s_sig_info, "sig_info");
     INTERN(s_deferred, "deferred");
-    INTERN(s_key, "key");
     INTERN(s_cache, "cache");
     INTERN(s_factory_keys, "factory_keys");
     INTERN(s_id, "id");

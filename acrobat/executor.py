@@ -90,26 +90,28 @@ def gather(ts: list, n: int, stats, column=None, slots=None) -> torch.Tensor:
 def _copy_rows(ts: list, slots: list, n: int, stats) -> torch.Tensor:
     """``gather`` of rows that are not consecutive rows of one producer batch."""
     lo, hi = min(slots), max(slots)
-    if _ONE_SOURCE_COPY and _native is not None and not torch.is_grad_enabled():
-        out = _fast_gather(ts, slots) if config.FAST_GATHER else None
-        if out is not None:
-            stats.gathers += 1
-            stats.gather_bytes += out.numel() * out.element_size()
-            return out
-    if lo >> _ROW_BITS == hi >> _ROW_BITS:  # one source, rows in any order
+    one_source = lo >> _ROW_BITS == hi >> _ROW_BITS
+    out = None
+    # Rows of one source are copied by address only with the C copy: it takes the
+    # addresses from the slots directly, where numba's address list cost more than
+    # index_select saved. C: NestedRNN small b64 gather 59.8 -> 55.8 ms, large 159 -> 136,
+    # TreeLSTM/MV-RNN/BiRNN within noise (in-process alternation, 1 thread).
+    if (
+        config.FAST_GATHER
+        and not torch.is_grad_enabled()
+        and (_native is not None or not one_source)
+    ):
+        out = _fast_gather(ts, slots)
+        stats.gathers += out is not None
+    if out is None and one_source:  # rows in any order
         t0 = ts[0]
         buf = t0.node.outs[t0.idx]
         base = lo & ~_ROW_MASK
         index = index_tensor([s - base for s in slots], buf.device)
         out = buf.index_select(0, index)
         stats.gathers += 1
-    else:
-        out = None
-        if config.FAST_GATHER and not torch.is_grad_enabled():
-            out = _fast_gather(ts, slots)
-            stats.gathers += out is not None
-        if out is None:
-            out = _gather_sources(ts, slots, n, stats)
+    elif out is None:
+        out = _gather_sources(ts, slots, n, stats)
     stats.gather_bytes += out.numel() * out.element_size()
     return out
 
@@ -117,7 +119,7 @@ def _copy_rows(ts: list, slots: list, n: int, stats) -> torch.Tensor:
 def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
     """Rows from several producer batches, each copied from its address, in one kernel
     call (config.FAST_GATHER); None if a source is not a contiguous CPU tensor. (Rows
-    of one source: only with the C copy, see _ONE_SOURCE_COPY.)"""
+    of one source: only with the C copy, see _copy_rows.)"""
     t0 = ts[0]
     shape, dtype = t0.shape, t0.dtype
     nbytes = shape.numel() * dtype.itemsize
@@ -125,12 +127,10 @@ def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
     if _native is not None:  # addresses and copies in one C loop
         out = torch.empty((len(slots), *shape), dtype=dtype)
         done = _native.copy_rows(out.data_ptr(), slots, bases, nbytes)
-        if done is None:  # a source torch must read
-            return None
-        if not done:  # a source read for the first time
+        if done is False:  # a source read for the first time: now every one is known
             _note_bases(ts, slots, shape, dtype)
-            return _fast_gather(ts, slots)
-        return out
+            done = _native.copy_rows(out.data_ptr(), slots, bases, nbytes)
+        return out if done else None  # None: a source torch must read
     try:
         addresses = array("q", [bases[s >> _ROW_BITS] + (s & _ROW_MASK) * nbytes for s in slots])
     except KeyError:  # a source read for the first time
@@ -153,12 +153,6 @@ def _note_bases(ts: list, slots: list, shape: torch.Size, dtype: torch.dtype) ->
             else:
                 _bases[key] = None
 
-
-# With acrobat._native, rows of one source are copied in C too (the addresses come from
-# the slots directly; with numba the address list cost more than index_select saved):
-# NestedRNN small b64 gather 59.8 -> 55.8 ms, large 159 -> 136, TreeLSTM/MV-RNN/BiRNN
-# within noise (in-process alternation, 1 thread).
-_ONE_SOURCE_COPY = True
 
 _ROW_VIEWS = 3  # a sparse source with at most this many rows is read as row views
 _HOLE_BYTES = 1 << 16  # a source's covering range is copied if its unused rows are fewer

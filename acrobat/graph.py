@@ -509,7 +509,6 @@ def lint(buckets: dict) -> None:
 # The C record path (config.NATIVE): the same add_node, bound in place of the Python one
 # (``_py_add_node`` stays for reference and tests).
 _py_add_node = add_node
-_py_has_lazy = has_lazy
 if _native is not None:
     _native.setup(Node, LazyTensor, queue, _check_inputs, config, type_key)
     _native.setup_record(freeze, freeze_kwargs, infer, wrap_outputs)
