@@ -180,9 +180,14 @@ def _pool() -> list:
     return pool
 
 
-def _worker(fiber: Fiber) -> None:
-    """A worker greenlet: runs fibers, parking in the pool between them."""
+def _worker() -> None:
+    """A worker greenlet: runs fibers, parking in the pool between them. Its first fiber
+    comes through ``_LOCAL.handoff``, not as an argument: the argument tuple of a
+    greenlet's run stays alive as long as the greenlet (pooled: for good), and with it
+    that fiber's whole graph."""
     me = greenlet.getcurrent()
+    fiber = _LOCAL.handoff
+    _LOCAL.handoff = None
     while True:
         _fiber_main(graph.RT, fiber)  # type: ignore[arg-type]  # set while fibers run
         fiber = None  # type: ignore[assignment]  # hold nothing of a finished run
@@ -199,10 +204,13 @@ def _start(rt: Runtime, fiber: Fiber) -> None:
         g = pool.pop()
         if g.parent is not rt.main:
             g.parent = rt.main
-    else:
-        g = greenlet(_worker, parent=rt.main)
+        fiber.glet = g
+        g.switch(fiber)
+        return
+    g = greenlet(_worker, parent=rt.main)
     fiber.glet = g
-    g.switch(fiber)
+    _LOCAL.handoff = fiber
+    g.switch()
 
 
 def fork(fn, *args, **kwargs) -> Future:

@@ -96,7 +96,7 @@ def split_call(rt, trace, inputs: list):
     for k in trace.split_on:
         split = trace.splits[k]
         if split.run_id != rt.id:  # first use in this map
-            if split.per_run:
+            if split.stale():
                 split = trace.splits[k] = build_split(trace, k, rt, inputs)
                 assert split is not None  # the same trace cut the same way before
             split.memo = {}
@@ -152,7 +152,7 @@ class Split:
     """A trace cut at argument ``k``: ``inv`` computes the part that depends on that
     argument alone, ``var`` the rest from the other arguments and ``inv``'s outputs."""
 
-    __slots__ = ("inv", "var", "arg_pos", "per_run", "run_id", "memo")
+    __slots__ = ("inv", "var", "arg_pos", "per_run", "run_id", "memo", "grad_built")
 
     def __init__(self, inv, var, arg_pos, per_run, run_id):
         self.memo: dict = {}  # id(argument) -> hoisted outputs, in map run run_id
@@ -161,7 +161,13 @@ class Split:
         self.arg_pos = arg_pos  # var's inputs: the call's arguments at these positions,
         # then inv's outputs
         self.per_run = per_run  # holds autograd views of parameters: this run only
+        self.grad_built = torch.is_grad_enabled()  # without autograd, its weight column
+        # views give parameters no gradient: rebuilt for a run that trains
         self.run_id = run_id
+
+    def stale(self) -> bool:
+        """Whether a new map run must build the split again."""
+        return self.per_run or (not self.grad_built and torch.is_grad_enabled())
 
 
 def _replay(tracer, nd: Node, new_inputs: list):
@@ -269,7 +275,12 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
         var_env[key] = v
         return v
 
-    var_outs = [get_var(t) for t in trace.out_lazies]
+    try:
+        var_outs = [get_var(t) for t in trace.out_lazies]
+    finally:
+        # the helpers above form reference cycles through their cells: freed only by the
+        # cyclic collector, which is off during a map; they must not keep the run alive
+        inv_tracer.rt = var_tracer.rt = None
     heavy = any(nd.op.name in _GEMMS for nd in inv_tracer.nodes)
     var_ph_ids = {id(ph) for ph in var_phs}
     if not heavy or not inv_outs or any(id(t.node) in var_ph_ids for t in var_outs):

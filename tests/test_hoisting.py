@@ -142,6 +142,24 @@ def test_gradients_and_parameter_updates_through_the_cut():
         check_map(inner_loop, inputs, m=m)
 
 
+def test_training_after_an_evaluation_map_gives_the_weights_their_gradients():
+    """A cut built without autograd (column views of the weights made under no_grad)
+    must not be reused by a map that trains: it would cut the weights off the graph."""
+    torch.manual_seed(3)
+    m = Loop(4, True)
+    inputs = [(torch.randn(4), k) for k in (40, 35, 38)]
+    with torch.no_grad():
+        check_map(inner_loop, inputs, m=m)  # evaluation first: cuts under no_grad
+    out = inner_loop.map(inputs, m=m)
+    sum((o**2).sum() for o in out).backward()
+    got = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    want = [inner_loop.eager(x, m=m) for x in inputs]
+    sum((o**2).sum() for o in want).backward()
+    for g, p in zip(got, m.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
 def test_a_map_with_cut_traces_frees_its_graph():
     """The cut's memo (argument -> hoisted outputs) lives on the trace, which outlives the
     map: it is cleared when the map ends, so nothing of the run stays alive."""
