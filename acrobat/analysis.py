@@ -534,6 +534,82 @@ class RegionBlock(AutoBlock):
         return out
 
 
+class ScanBlock:
+    """Dispatcher of an outlined counted loop (``for _ in range(...)`` over straight-line
+    assignments): inside f.map, ONE node for the whole loop (acrobat/scan.py); otherwise,
+    or when the body cannot be traced as a loop, the loop as written, its body a
+    RegionBlock per iteration. Called as ``step(range, *carried, *free)``; returns the
+    carried names' final values."""
+
+    def __init__(self, fn: types.FunctionType, carried: int, ops: int):
+        self.step = RegionBlock(fn)
+        self.carried = carried
+        self.disabled = False
+        self.impl = self.step.impl
+        # the loop as written: a body worth a region runs as one, else op by op
+        self.each = self.step if ops >= MIN_REGION_OPS else self.impl
+
+    def _loop(self, count: int, values: tuple) -> tuple:
+        k = self.carried
+        free = values[k:]
+        state = values[:k]
+        each = self.each
+        for _ in range(count):
+            state = each(*state, *free)
+        return tuple(state)
+
+    def __call__(self, steps, *values):
+        count = len(steps)
+        rt = graph.RT
+        if (
+            count < 2
+            or self.disabled
+            or not config.AUTO_SCANS
+            or rt is None
+            or rt.fiber is None
+            or rt.tracer is not None
+            or rt.thread != threading.get_ident()
+        ):
+            return self._loop(count, values)
+        k = self.carried
+        if not all(type(v) is graph.LazyTensor for v in values[:k]):
+            # a state that starts as a real tensor or a scalar: one step as written
+            values = (*self._loop(1, values), *values[k:])
+            count -= 1
+            if count < 2 or not all(type(v) is graph.LazyTensor for v in values[:k]):
+                return self._loop(count, values)
+        known = self.step.code_like
+        for a in values[k:]:
+            if type(a) is graph.LazyTensor or type(a) in _REGION_ARGS or id(a) in known:
+                continue
+            if not _code_like(a) or len(known) >= _CODE_LIKE_KEPT:
+                return self._loop(count, values)  # an object whose state a trace would fix
+            known[id(a)] = a
+        from acrobat.scan import Scan
+
+        try:
+            trace, inputs = self.step.block.trace_for(rt, values)
+        except LazyValueError:
+            if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
+                raise
+            self.disabled = True  # the body reads a value: a loop of region calls
+            return self._loop(count, values)
+        if len(self.step.block.cache) > config.BLOCK_CACHE_SIZE // 4:
+            self.disabled = True  # a new trace per call: scalars that change every time
+        if trace is None:
+            return self._loop(count, values)
+        scan = trace.scan
+        if scan is None:
+            scan = trace.scan = Scan.make(trace, k, values, rt, inputs) or False
+        if scan is False:
+            return self._loop(count, values)
+        scan.prepare(rt, inputs)
+        node = graph.add_node(rt, scan.op, None, None, None, inputs, trace.info, scan.sig)
+        node.data = count
+        out = graph.wrap_outputs(node, trace.info)
+        return (out,) if trace.info.single else tuple(out)
+
+
 _CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
 _CODE_LIKE_KEPT = 64  # per region: the models pass one or two (the model, its cells)
 
@@ -586,7 +662,7 @@ def _outline(fn) -> Outlined | None:
         where = f"{fn.__name__} ({code.co_filename.rsplit('/', 1)[-1]}, {lines})"
         region_fn = types.FunctionType(codes[r.name], fn.__globals__, where)
         region_fn.__qualname__ = where  # names the block op: errors and stats say where
-        dispatcher = RegionBlock(region_fn)
+        dispatcher = ScanBlock(region_fn, r.carried, r.ops) if r.carried else RegionBlock(region_fn)
         dispatchers[r.placeholder] = dispatcher
         regions.append(dispatcher)
     main = codes[node.name]
@@ -636,7 +712,11 @@ def _module_imports(fn) -> list:
 
 
 class _Region:
-    def __init__(self, k: int, stmts: list, params: list, values: list, outputs: list):
+    def __init__(
+        self, k: int, stmts: list, params: list, values: list, outputs: list, carried: int = 0
+    ):
+        self.carried = carried  # > 0: a counted loop's body (ScanBlock), carrying `outputs`
+        self.ops = 0  # a loop body's tensor calls
         self.name = f"_acrobat_region_{k}"
         self.placeholder = _REGION_BASE * (k + 3)
         self.first = stmts[0].lineno
@@ -682,8 +762,19 @@ class _Rewriter:
         self.local = local  # the function's local names (co_varnames)
         self.regions: list[_Region] = []
         self.seen: set = set()
+        self.loads: dict[str, int] = {}  # name -> loads of it in the whole function
+        self.scannable = False  # no ``del`` anywhere: a bound name stays bound
 
-    def rewrite(self, node) -> None:
+    def rewrite(self, node, bound: frozenset = frozenset()) -> None:
+        """Rewrite the statement lists under ``node``; ``bound``: local names certainly
+        bound when ``node`` starts (the function's parameters, earlier assignments)."""
+        if isinstance(node, ast.FunctionDef) and not self.loads:
+            self.loads = _load_counts(node.body)
+            self.scannable = not any(isinstance(sub, ast.Delete) for sub in ast.walk(node))
+            a = node.args
+            bound = frozenset(
+                p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if p
+            )
         if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
             return  # a handler could see the names a run had assigned when it raised
         if isinstance(node, (ast.With, ast.AsyncWith)) and not all(
@@ -693,29 +784,119 @@ class _Rewriter:
         for field in ("body", "orelse", "finalbody"):
             stmts = getattr(node, field, None)
             if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
-                setattr(node, field, self._block(stmts))
+                setattr(node, field, self._block(stmts, bound))
         for handler in getattr(node, "handlers", ()):
-            self.rewrite(handler)
+            self.rewrite(handler, bound)
         for case in getattr(node, "cases", ()):
-            self.rewrite(case)
+            self.rewrite(case, bound)
 
-    def _block(self, stmts: list) -> list:
+    def _block(self, stmts: list, inherited: frozenset) -> list:
         out: list = []
         run: list = []
         ops = 0
+        bound = set(inherited)
         for stmt in stmts + [None]:
             k = self._ops(stmt) if stmt is not None else -1
             if k >= 0:
                 run.append(stmt)
                 ops += k
+                bound |= _assigned_names(stmt)
                 continue
             if run:
                 out.extend(self._close(run) if ops >= MIN_REGION_OPS else run)
             run, ops = [], 0
-            if stmt is not None:
-                self.rewrite(stmt)
-                out.append(stmt)
+            if stmt is None:
+                continue
+            scan = self._scan(stmt, bound) if isinstance(stmt, ast.For) else None
+            if scan is not None:
+                out.append(scan.call)
+                continue
+            self.rewrite(stmt, frozenset(bound))
+            out.append(stmt)
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                bound |= _assigned_names(stmt)
         return out
+
+    def _scan(self, stmt: ast.For, bound: set) -> _Region | None:
+        """``stmt`` outlined as a counted loop (ScanBlock), if it is ``for c in
+        range(...)`` with ``c`` never read, no ``else``, and a body of outlinable
+        assignments making a tensor call; its state (the names it assigns that are bound
+        before it) is carried, names it reads and does not assign are passed in, and a
+        name it assigns that is not bound before must be read only inside it after its
+        assignment (a temporary). None otherwise."""
+        it, target = stmt.iter, stmt.target
+        if (
+            not self.scannable
+            or stmt.orelse
+            or not isinstance(target, ast.Name)
+            or self.loads.get(target.id, 0)
+            or not isinstance(it, ast.Call)
+            or not isinstance(it.func, ast.Name)
+            or it.func.id != "range"
+            or "range" in self.local
+            or "range" in self.fn.__globals__
+            or it.keywords
+            or not 1 <= len(it.args) <= 3
+            or any(isinstance(a, ast.Starred) for a in it.args)
+        ):
+            return None
+        ops = 0
+        for s in stmt.body:
+            k = self._ops(s)
+            if k < 0:
+                return None
+            ops += k
+        if ops == 0:
+            return None
+        body: list = list(stmt.body)  # assignments with a value (_ops checked)
+        assigned: list[str] = []
+        reads: list[str] = []  # local names read before the body assigns them
+        for s in body:
+            inner = _comprehension_names(s.value)
+            for sub in ast.walk(s.value):
+                if (
+                    isinstance(sub, ast.Name)
+                    and isinstance(sub.ctx, ast.Load)
+                    and sub.id in self.local
+                    and sub.id not in inner
+                    and sub.id not in assigned
+                    and sub.id not in reads
+                ):
+                    reads.append(sub.id)
+            for name in sorted(_assigned_names(s)):
+                if name not in assigned:
+                    assigned.append(name)
+        carried = [a for a in assigned if a in bound]
+        body_loads = _load_counts(stmt.body)
+        for a in assigned:
+            if a not in bound and (a in reads or self.loads.get(a, 0) != body_loads.get(a, 0)):
+                return None  # read before its first assignment, or after the loop
+        if not carried:
+            return None
+        # attributes of names the body only reads (``instance.x``) are read once, at the
+        # call: the object itself would key the trace by identity, one per instance
+        hoisted: list = []
+        fixed = {r for r in reads if r not in assigned}
+        for s in body:
+            s.value = _AttributeHoister(fixed, hoisted).visit(s.value)
+        free = []
+        for s in body:
+            for sub in ast.walk(s.value):
+                if (
+                    isinstance(sub, ast.Name)
+                    and isinstance(sub.ctx, ast.Load)
+                    and sub.id in fixed
+                    and sub.id not in free
+                ):
+                    free.append(sub.id)
+        params = carried + [name for name, _ in hoisted] + free
+        values = [it] + [ast.Name(p, ast.Load()) for p in carried]
+        values += [expr for _, expr in hoisted] + [ast.Name(p, ast.Load()) for p in free]
+        region = _Region(len(self.regions), stmt.body, params, values, carried, len(carried))
+        region.ops = ops
+        _located(region.call, stmt)
+        self.regions.append(region)
+        return region
 
     def _close(self, run: list) -> list:
         params: list = []
@@ -814,6 +995,22 @@ def _transparent(expr) -> bool:
     return (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) in _TRANSPARENT
 
 
+def _assigned_names(stmt) -> set:
+    """The names a plain assignment binds."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+    return {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
+
+
+def _load_counts(stmts: list) -> dict[str, int]:
+    """How often each name is read in ``stmts``."""
+    counts: dict[str, int] = {}
+    for stmt in stmts:
+        for sub in ast.walk(stmt):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                counts[sub.id] = counts.get(sub.id, 0) + 1
+    return counts
+
+
 def _comprehension_names(value) -> set:
     names: set = set()
     for sub in ast.walk(value):
@@ -822,6 +1019,38 @@ def _comprehension_names(value) -> set:
                 if isinstance(t, ast.Name):
                     names.add(t.id)
     return names
+
+
+class _AttributeHoister(ast.NodeTransformer):
+    """``name.attr...`` (a load, not a called method) of a name in ``roots`` becomes a
+    parameter, its expression evaluated at the call (ScanBlock: once per loop)."""
+
+    def __init__(self, roots: set, hoisted: list):
+        self.roots = roots
+        self.hoisted = hoisted
+
+    def visit_Call(self, node):
+        func = node.func
+        if isinstance(func, ast.Attribute):  # keep the method access; hoist its receiver
+            func.value = self.visit(func.value)
+        else:
+            node.func = self.visit(func)
+        node.args = [self.visit(a) for a in node.args]
+        node.keywords = [self.visit(k) for k in node.keywords]
+        return node
+
+    def visit_Attribute(self, node):
+        root = node
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(node.ctx, ast.Load) and isinstance(root, ast.Name) and root.id in self.roots:
+            dump = ast.dump(node)
+            name = next((p for p, expr in self.hoisted if ast.dump(expr) == dump), None)
+            if name is None:
+                name = f"_acrobat_arg{len(self.hoisted)}"
+                self.hoisted.append((name, node))
+            return ast.copy_location(ast.Name(name, ast.Load()), node)
+        return self.generic_visit(node)
 
 
 _FACTORIES = {"tensor", "as_tensor"}

@@ -106,12 +106,16 @@ class Trace:
         self.split_counts: dict = {}  # position -> (calls, calls that reused the argument)
         self.seen: set = set()  # (position, id(argument)) seen in map run seen_run
         self.seen_run = 0
+        self.scan = None  # scan.Scan running this program as a loop body; False: cannot
+        self.grad_built = torch.is_grad_enabled()  # autograd on while it was traced
 
     def valid_for(self, rt) -> bool:
         if self.run_id == rt.id:
             return True
         if self.needs_grad:
             return False  # hoisted values carry last run's autograd graph: retrace
+        if self.sources and not self.grad_built and torch.is_grad_enabled():
+            return False  # hoisted values computed without autograd: retrace to train
         for t, version in self.sources:
             if t._version != version:
                 return False
@@ -265,6 +269,19 @@ class Block:
             out = _native.block_call(self, args, rt)
             if out is not _MISS:
                 return out
+        trace, inputs = self.trace_for(rt, args, kwargs)
+        if trace is None:
+            return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op
+        node = None
+        if trace.may_split:
+            node = hoisting.split_call(rt, trace, inputs)
+        if node is None:
+            node = add_node(rt, trace.op, None, None, None, inputs, trace.info, trace.sig)
+        return _finish_call(trace, node, inputs)
+
+    def trace_for(self, rt, args: tuple, kwargs: dict | None = None):
+        """(the trace for this call's signature, traced now if missing or stale; the
+        call's LazyTensor operands), or (None, []) when no argument is per-instance."""
         inputs: list[LazyTensor] = []
         parts = []
         made = rt.factory_keys
@@ -285,19 +302,14 @@ class Block:
                 parts.append(made.get(id(a)) or ("id", id(a)))
         key = (tuple(parts), _KWARGS, _key(kwargs, [], inputs)) if kwargs else tuple(parts)
         if not inputs:
-            return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op
+            return None, inputs
         trace = self.cache.get(key)
         if trace is None or (trace.run_id != rt.id and not trace.valid_for(rt)):
-            trace = self._trace(rt, args, kwargs, inputs, _kept(args, kwargs))
+            trace = self._trace(rt, args, kwargs or {}, inputs, _kept(args, kwargs))
             self.cache[key] = trace
             if len(self.cache) > config.BLOCK_CACHE_SIZE:
                 self.cache.popitem(last=False)
-        node = None
-        if trace.may_split:
-            node = hoisting.split_call(rt, trace, inputs)
-        if node is None:
-            node = add_node(rt, trace.op, None, None, None, inputs, trace.info, trace.sig)
-        return _finish_call(trace, node, inputs)
+        return trace, inputs
 
     def _trace(self, rt, args, kwargs, inputs, keep) -> Trace:
         tracer = Tracer(rt, getattr(self.fn, "__qualname__", "block"))

@@ -34,6 +34,12 @@ AUTO_BLOCKS: bool = bool(_env_int("ACROBAT_AUTO_BLOCKS", 1))
 #: assignments making at least 2 tensor calls becomes one block node (analysis.outline).
 AUTO_REGIONS: bool = bool(_env_int("ACROBAT_AUTO_REGIONS", 1))
 
+#: With AUTO_REGIONS, a counted loop ``for _ in range(k):`` whose body is such a run (and
+#: does not read the counter) records as ONE node per instance, however many steps it
+#: takes; a batch of them runs as one loop over the rows still looping (acrobat/scan.py).
+#: Off: the loop runs as written, its body one block per step. Read at every call.
+AUTO_SCANS: bool = bool(_env_int("ACROBAT_AUTO_SCANS", 1))
+
 #: File in which online variant choices (choice.py) are saved and reloaded; "" keeps
 #: them in memory only.
 CHOICE_CACHE: str = os.environ.get("ACROBAT_CHOICE_CACHE", "")

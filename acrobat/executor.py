@@ -255,6 +255,9 @@ def run_batch(nodes: list, stats) -> None:
             return
         outs = op.rule(nodes)
         t1 = time.perf_counter()
+    elif op.kind == "scan":
+        _run_scan(nodes, n, stats, t0)
+        return
     else:
         flat = op.extra.get("flat")
         if flat is not None and flat(n0) and not _columns_are_views(nodes):
@@ -280,6 +283,28 @@ def run_batch(nodes: list, stats) -> None:
         except Exception as exc:
             _explain_failure(nodes, exc)
             raise
+    _finish_batch(nodes, outs, n, stats, t0, t1)
+
+
+def _trip_count(node) -> int:
+    return -node.data
+
+
+def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
+    """A batch of counted loops (acrobat/scan.py): rows sorted by trip count, longest
+    first, so the rows still looping are always a prefix."""
+    nodes.sort(key=_trip_count)  # stable; rows are positions, so the order is the layout
+    n0 = nodes[0]
+    op = n0.op
+    xs = [gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)) for j in range(len(n0.inputs))]
+    t1 = time.perf_counter()
+    counts = [nd.data for nd in nodes]
+    try:
+        outs = op.extra["scan"].run(xs, counts)
+    except Exception as exc:
+        _explain_failure(nodes, exc)
+        raise
+    stats.launches += op.launches * (counts[0] - 1)
     _finish_batch(nodes, outs, n, stats, t0, t1)
 
 

@@ -1,0 +1,257 @@
+"""Counted loops recorded as one node per instance (config.AUTO_SCANS, acrobat/scan.py):
+what is outlined as a scan, and that a batch of scans with any trip counts gives the
+eager loop's results, values and gradients."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from acrobat import analysis, config
+
+DIM = 6
+torch.manual_seed(0)
+cell = nn.Linear(2 * DIM, DIM)
+gates = nn.Linear(2 * DIM, 4 * DIM)
+
+
+def elman(x, h, n: int):
+    for _ in range(n):
+        h = torch.tanh(cell(torch.cat([x, h])))
+    return h
+
+
+def lstm(x, h, c, n: int):
+    for _ in range(n):
+        i, f, o, u = gates(torch.cat([x, h])).chunk(4)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(u)
+        h = torch.sigmoid(o) * torch.tanh(c)
+    return h, c
+
+
+class Item(NamedTuple):
+    x: torch.Tensor
+    n: int
+
+
+def from_zero(item: Item):
+    h = torch.zeros(DIM)  # a real tensor at first: the first step runs as written
+    for _ in range(item.n):
+        h = torch.tanh(cell(torch.cat([item.x, h])))  # item.x is read once, at the loop
+    return h
+
+
+@acrobat.autobatch
+def run_elman(x, h, n):
+    return elman(x, h, n)
+
+
+@acrobat.autobatch
+def run_lstm(x, h, c, n):
+    return lstm(x, h, c, n)
+
+
+@acrobat.autobatch
+def run_from_zero(item):
+    return from_zero(item)
+
+
+def _close(got, want):
+    for g, w in zip(got, want):
+        if isinstance(w, tuple):
+            for gi, wi in zip(g, w):
+                torch.testing.assert_close(gi, wi, atol=1e-5, rtol=1e-5)
+        else:
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def _vectors(seed: int, count: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return list(torch.randn(count, DIM, generator=gen))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 9), min_size=1, max_size=7),
+    seed=st.integers(0, 1000),
+)
+def test_scans_with_any_trip_counts_give_the_eager_results(counts, seed):
+    xs, hs, cs = (_vectors(seed + k, len(counts)) for k in range(3))
+    with torch.no_grad():
+        got, stats = run_lstm.map(xs, hs, cs, counts, stats=True)
+        want = [run_lstm.eager(x, h, c, n) for x, h, c, n in zip(xs, hs, cs, counts)]
+        _close(got, want)
+        got = run_elman.map(xs, hs, counts)
+        _close(got, [run_elman.eager(x, h, n) for x, h, n in zip(xs, hs, counts)])
+    # three inputs per instance, and one node per loop of two or more steps (a single
+    # step is the body as one block)
+    loops = sum(1 for n in counts if n >= 1)
+    assert stats.nodes == 3 * len(counts) + loops
+
+
+def test_a_batch_of_scans_runs_each_step_on_the_rows_still_looping():
+    counts = [3, 7, 0, 1, 7, 2]
+    xs, hs = _vectors(1, 6), _vectors(2, 6)
+    with torch.no_grad():
+        got, stats = run_elman.map(xs, hs, counts, stats=True)
+        off = config.AUTO_SCANS
+        config.AUTO_SCANS = False
+        try:
+            stepwise, step_stats = run_elman.map(xs, hs, counts, stats=True)
+        finally:
+            config.AUTO_SCANS = off
+    want = [run_elman.eager(x, h, n) for x, h, n in zip(xs, hs, counts)]
+    _close(got, want)
+    _close(stepwise, want)
+    assert stats.by_op["scan:elman (test_scans.py, line 26)"] == [1, 4]  # one batch
+    assert step_stats.nodes - stats.nodes == sum(counts) - 4 - 1  # 20 steps vs 4 + 1 nodes
+    assert stats.gathers < step_stats.gathers
+
+
+def test_state_that_starts_real_and_attributes_of_inputs():
+    items = [Item(x, n) for x, n in zip(_vectors(3, 5), [4, 0, 1, 2, 6])]
+    with torch.no_grad():
+        got, stats = run_from_zero.map(items, stats=True)
+    _close(got, [run_from_zero.eager(item) for item in items])
+    # after the first step: one scan node for each of the loops with 2+ steps left (4, 6)
+    (scans,) = [v for k, v in stats.by_op.items() if k.startswith("scan:from_zero")]
+    assert scans == [1, 2]
+
+
+def test_the_loop_invariant_gemm_is_hoisted_out_of_the_loop():
+    xs, hs = _vectors(4, 4), _vectors(5, 4)
+    with torch.no_grad():
+        run_elman.map(xs, hs, [5, 5, 3, 2])
+    (scan,) = analysis.outline(elman).regions
+    trace = next(iter(scan.step.block.cache.values()))
+    assert trace.scan and trace.scan.split is not None  # W_x x + b: once per row
+
+
+def test_gradients_flow_through_a_scan():
+    counts = [3, 0, 5, 1]
+    xs = [x.requires_grad_() for x in _vectors(6, 4)]
+    hs = _vectors(7, 4)
+    got = run_elman.map(xs, hs, counts)
+    torch.stack(got).square().sum().backward()
+    grads = [x.grad.clone() for x in xs]
+    weight = cell.weight.grad.clone()
+    for x in xs:
+        x.grad = None
+    cell.weight.grad = None
+    want = [run_elman.eager(x, h, n) for x, h, n in zip(xs, hs, counts)]
+    torch.stack(want).square().sum().backward()
+    for g, x in zip(grads, xs):  # (None in eager where x is not used: zeros batched)
+        want_grad = x.grad if x.grad is not None else torch.zeros_like(x)
+        torch.testing.assert_close(g, want_grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weight, cell.weight.grad, atol=1e-5, rtol=1e-5)
+    cell.weight.grad = cell.bias.grad = None
+
+
+def counter_read(h, n):
+    for i in range(n):
+        h = torch.tanh(h * i)
+    return h
+
+
+def with_else(h, n):
+    for _ in range(n):
+        h = torch.tanh(h)
+    else:
+        h = h + 1
+    return h
+
+
+def temp_read_after(h, n):
+    for _ in range(n):
+        a = torch.tanh(h)
+        h = a * 2
+    return h + a
+
+
+def temp_inside(h, n):
+    for _ in range(n):
+        a = torch.tanh(h)
+        h = a * 2
+    return h
+
+
+def reads_before_bound(h, n):
+    if n > 100:
+        g = h
+    for _ in range(n):
+        g = torch.tanh(g)  # g may be unbound here: the loop stays as written
+    return h
+
+
+def deletes(h, n):
+    for _ in range(n):
+        h = torch.tanh(h)
+    del n
+    return h
+
+
+def test_what_is_outlined_as_a_scan():
+    for fn in (counter_read, with_else, temp_read_after, reads_before_bound, deletes):
+        outlined = analysis.outline(fn)
+        scans = [r for r in (outlined.regions if outlined else []) if hasattr(r, "carried")]
+        assert not scans, fn.__name__
+    (scan,) = analysis.outline(temp_inside).regions
+    assert isinstance(scan, analysis.ScanBlock) and scan.carried == 1
+    hs = _vectors(8, 3)
+    for h, n in zip(hs, [0, 1, 4]):  # outside a map: the loop as written
+        torch.testing.assert_close(scan(range(n), h)[0], temp_inside(h, n))
+
+
+class Cells(NamedTuple):
+    step: object
+
+
+def reads_a_value(h):
+    if float(h.sum()) > 0:  # a value demand: cannot be traced as a loop body
+        return torch.tanh(h)
+    return -h
+
+
+def calls_through_cells(h, n, cells):
+    for _ in range(n):
+        h = cells.step(h)
+    return h
+
+
+@acrobat.autobatch
+def run_cells(h, n):
+    return calls_through_cells(h, n, Cells(reads_a_value))
+
+
+def test_a_body_that_reads_a_value_runs_as_written():
+    hs = _vectors(9, 4)
+    counts = [3, 2, 0, 4]
+    with torch.no_grad():
+        got = run_cells.map(hs, counts)
+    _close(got, [run_cells.eager(h, n) for h, n in zip(hs, counts)])
+    (scan,) = analysis.outline(calls_through_cells).regions
+    assert scan.disabled
+
+
+def bad_shape(x, h, n: int, k: int):
+    for _ in range(n):
+        h = torch.tanh(h + x.reshape(k, -1).sum(0))
+    return h
+
+
+@acrobat.autobatch
+def run_bad_shape(x, h, n, k):
+    return bad_shape(x, h, n, k)
+
+
+def test_an_error_inside_a_scan_names_the_instance():
+    xs, hs = _vectors(10, 3), _vectors(11, 3)
+    with pytest.raises(Exception) as info, torch.no_grad():
+        run_bad_shape.map(xs, hs, [3, 3, 3], [1, 4, 1])
+    assert "instance 1" in str(info.value)
