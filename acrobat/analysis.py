@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import copy
 import inspect
 import textwrap
 import threading
@@ -535,79 +536,93 @@ class RegionBlock(AutoBlock):
 
 
 class ScanBlock:
-    """Dispatcher of an outlined counted loop (``for _ in range(...)`` over straight-line
-    assignments): inside f.map, ONE node for the whole loop (acrobat/scan.py); otherwise,
-    or when the body cannot be traced as a loop, the loop as written, its body a
-    RegionBlock per iteration. Called as ``step(range, *carried, *free)``; returns the
-    carried names' final values."""
+    """Dispatcher of an outlined loop (``for _ in range(...)`` or ``for x in xs`` over
+    straight-line assignments and appends; see ``_Rewriter._scan_call``). Called as
+    ``scan(iterable, lists, *carried, *free)``: inside f.map, records the loop as ONE
+    node (acrobat/scan.py), appends each step's outputs to ``lists`` and returns the
+    carried names' final values; None (anything it cannot take: outside a map, fewer
+    than two steps, elements that are not lazy tensors, a body that reads a value) and
+    the caller runs the loop as written."""
 
-    def __init__(self, fn: types.FunctionType, carried: int, ops: int):
-        self.step = RegionBlock(fn)
+    def __init__(self, fn: types.FunctionType, carried: int, appends: int, counted: bool):
+        self.step = RegionBlock(fn)  # the body: a peeled first step, and the trace
         self.carried = carried
+        self.appends = appends
+        self.counted = counted
         self.disabled = False
         self.impl = self.step.impl
-        # the loop as written: a body worth a region runs as one, else op by op
-        self.each = self.step if ops >= MIN_REGION_OPS else self.impl
 
-    def _loop(self, count: int, values: tuple) -> tuple:
-        k = self.carried
-        free = values[k:]
-        state = values[:k]
-        each = self.each
-        for _ in range(count):
-            state = each(*state, *free)
-        return tuple(state)
-
-    def __call__(self, steps, *values):
-        count = len(steps)
+    def __call__(self, items, lists: tuple, *values):
         rt = graph.RT
         if (
-            count < 2
-            or self.disabled
+            self.disabled
             or not config.AUTO_SCANS
             or rt is None
             or rt.fiber is None
             or rt.tracer is not None
             or rt.thread != threading.get_ident()
         ):
-            return self._loop(count, values)
+            return None
+        if self.counted:
+            if type(items) is not range:
+                return None
+        elif type(items) is not list and type(items) is not tuple:
+            return None  # not consumed: the loop as written iterates it
+        elif not all(type(x) is graph.LazyTensor for x in items):
+            return None
+        if len(items) < 2:
+            return None
         k = self.carried
-        if not all(type(v) is graph.LazyTensor for v in values[:k]):
-            # a state that starts as a real tensor or a scalar: one step as written
-            values = (*self._loop(1, values), *values[k:])
-            count -= 1
-            if count < 2 or not all(type(v) is graph.LazyTensor for v in values[:k]):
-                return self._loop(count, values)
         known = self.step.code_like
         for a in values[k:]:
             if type(a) is graph.LazyTensor or type(a) in _REGION_ARGS or id(a) in known:
                 continue
             if not _code_like(a) or len(known) >= _CODE_LIKE_KEPT:
-                return self._loop(count, values)  # an object whose state a trace would fix
+                return None  # an object whose state a trace would fix
             known[id(a)] = a
+        if not all(type(v) is graph.LazyTensor for v in values[:k]):
+            # a state that starts as a real tensor (torch.zeros): the first step alone
+            outs = self.step(*values) if self.counted else self.step(items[0], *values)
+            values = (*outs[:k], *values[k:])
+            for out, value in zip(lists, outs[k:]):
+                out.append(value)
+            items = items[1:]
+            if len(items) < 2 or not all(type(v) is graph.LazyTensor for v in values[:k]):
+                return self._finish(items, lists, values)
         from acrobat.scan import Scan
 
+        first = values if self.counted else (items[0], *values)
         try:
-            trace, inputs = self.step.block.trace_for(rt, values)
+            trace, inputs = self.step.block.trace_for(rt, first)
         except LazyValueError:
             if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
                 raise
-            self.disabled = True  # the body reads a value: a loop of region calls
-            return self._loop(count, values)
+            self.disabled = True  # the body reads a value: the loop as written
+            return self._finish(items, lists, values)
         if len(self.step.block.cache) > config.BLOCK_CACHE_SIZE // 4:
             self.disabled = True  # a new trace per call: scalars that change every time
         if trace is None:
-            return self._loop(count, values)
+            return self._finish(items, lists, values)
         scan = trace.scan
         if scan is None:
-            scan = trace.scan = Scan.make(trace, k, values, rt, inputs) or False
-        if scan is False:
-            return self._loop(count, values)
-        scan.prepare(rt, inputs)
-        node = graph.add_node(rt, scan.op, None, None, None, inputs, trace.info, scan.sig)
-        node.data = count
-        out = graph.wrap_outputs(node, trace.info)
-        return (out,) if trace.info.single else tuple(out)
+            scan = Scan.make(trace, k, self.appends, self.counted, first, inputs)
+            trace.scan = scan = scan or False
+        if scan is False or (not self.counted and any(x.key != items[0].key for x in items)):
+            return self._finish(items, lists, values)
+        return scan.record(rt, inputs, items, len(items), lists)
+
+    def _finish(self, items, lists: tuple, values: tuple) -> tuple:
+        """The remaining steps one by one (after a peeled first step), the body as a
+        block per step."""
+        k = self.carried
+        free = values[k:]
+        state = values[:k]
+        for x in items:
+            outs = self.step(*state, *free) if self.counted else self.step(x, *state, *free)
+            state = outs[:k]
+            for out, value in zip(lists, outs[k:]):
+                out.append(value)
+        return tuple(state)
 
 
 _CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
@@ -662,7 +677,11 @@ def _outline(fn) -> Outlined | None:
         where = f"{fn.__name__} ({code.co_filename.rsplit('/', 1)[-1]}, {lines})"
         region_fn = types.FunctionType(codes[r.name], fn.__globals__, where)
         region_fn.__qualname__ = where  # names the block op: errors and stats say where
-        dispatcher = ScanBlock(region_fn, r.carried, r.ops) if r.carried else RegionBlock(region_fn)
+        dispatcher: object
+        if r.carried or r.appends:
+            dispatcher = ScanBlock(region_fn, r.carried, r.appends, r.counted)
+        else:
+            dispatcher = RegionBlock(region_fn)
         dispatchers[r.placeholder] = dispatcher
         regions.append(dispatcher)
     main = codes[node.name]
@@ -716,7 +735,8 @@ class _Region:
         self, k: int, stmts: list, params: list, values: list, outputs: list, carried: int = 0
     ):
         self.carried = carried  # > 0: a counted loop's body (ScanBlock), carrying `outputs`
-        self.ops = 0  # a loop body's tensor calls
+        self.appends = 0  # a loop body's outputs appended to lists, per step
+        self.counted = True  # a loop over range(...), not over a sequence
         self.name = f"_acrobat_region_{k}"
         self.placeholder = _REGION_BASE * (k + 3)
         self.first = stmts[0].lineno
@@ -809,7 +829,7 @@ class _Rewriter:
                 continue
             scan = self._scan(stmt, bound) if isinstance(stmt, ast.For) else None
             if scan is not None:
-                out.append(scan.call)
+                out.extend(self._scan_call(scan, stmt, bound))
                 continue
             self.rewrite(stmt, frozenset(bound))
             out.append(stmt)
@@ -818,37 +838,59 @@ class _Rewriter:
         return out
 
     def _scan(self, stmt: ast.For, bound: set) -> _Region | None:
-        """``stmt`` outlined as a counted loop (ScanBlock), if it is ``for c in
-        range(...)`` with ``c`` never read, no ``else``, and a body of outlinable
-        assignments making a tensor call; its state (the names it assigns that are bound
-        before it) is carried, names it reads and does not assign are passed in, and a
-        name it assigns that is not bound before must be read only inside it after its
-        assignment (a temporary). None otherwise."""
+        """``stmt`` outlined as a loop (ScanBlock), if it has no ``else`` and its body is
+        outlinable assignments and ``out.append(value)`` calls (``out`` bound before the
+        loop and read nowhere else in it), making a tensor call, and it is either
+        ``for c in range(...)`` with ``c`` never read (counted), or ``for x in <iterable>``
+        with ``x`` read only inside the body (over a sequence). Its state (the names it
+        assigns that are bound before it) is carried, names it reads and does not assign
+        are passed in, and a name it assigns that is not bound before must be read only
+        inside it after its assignment (a temporary). None otherwise."""
         it, target = stmt.iter, stmt.target
-        if (
-            not self.scannable
-            or stmt.orelse
-            or not isinstance(target, ast.Name)
-            or self.loads.get(target.id, 0)
-            or not isinstance(it, ast.Call)
-            or not isinstance(it.func, ast.Name)
-            or it.func.id != "range"
-            or "range" in self.local
-            or "range" in self.fn.__globals__
-            or it.keywords
-            or not 1 <= len(it.args) <= 3
-            or any(isinstance(a, ast.Starred) for a in it.args)
-        ):
+        if not self.scannable or stmt.orelse or not isinstance(target, ast.Name):
             return None
+        counted = (
+            isinstance(it, ast.Call)
+            and isinstance(it.func, ast.Name)
+            and it.func.id == "range"
+            and "range" not in self.local
+            and "range" not in self.fn.__globals__
+            and not it.keywords
+            and 1 <= len(it.args) <= 3
+            and not any(isinstance(a, ast.Starred) for a in it.args)
+        )
+        body_loads = _load_counts(stmt.body)
+        if counted:
+            if self.loads.get(target.id, 0):
+                return None
+        elif self.loads.get(target.id, 0) != body_loads.get(target.id, 0):
+            return None  # the element is read after the loop (its last value)
+        body: list = []  # assignments; appends as ``_acrobat_outJ = value``
+        lists: list[str] = []  # the list each output is appended to, in order
         ops = 0
         for s in stmt.body:
+            append = _append(s)
+            if append is not None:
+                name, value = append
+                if name not in bound or name == target.id:
+                    return None
+                s = _located(
+                    ast.Assign(
+                        targets=[ast.Name(f"_acrobat_out{len(lists)}", ast.Store())], value=value
+                    ),
+                    s,
+                )
+                lists.append(name)
             k = self._ops(s)
             if k < 0:
                 return None
             ops += k
+            body.append(s)
         if ops == 0:
             return None
-        body: list = list(stmt.body)  # assignments with a value (_ops checked)
+        for name in set(lists):  # appended to only: the loop must not read the list
+            if body_loads.get(name, 0) != lists.count(name) or _names(it) & {name}:
+                return None
         assigned: list[str] = []
         reads: list[str] = []  # local names read before the body assigns them
         for s in body:
@@ -858,21 +900,26 @@ class _Rewriter:
                     isinstance(sub, ast.Name)
                     and isinstance(sub.ctx, ast.Load)
                     and sub.id in self.local
+                    and sub.id != target.id
                     and sub.id not in inner
                     and sub.id not in assigned
                     and sub.id not in reads
                 ):
                     reads.append(sub.id)
             for name in sorted(_assigned_names(s)):
-                if name not in assigned:
+                if name not in assigned and not name.startswith("_acrobat_out"):
                     assigned.append(name)
+        if target.id in assigned:
+            return None
         carried = [a for a in assigned if a in bound]
-        body_loads = _load_counts(stmt.body)
         for a in assigned:
             if a not in bound and (a in reads or self.loads.get(a, 0) != body_loads.get(a, 0)):
                 return None  # read before its first assignment, or after the loop
-        if not carried:
+        if not carried and not lists:
             return None
+        # the body's statements are shared with the loop kept to run as written: the
+        # outlined copy is a deep copy (hoisting rewrites it)
+        body = [copy.deepcopy(s) for s in body]
         # attributes of names the body only reads (``instance.x``) are read once, at the
         # call: the object itself would key the trace by identity, one per instance
         hoisted: list = []
@@ -889,14 +936,47 @@ class _Rewriter:
                     and sub.id not in free
                 ):
                     free.append(sub.id)
+        outputs = carried + [f"_acrobat_out{j}" for j in range(len(lists))]
         params = carried + [name for name, _ in hoisted] + free
-        values = [it] + [ast.Name(p, ast.Load()) for p in carried]
+        values = [it, ast.Tuple([ast.Name(x, ast.Load()) for x in lists], ast.Load())]
+        values += [ast.Name(p, ast.Load()) for p in carried]
         values += [expr for _, expr in hoisted] + [ast.Name(p, ast.Load()) for p in free]
-        region = _Region(len(self.regions), stmt.body, params, values, carried, len(carried))
-        region.ops = ops
-        _located(region.call, stmt)
+        if not counted:
+            params = [target.id] + params
+        region = _Region(len(self.regions), body, params, values, carried, len(carried))
+        region.definition.body[-1].value = _located(
+            ast.Tuple([ast.Name(o, ast.Load()) for o in outputs], ast.Load()), body[-1]
+        )
+        region.appends = len(lists)
+        region.counted = counted
         self.regions.append(region)
         return region
+
+    def _scan_call(self, region: _Region, loop: ast.For, bound: set) -> list:
+        """The statements replacing ``loop``: the ScanBlock records the loop as one node
+        and returns the carried values, or returns None and the loop runs as written
+        (its body's runs outlined as usual)::
+
+            _acrobat_itK = <iterable>
+            _acrobat_stK = <ScanBlock>(_acrobat_itK, (lists), *carried, *free)
+            if _acrobat_stK is None:
+                for x in _acrobat_itK: <body>
+            else:
+                (*carried,) = _acrobat_stK
+        """
+        k = len(self.regions) - 1
+        it, st = f"_acrobat_it{k}", f"_acrobat_st{k}"
+        call = region.call
+        values = call.value.args
+        first = ast.Assign(targets=[ast.Name(it, ast.Store())], value=values[0])
+        values[0] = ast.Name(it, ast.Load())
+        state = ast.Assign(targets=[ast.Name(st, ast.Store())], value=call.value)
+        call.value = ast.Name(st, ast.Load())
+        loop.iter = ast.Name(it, ast.Load())
+        self.rewrite(loop, frozenset(bound))
+        test = ast.Compare(ast.Name(st, ast.Load()), [ast.Is()], [ast.Constant(None)])
+        branch = ast.If(test=test, body=[loop], orelse=[call])
+        return [_located(node, loop) for node in (first, state, branch)]
 
     def _close(self, run: list) -> list:
         params: list = []
@@ -993,6 +1073,28 @@ def _transparent(expr) -> bool:
         return False
     f = expr.func
     return (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) in _TRANSPARENT
+
+
+def _append(stmt) -> tuple[str, ast.expr] | None:
+    """(list name, value) if ``stmt`` is ``name.append(value)``."""
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return None
+    call = stmt.value
+    f = call.func
+    if (
+        isinstance(f, ast.Attribute)
+        and f.attr == "append"
+        and isinstance(f.value, ast.Name)
+        and len(call.args) == 1
+        and not call.keywords
+        and not isinstance(call.args[0], ast.Starred)
+    ):
+        return f.value.id, call.args[0]
+    return None
+
+
+def _names(expr) -> set:
+    return {sub.id for sub in ast.walk(expr) if isinstance(sub, ast.Name)}
 
 
 def _assigned_names(stmt) -> set:

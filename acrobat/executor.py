@@ -291,16 +291,29 @@ def _trip_count(node) -> int:
 
 
 def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
-    """A batch of counted loops (acrobat/scan.py): rows sorted by trip count, longest
-    first, so the rows still looping are always a prefix."""
+    """A batch of loops (acrobat/scan.py): rows sorted by trip count, longest first, so
+    the rows still looping are always a prefix; a sequence's elements gathered once,
+    step-major (step t's elements of the rows still looping are consecutive rows)."""
     nodes.sort(key=_trip_count)  # stable; rows are positions, so the order is the layout
-    n0 = nodes[0]
-    op = n0.op
-    xs = [gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)) for j in range(len(n0.inputs))]
-    t1 = time.perf_counter()
+    op = nodes[0].op
+    scan = op.extra["scan"]
+    xs = [gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)) for j in range(scan.fixed)]
     counts = [nd.data for nd in nodes]
+    elements = offsets = None
+    if not scan.counted:
+        column: list = []
+        offsets = []
+        first = scan.fixed
+        a = n
+        for t in range(counts[0]):
+            while counts[a - 1] <= t:
+                a -= 1
+            offsets.append(len(column))
+            column.extend([nd.inputs[first + t] for nd in nodes[:a]])
+        elements = gather(column, len(column), stats)
+    t1 = time.perf_counter()
     try:
-        outs = op.extra["scan"].run(xs, counts)
+        outs = scan.run(xs, counts, elements, offsets)
     except Exception as exc:
         _explain_failure(nodes, exc)
         raise

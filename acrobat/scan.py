@@ -1,104 +1,153 @@
-"""Counted loops as one node per instance (automatic coarsening of loops).
+"""Loops as one node per instance (automatic coarsening of loops).
 
-``analysis`` outlines a loop ``for _ in range(k): <straight-line assignments>`` whose
-counter is not read into a body function ``step(*carried, *free) -> carried`` and calls
-it through an ``analysis.ScanBlock``. Inside ``f.map`` the whole loop records ONE node,
+``analysis`` outlines a loop whose body is straight-line assignments and
+``out.append(value)`` calls into a body function ``step([x,] *carried, *free) ->
+(*carried, *appended)`` and calls it through an ``analysis.ScanBlock``: a counted loop
+``for _ in range(k)`` (its counter unread), or a loop over a sequence ``for x in xs``
+(each element an input of its step). Inside ``f.map`` the whole loop records ONE node,
 with the trip count as the node's data: NestedRNN's inner loop of 20-40 Elman steps is
-one node instead of 20-40.
+one node instead of 20-40, an RNN over a sentence one node instead of one per word.
 
 A batch of such nodes (one program, any trip counts) runs like a hand-batched masked
 loop without the masks: its rows are sorted by trip count, longest first, so the
 instances still looping are always a prefix of the rows. Step ``t`` runs the body's
 batched program on that prefix (views, no gathers); a row whose count is reached drops
-out with its final carried values. When the body's loop-invariant operand feeds a GEMM
-(``linear(cat([x, r]))``), that part is computed once for all rows before the loop
-(``hoisting.build_split``), as a hand-written RNN computes ``W_x x`` up front.
+out with its final carried values. A sequence's elements are gathered once, step-major,
+so step ``t`` reads a slice. The part of the body that depends on one input alone is
+computed once, before the loop (``hoisting.build_split``): for all elements of all rows
+at once (an RNN's input projection ``W_x x_t``), or for a loop-invariant input once per
+row (``W_x x`` of NestedRNN's inner loop).
+
+Node outputs: the final carried values (indices ``0..k-1``), then per step ``t`` the
+appended values (index ``k + t * m + j``), each a tensor of the rows still looping at
+``t``; a row's node reads its own row of each.
 """
 
 from __future__ import annotations
 
 import torch
 
-from acrobat import hoisting
+from acrobat import graph, hoisting
 from acrobat.ops import Op
 
 
 class Scan:
     """A traced loop body (``block.Trace``) run as a loop over batches of instances."""
 
-    def __init__(self, trace, carried: int):
+    def __init__(self, trace, carried: int, appends: int, counted: bool, inputs: int):
         self.trace = trace
-        self.carried = carried  # the first `carried` inputs and all outputs: the state
+        self.carried = carried  # k: the first outputs, and inputs after the element
+        self.appends = appends  # m: outputs appended to lists at every step
+        self.counted = counted  # else a sequence: the program's input 0 is the element
+        self.fixed = inputs - (0 if counted else 1)  # a node's inputs before its elements
         name = trace.op.name.replace("block:", "", 1)
         self.op = Op(
             f"scan:{name}",
             self.rule,
             "scan",
             launches=trace.op.launches,
-            doc=f"a counted loop over {trace.op.name}",
+            doc=f"a loop over {trace.op.name}",
         )
         self.op.extra["scan"] = self
         self.sig = (self.op,)
-        self.split: hoisting.Split | None = None  # the loop-invariant part, if cut out
+        self.split: hoisting.Split | None = None  # the part cut out of the loop, if any
         self.split_tried = False
-        self.hoisted_pos = 0  # the input position the split hoists
+        self.hoisted_pos = 0  # the program input the split hoists
 
     @staticmethod
-    def make(trace, carried: int, args: tuple, rt, inputs: list) -> Scan | None:
-        """A Scan for ``trace`` if it can loop: it returns exactly its ``carried`` first
-        arguments' successors, each with the argument's shape and dtype; else None."""
+    def make(trace, carried: int, appends: int, counted: bool, args: tuple, inputs: list):
+        """A Scan for ``trace`` if it can loop: it returns its ``carried`` state
+        arguments' successors, each with the argument's shape and dtype, then the
+        appended values; else None."""
         spec = trace.out_spec
+        total = carried + appends
         if not (
             spec[0] is tuple
-            and len(spec[1]) == carried
+            and len(spec[1]) == total
             and all(sub == ("leaf", i) for i, sub in enumerate(spec[1]))
             and all(src == ("out", i) for i, src in enumerate(trace.out_sources))
-            and len(trace.out_lazies) == carried
+            and len(trace.out_lazies) == total
         ):
             return None
+        first = 0 if counted else 1
+        if not counted and inputs[0] is not args[0]:
+            return None
         for i in range(carried):
-            if inputs[i] is not args[i] or trace.info.keys[i] != args[i].key:
+            a = args[first + i]
+            if inputs[first + i] is not a or trace.info.keys[i] != a.key:
                 return None  # a carried value is not a lazy tensor that keeps its type
-        return Scan(trace, carried)
+        return Scan(trace, carried, appends, counted, len(inputs))
 
     def prepare(self, rt, inputs: list) -> None:
-        """Cut the loop-invariant part out of the body: once, again for each map run
-        while the split holds autograd views (hoisting.Split.stale)."""
+        """Cut the part that depends on one input alone out of the body: once, again
+        for each map run while the split holds autograd views (hoisting.Split.stale).
+        A sequence's element first: that part then runs once for all steps."""
         split = self.split
         if self.split_tried and (split is None or split.run_id == rt.id or not split.stale()):
             return
         self.split_tried = True
         self.split = None
-        for pos in range(self.carried, len(inputs)):
+        first = 0 if self.counted else 1
+        for pos in ([0] if first else []) + list(range(first + self.carried, len(inputs))):
             split = hoisting.build_split(self.trace, pos, rt, inputs)
             if split is not None:
                 self.split = split
                 self.hoisted_pos = pos
                 return
 
+    def record(self, rt, inputs: list, items, count: int, lists: tuple) -> tuple:
+        """Record the loop as one node; append its per-step outputs to ``lists`` and
+        return its final carried values."""
+        self.prepare(rt, inputs)
+        node_inputs = inputs if self.counted else inputs[1:] + list(items)
+        info = self.trace.info
+        node = graph.add_node(rt, self.op, None, None, None, node_inputs, info, self.sig)
+        node.data = count
+        metas, keys = info.metas, info.keys
+        k, m = self.carried, self.appends
+        LazyTensor = graph.LazyTensor
+        for t in range(count):
+            base = k + t * m
+            for j, out in enumerate(lists):
+                shape, dtype = metas[k + j]
+                out.append(LazyTensor(node, base + j, shape, dtype, keys[k + j]))
+        return tuple(LazyTensor(node, i, metas[i][0], metas[i][1], keys[i]) for i in range(k))
+
     def rule(self, node, xs, n):
         """The batching rule for one trip count (``node.data``) on every row: used to
         re-run a node on its own when a batch fails."""
-        return self.run(xs, [node.data] * n)
+        count = node.data
+        fixed = xs[: self.fixed]
+        if self.counted:
+            return self.run(fixed, [count] * n)
+        elements = torch.cat(list(xs[self.fixed :])) if n == 1 else None
+        return self.run(fixed, [count] * n, elements, list(range(count)))
 
-    def run(self, xs: list, counts: list) -> tuple:
-        """Final carried values of rows whose operands are ``xs``, row i looping
-        ``counts[i]`` times; ``counts`` must be non-increasing."""
+    def run(self, xs: list, counts: list, elements=None, offsets=None) -> tuple:
+        """Outputs of rows whose fixed operands are ``xs``, row i looping ``counts[i]``
+        times (non-increasing); for a sequence, ``elements`` holds step t's elements of
+        the rows still looping at rows ``offsets[t]`` on."""
         k = self.carried
         n = len(counts)
         carry = list(xs[:k])
         if not counts or counts[0] == 0:
             return tuple(carry)
+        first = 0 if self.counted else 1
         free = list(xs[k:])
         split = self.split
+        per_step = False
         if split is not None:
             pos = self.hoisted_pos
-            hoisted = list(split.inv.run(None, [xs[pos]], n))
+            per_step = pos < first
+            source = elements if per_step else xs[pos - first]
+            rows = source.shape[0]
+            hoisted = list(split.inv.run(None, [source], rows))
             step = split.var.run
             arg_pos = split.arg_pos
         else:
             step = self.trace.run
         pieces: list[list] = [[] for _ in range(k)]
+        step_outs: list = []
         active = n
         for t in range(counts[0]):
             a = active
@@ -109,14 +158,24 @@ class Scan:
                     pieces[i].append(carry[i][a:active])
                 carry = [c[:a] for c in carry]
                 active = a
+            values = carry + [f[:a] for f in free] if a < n else carry + free
+            if not self.counted:
+                off = offsets[t]
+                values = [elements[off : off + a], *values]
             if split is not None:
-                values = carry + [f[:a] for f in free] if a < n else carry + free
-                ins = [values[j] for j in arg_pos] + [h[:a] for h in hoisted]
+                if per_step:
+                    off = offsets[t]
+                    parts = [h[off : off + a] for h in hoisted]
+                else:
+                    parts = [h[:a] for h in hoisted]
+                ins = [values[j] for j in arg_pos] + parts
             else:
-                ins = carry + [f[:a] for f in free] if a < n else carry + free
-            carry = list(step(None, ins, a))
+                ins = values
+            out = step(None, ins, a)
+            carry = list(out[:k])
+            step_outs.extend(out[k:])
         outs = []
         for i in range(k):
             parts = [carry[i], *reversed(pieces[i])]
             outs.append(parts[0] if len(parts) == 1 else torch.cat(parts))
-        return tuple(outs)
+        return (*outs, *step_outs)

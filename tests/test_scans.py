@@ -62,6 +62,13 @@ def run_from_zero(item):
     return from_zero(item)
 
 
+def _scan_of(fn) -> analysis.ScanBlock:
+    """The one loop of ``fn`` outlined as a scan (the loop kept to run as written has its
+    body outlined as a region too)."""
+    (scan,) = [r for r in analysis.outline(fn).regions if isinstance(r, analysis.ScanBlock)]
+    return scan
+
+
 def _close(got, want):
     for g, w in zip(got, want):
         if isinstance(w, tuple):
@@ -128,7 +135,7 @@ def test_the_loop_invariant_gemm_is_hoisted_out_of_the_loop():
     xs, hs = _vectors(4, 4), _vectors(5, 4)
     with torch.no_grad():
         run_elman.map(xs, hs, [5, 5, 3, 2])
-    (scan,) = analysis.outline(elman).regions
+    scan = _scan_of(elman)
     trace = next(iter(scan.step.block.cache.values()))
     assert trace.scan and trace.scan.split is not None  # W_x x + b: once per row
 
@@ -199,13 +206,16 @@ def deletes(h, n):
 def test_what_is_outlined_as_a_scan():
     for fn in (counter_read, with_else, temp_read_after, reads_before_bound, deletes):
         outlined = analysis.outline(fn)
-        scans = [r for r in (outlined.regions if outlined else []) if hasattr(r, "carried")]
+        regions = outlined.regions if outlined else []
+        scans = [r for r in regions if isinstance(r, analysis.ScanBlock)]
         assert not scans, fn.__name__
-    (scan,) = analysis.outline(temp_inside).regions
+    scan = _scan_of(temp_inside)
     assert isinstance(scan, analysis.ScanBlock) and scan.carried == 1
     hs = _vectors(8, 3)
-    for h, n in zip(hs, [0, 1, 4]):  # outside a map: the loop as written
-        torch.testing.assert_close(scan(range(n), h)[0], temp_inside(h, n))
+    assert scan(range(4), (), hs[0]) is None  # outside a map: the loop runs as written
+    rewritten = type(temp_inside)(analysis.outline(temp_inside).code, temp_inside.__globals__)
+    for h, n in zip(hs, [0, 1, 4]):
+        torch.testing.assert_close(rewritten(h, n), temp_inside(h, n))
 
 
 class Cells(NamedTuple):
@@ -235,7 +245,7 @@ def test_a_body_that_reads_a_value_runs_as_written():
     with torch.no_grad():
         got = run_cells.map(hs, counts)
     _close(got, [run_cells.eager(h, n) for h, n in zip(hs, counts)])
-    (scan,) = analysis.outline(calls_through_cells).regions
+    scan = _scan_of(calls_through_cells)
     assert scan.disabled
 
 
@@ -255,3 +265,101 @@ def test_an_error_inside_a_scan_names_the_instance():
     with pytest.raises(Exception) as info, torch.no_grad():
         run_bad_shape.map(xs, hs, [3, 3, 3], [1, 4, 1])
     assert "instance 1" in str(info.value)
+
+
+# ---- loops over sequences, with outputs appended at every step ----------------------------
+
+wx = nn.Linear(DIM, DIM)
+wh = nn.Linear(DIM, DIM, bias=False)
+
+
+def rnn_states(xs, h):
+    states = []
+    for x in xs:
+        h = torch.tanh(wx(x) + wh(h))  # wx(x) depends on the element alone: hoisted
+        states.append(h)
+        states.append(h * 2)
+    return states, h
+
+
+def counted_outputs(h, n: int):
+    outs = []
+    for _ in range(n):
+        h = torch.sigmoid(h) * 2 - 0.5
+        outs.append(torch.tanh(h))
+    return outs
+
+
+@acrobat.autobatch
+def run_rnn(xs, h):
+    states, last = rnn_states(xs, h)
+    return (torch.stack(states) if states else torch.zeros(0, DIM)), last
+
+
+@acrobat.autobatch
+def run_counted_outputs(h, n):
+    outs = counted_outputs(h, n)
+    return torch.stack(outs).sum(0) if outs else h
+
+
+@settings(max_examples=20, deadline=None)
+@given(lengths=st.lists(st.integers(0, 8), min_size=1, max_size=6), seed=st.integers(0, 1000))
+def test_loops_over_sequences_give_the_eager_results(lengths, seed):
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [list(torch.randn(t, DIM, generator=gen)) for t in lengths]
+    hs = _vectors(seed, len(lengths))
+    with torch.no_grad():
+        got, stats = run_rnn.map(seqs, hs, stats=True)
+        _close(got, [run_rnn.eager(xs, h) for xs, h in zip(seqs, hs)])
+        got = run_counted_outputs.map(hs, lengths)
+        _close(got, [run_counted_outputs.eager(h, n) for h, n in zip(hs, lengths)])
+    scans = [v for name, v in stats.by_op.items() if name.startswith("scan:rnn_states")]
+    if any(t >= 2 for t in lengths):
+        assert scans == [[1, sum(1 for t in lengths if t >= 2)]], stats.by_op
+
+
+def test_a_sequence_scan_hoists_the_input_projection_and_trains():
+    seqs = [list(torch.randn(t, DIM)) for t in (5, 2, 7)]
+    seqs = [[x.requires_grad_() for x in xs] for xs in seqs]
+    hs = _vectors(12, 3)
+    got = run_rnn.map(seqs, hs)
+    sum(s.square().sum() + last.sum() for s, last in got).backward()
+    grads = [x.grad.clone() for xs in seqs for x in xs]
+    weight = wx.weight.grad.clone()
+    for xs in seqs:
+        for x in xs:
+            x.grad = None
+    wx.weight.grad = None
+    want = [run_rnn.eager(xs, h) for xs, h in zip(seqs, hs)]
+    sum(s.square().sum() + last.sum() for s, last in want).backward()
+    for g, x in zip(grads, [x for xs in seqs for x in xs]):
+        torch.testing.assert_close(g, x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weight, wx.weight.grad, atol=1e-5, rtol=1e-5)
+    wx.weight.grad = wx.bias.grad = wh.weight.grad = None
+    scan = _scan_of(rnn_states)
+    trace = next(t for t in scan.step.block.cache.values() if t.scan)
+    assert trace.scan.split is not None and trace.scan.hoisted_pos == 0  # per element
+
+
+def reads_its_list(xs, h):
+    states = [h]
+    for x in xs:
+        h = torch.tanh(x + states[-1])  # reads the list it appends to
+        states.append(h)
+    return states
+
+
+def element_after(xs, h):
+    for x in xs:
+        h = torch.tanh(x + h)
+    return h + x
+
+
+def test_what_is_outlined_as_a_sequence_scan():
+    for fn in (reads_its_list, element_after):
+        outlined = analysis.outline(fn)
+        regions = outlined.regions if outlined else []
+        scans = [r for r in regions if isinstance(r, analysis.ScanBlock)]
+        assert not scans, fn.__name__
+    scan = _scan_of(rnn_states)
+    assert isinstance(scan, analysis.ScanBlock) and not scan.counted and scan.appends == 2
