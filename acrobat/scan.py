@@ -141,11 +141,14 @@ class Scan:
             per_step = pos < first
             source = elements if per_step else xs[pos - first]
             rows = source.shape[0]
-            hoisted = list(split.inv.run(None, [source], rows))
-            step = split.var.run
+            hoisted = list(split.inv.run_ops([source], rows))
+            step = split.var.run_ops
             arg_pos = split.arg_pos
         else:
-            step = self.trace.run
+            # the program as generated code: its operands are views of the carried state
+            # and sliced inputs, so gather-fused kernels (Trace.run's online choice, at
+            # every row count the loop passes through) have nothing to save
+            step = self.trace.run_ops
         pieces: list[list] = [[] for _ in range(k)]
         step_outs: list = []
         active = n
@@ -171,7 +174,7 @@ class Scan:
                 ins = [values[j] for j in arg_pos] + parts
             else:
                 ins = values
-            out = step(None, ins, a)
+            out = step(ins, a)
             carry = list(out[:k])
             step_outs.extend(out[k:])
         outs = []
