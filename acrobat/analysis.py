@@ -518,8 +518,7 @@ class RegionBlock(AutoBlock):
             elif t in _REGION_ARGS or id(a) in known:
                 continue
             elif _code_like(a):
-                if len(known) < _CODE_LIKE_KEPT:
-                    known[id(a)] = a
+                _remember(known, a)
             else:
                 lazy = False  # a container or object: its structure would key the trace
                 break
@@ -577,9 +576,9 @@ class ScanBlock:
         for a in values[k:]:
             if type(a) is graph.LazyTensor or type(a) in _REGION_ARGS or id(a) in known:
                 continue
-            if not _code_like(a) or len(known) >= _CODE_LIKE_KEPT:
+            if not _code_like(a):
                 return None  # an object whose state a trace would fix
-            known[id(a)] = a
+            _remember(known, a)
         if not all(type(v) is graph.LazyTensor for v in values[:k]):
             # a state that starts as a real tensor (torch.zeros): the first step alone
             outs = self.step(*values) if self.counted else self.step(items[0], *values)
@@ -627,6 +626,14 @@ class ScanBlock:
 
 _CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
 _CODE_LIKE_KEPT = 64  # per region: the models pass one or two (the model, its cells)
+
+
+def _remember(known: dict, a) -> None:
+    """Keep a _code_like verdict for ``a`` (the entry keeps it alive, so its id is not
+    reused). Not for tensors: a real state such as a map's ``torch.zeros(h)`` is a new
+    object every map and cheap to check, and would fill the table (and stay alive)."""
+    if len(known) < _CODE_LIKE_KEPT and not isinstance(a, torch.Tensor):
+        known[id(a)] = a
 
 
 def _code_like(a) -> bool:

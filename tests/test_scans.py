@@ -363,3 +363,29 @@ def test_what_is_outlined_as_a_sequence_scan():
         assert not scans, fn.__name__
     scan = _scan_of(rnn_states)
     assert isinstance(scan, analysis.ScanBlock) and not scan.counted and scan.appends == 2
+
+
+def test_scans_keep_working_across_many_maps_and_models():
+    """Real tensors a map makes (a state's torch.zeros) are not remembered per map, so a
+    model first seen after many maps is still scanned."""
+    hs = _vectors(13, 3)
+    with torch.no_grad():
+        first = nn.Linear(2 * DIM, DIM)
+        for _ in range(70):
+            run_other_cell.map(hs, [4, 5, 6], [first] * 3)
+        other = nn.Linear(2 * DIM, DIM)
+        _, stats = run_other_cell.map(hs, [4, 5, 6], [other] * 3, stats=True)
+    assert any(name.startswith("scan:") for name in stats.by_op), stats.by_op
+    assert len(_scan_of(from_zero_with).step.code_like) < 10
+
+
+def from_zero_with(x, n: int, lin):
+    h = torch.zeros(DIM)
+    for _ in range(n):
+        h = torch.tanh(lin(torch.cat([x, h])))
+    return h
+
+
+@acrobat.autobatch
+def run_other_cell(x, n, lin):
+    return from_zero_with(x, n, lin)
