@@ -543,11 +543,14 @@ class ScanBlock:
     than two steps, elements that are not lazy tensors, a body that reads a value) and
     the caller runs the loop as written."""
 
-    def __init__(self, fn: types.FunctionType, carried: int, appends: int, counted: bool):
+    def __init__(
+        self, fn: types.FunctionType, carried: int, appends: int, counted: bool, reverse=False
+    ):
         self.step = RegionBlock(fn)  # the body: a peeled first step, and the trace
         self.carried = carried
         self.appends = appends
         self.counted = counted
+        self.reverse = reverse  # the loop runs over reversed(items)
         self.disabled = False
         self.impl = self.step.impl
 
@@ -569,6 +572,8 @@ class ScanBlock:
             return None  # not consumed: the loop as written iterates it
         elif not all(type(x) is graph.LazyTensor for x in items):
             return None
+        elif self.reverse:
+            items = items[::-1]
         if len(items) < 2:
             return None
         k = self.carried
@@ -686,7 +691,7 @@ def _outline(fn) -> Outlined | None:
         region_fn.__qualname__ = where  # names the block op: errors and stats say where
         dispatcher: object
         if r.carried or r.appends:
-            dispatcher = ScanBlock(region_fn, r.carried, r.appends, r.counted)
+            dispatcher = ScanBlock(region_fn, r.carried, r.appends, r.counted, r.reverse)
         else:
             dispatcher = RegionBlock(region_fn)
         dispatchers[r.placeholder] = dispatcher
@@ -744,6 +749,7 @@ class _Region:
         self.carried = carried  # > 0: a counted loop's body (ScanBlock), carrying `outputs`
         self.appends = 0  # a loop body's outputs appended to lists, per step
         self.counted = True  # a loop over range(...), not over a sequence
+        self.reverse = False  # a loop over reversed(<sequence>)
         self.name = f"_acrobat_region_{k}"
         self.placeholder = _REGION_BASE * (k + 3)
         self.first = stmts[0].lineno
@@ -791,12 +797,14 @@ class _Rewriter:
         self.seen: set = set()
         self.loads: dict[str, int] = {}  # name -> loads of it in the whole function
         self.scannable = False  # no ``del`` anywhere: a bound name stays bound
+        self.root: ast.FunctionDef | None = None
 
     def rewrite(self, node, bound: frozenset = frozenset()) -> None:
         """Rewrite the statement lists under ``node``; ``bound``: local names certainly
         bound when ``node`` starts (the function's parameters, earlier assignments)."""
         if isinstance(node, ast.FunctionDef) and not self.loads:
             self.loads = _load_counts(node.body)
+            self.root = node
             self.scannable = not any(isinstance(sub, ast.Delete) for sub in ast.walk(node))
             a = node.args
             bound = frozenset(
@@ -867,11 +875,10 @@ class _Rewriter:
             and not any(isinstance(a, ast.Starred) for a in it.args)
         )
         body_loads = _load_counts(stmt.body)
-        if counted:
-            if self.loads.get(target.id, 0):
-                return None
-        elif self.loads.get(target.id, 0) != body_loads.get(target.id, 0):
-            return None  # the element is read after the loop (its last value)
+        if _loads_outside_loops_over(self.root, target.id):
+            return None  # the counter or element is read after a loop (its last value)
+        if counted and body_loads.get(target.id, 0):
+            return None  # the counter is read: each step would differ
         body: list = []  # assignments; appends as ``_acrobat_outJ = value``
         lists: list[str] = []  # the list each output is appended to, in order
         ops = 0
@@ -956,6 +963,17 @@ class _Rewriter:
         )
         region.appends = len(lists)
         region.counted = counted
+        region.reverse = (
+            not counted
+            and isinstance(it, ast.Call)
+            and isinstance(it.func, ast.Name)
+            and it.func.id == "reversed"
+            and "reversed" not in self.local
+            and "reversed" not in self.fn.__globals__
+            and len(it.args) == 1
+            and not it.keywords
+            and not isinstance(it.args[0], ast.Starred)
+        )
         self.regions.append(region)
         return region
 
@@ -975,11 +993,16 @@ class _Rewriter:
         it, st = f"_acrobat_it{k}", f"_acrobat_st{k}"
         call = region.call
         values = call.value.args
-        first = ast.Assign(targets=[ast.Name(it, ast.Store())], value=values[0])
+        iterable = values[0]
+        if region.reverse:  # for x in reversed(xs): the scan takes xs and reverses it
+            iterable = iterable.args[0]
+        first = ast.Assign(targets=[ast.Name(it, ast.Store())], value=iterable)
         values[0] = ast.Name(it, ast.Load())
         state = ast.Assign(targets=[ast.Name(st, ast.Store())], value=call.value)
         call.value = ast.Name(st, ast.Load())
         loop.iter = ast.Name(it, ast.Load())
+        if region.reverse:
+            loop.iter = ast.Call(ast.Name("reversed", ast.Load()), [loop.iter], [])
         self.rewrite(loop, frozenset(bound))
         test = ast.Compare(ast.Name(st, ast.Load()), [ast.Is()], [ast.Constant(None)])
         branch = ast.If(test=test, body=[loop], orelse=[call])
@@ -1108,6 +1131,27 @@ def _assigned_names(stmt) -> set:
     """The names a plain assignment binds."""
     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
     return {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
+
+
+def _loads_outside_loops_over(root, name: str) -> int:
+    """Reads of ``name`` in ``root`` outside the bodies of ``for name in ...`` loops (a
+    loop variable read only inside the loops that bind it has no observable last
+    value; a read elsewhere may see one)."""
+    count = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if (
+            isinstance(node, (ast.For, ast.AsyncFor))
+            and isinstance(node.target, ast.Name)
+            and node.target.id == name
+        ):
+            stack.extend([node.iter, *node.orelse])
+            continue
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
+            count += 1
+        stack.extend(ast.iter_child_nodes(node))
+    return count
 
 
 def _load_counts(stmts: list) -> dict[str, int]:

@@ -389,3 +389,31 @@ def from_zero_with(x, n: int, lin):
 @acrobat.autobatch
 def run_other_cell(x, n, lin):
     return from_zero_with(x, n, lin)
+
+
+def both_directions(xs):
+    fwd, bwd = [], []
+    h = g = torch.zeros(DIM)
+    for x in xs:
+        h = torch.tanh(wx(x) + wh(h))
+        fwd.append(h)
+    for x in reversed(xs):
+        g = torch.tanh(wx(x) - wh(g))
+        bwd.append(g)
+    return torch.stack([f * b for f, b in zip(fwd, reversed(bwd))])
+
+
+@acrobat.autobatch
+def run_both(xs):
+    return both_directions(xs)
+
+
+def test_a_loop_over_reversed_elements_is_a_scan():
+    seqs = [list(torch.randn(t, DIM)) for t in (4, 1, 6, 3)]
+    with torch.no_grad():
+        got, stats = run_both.map(seqs, stats=True)
+    _close(got, [run_both.eager(xs) for xs in seqs])
+    scans = [v for name, v in stats.by_op.items() if name.startswith("scan:")]
+    assert sorted(scans) == [[1, 3], [1, 3]], stats.by_op  # each direction, 3 of 4 rows
+    regions = analysis.outline(both_directions).regions
+    assert [r.reverse for r in regions if isinstance(r, analysis.ScanBlock)] == [False, True]
