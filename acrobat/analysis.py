@@ -42,6 +42,7 @@ import torch
 from acrobat import config, graph
 from acrobat.block import Block
 from acrobat.errors import LazyValueError
+from acrobat.scan import Scan
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
 # demand such as int(t) makes tracing fail, and the function falls back to per-op).
@@ -586,15 +587,10 @@ class ScanBlock:
             _remember(known, a)
         if not all(type(v) is graph.LazyTensor for v in values[:k]):
             # a state that starts as a real tensor (torch.zeros): the first step alone
-            outs = self.step(*values) if self.counted else self.step(items[0], *values)
-            values = (*outs[:k], *values[k:])
-            for out, value in zip(lists, outs[k:]):
-                out.append(value)
+            values = (*self._finish(items[:1], lists, values), *values[k:])
             items = items[1:]
             if len(items) < 2 or not all(type(v) is graph.LazyTensor for v in values[:k]):
                 return self._finish(items, lists, values)
-        from acrobat.scan import Scan
-
         first = values if self.counted else (items[0], *values)
         try:
             trace, inputs = self.step.block.trace_for(rt, first)
@@ -616,8 +612,8 @@ class ScanBlock:
         return scan.record(rt, inputs, items, len(items), lists)
 
     def _finish(self, items, lists: tuple, values: tuple) -> tuple:
-        """The remaining steps one by one (after a peeled first step), the body as a
-        block per step."""
+        """Steps one by one, the body as a block per step: a peeled first step, or the
+        remaining steps when the loop cannot be one node."""
         k = self.carried
         free = values[k:]
         state = values[:k]

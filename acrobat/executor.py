@@ -19,6 +19,7 @@ import torch
 from acrobat import config
 from acrobat.errors import AcrobatError
 from acrobat.ops import DATA_OPS, TAKE, reshape_rule
+from acrobat.scan import looping
 from acrobat.tensor import _native, index_tensor
 from acrobat_kernels.gather import gather_rows
 
@@ -304,10 +305,7 @@ def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
         column: list = []
         offsets = []
         first = scan.fixed
-        a = n
-        for t in range(counts[0]):
-            while counts[a - 1] <= t:
-                a -= 1
+        for t, a in enumerate(looping(counts)):
             offsets.append(len(column))
             column.extend([nd.inputs[first + t] for nd in nodes[:a]])
         elements = gather(column, len(column), stats)

@@ -31,6 +31,18 @@ from acrobat import graph, hoisting
 from acrobat.ops import Op
 
 
+def looping(counts: list) -> list[int]:
+    """Rows still looping at each step, for trip ``counts`` sorted longest first: rows
+    ``0..looping(counts)[t]-1`` take step ``t``."""
+    active = []
+    a = len(counts)
+    for t in range(counts[0] if counts else 0):
+        while counts[a - 1] <= t:  # counts[0] > t: a stays >= 1
+            a -= 1
+        active.append(a)
+    return active
+
+
 class Scan:
     """A traced loop body (``block.Trace``) run as a loop over batches of instances."""
 
@@ -152,10 +164,7 @@ class Scan:
         pieces: list[list] = [[] for _ in range(k)]
         step_outs: list = []
         active = n
-        for t in range(counts[0]):
-            a = active
-            while counts[a - 1] <= t:  # counts[0] > t: a stays >= 1
-                a -= 1
+        for t, a in enumerate(looping(counts)):
             if a < active:  # rows a..active-1 are done: their carry is final
                 for i in range(k):
                     pieces[i].append(carry[i][a:active])

@@ -100,7 +100,8 @@ def measure(body, reps: int = 7) -> float:
         return body(x, m, spent)
 
     per_node = []
-    with torch.no_grad():
+    # the chains are counted loops: as scans they would record one node per instance
+    with torch.no_grad(), acrobat.config.override(AUTO_SCANS=False):
         for rep in range(reps + 1):
             spent.clear()
             run.map(xs, m=m)
