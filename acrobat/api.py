@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from acrobat import analysis, fibers, graph, ops
+from acrobat import analysis, config, fibers, graph, memory, ops
 from acrobat.errors import AcrobatError
 from acrobat.stats import Stats
 
@@ -64,6 +64,8 @@ class Autobatched:
         _LAST_STATS = st
         if lengths[0] == 0:
             return ([], st) if stats else []
+        if config.HOLD_MEMORY and not memory.held():
+            memory.hold()  # freed buffers serve the next mini-batch (acrobat/memory.py)
         with analysis.auto_blocks(self.fn), ops.fast_modules():
             results = fibers.run_map(self.fn, list(zip(*columns)), shared, st, self.__name__)
         return (results, st) if stats else results

@@ -108,6 +108,7 @@ def acrobat_stats() -> dict | None:
 
 def torch_systems(name: str, task: Task, plain_task: Task) -> dict[str, Callable[[], list]]:
     """The in-process systems for one task: acrobat (blocks, plain), eager, hand if present."""
+
     def fused():
         with acrobat.config.override(KERNEL_BACKEND="auto"):
             return task.fn.map(task.inputs, **task.kwargs)
@@ -274,7 +275,8 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
         "# acrobat benchmark",
         "",
         f"torch {config['torch']}, {config['threads']} torch threads, {config['machine']}, "
-        f"{config['record_path']} record path; "
+        f"{config['record_path']} record path, "
+        f"malloc {'holding freed memory' if config.get('malloc_held') else 'as is'}; "
         f"{config['reps']} timed reps after {config['warmup']} warm-up. Correct: every output "
         f"within atol {config['atol']:g} + rtol {config['rtol']:g} of eager.",
         "",
@@ -361,6 +363,10 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if acrobat.config.HOLD_MEMORY:
+        # what acrobat's first map does (acrobat/memory.py), done first so that every
+        # in-process system, eager and hand-batched included, runs with the same malloc
+        acrobat.memory.hold()
     if args.dynet and not dynet_available():
         log("DyNet not installed (pip install dynet38): skipping the dynet systems")
 
@@ -392,6 +398,7 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
         "torch": torch.__version__, "python": platform.python_version(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "record_path": "C" if acrobat.tensor._native is not None else "Python",
+        "malloc_held": acrobat.memory.held(),
     }  # fmt: skip
     summary = summarize(measurements)
     report = markdown(measurements, summary, config)
