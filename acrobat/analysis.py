@@ -31,17 +31,20 @@ import builtins
 import contextlib
 import copy
 import inspect
+import operator
 import textwrap
 import threading
 import types
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from acrobat import config, graph
 from acrobat.block import Block
 from acrobat.errors import LazyValueError
+from acrobat.ops import _SCALAR, TENSOR
 from acrobat.scan import Scan
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
@@ -536,22 +539,33 @@ class RegionBlock(AutoBlock):
 
 
 class ScanBlock:
-    """Dispatcher of an outlined loop (``for _ in range(...)`` or ``for x in xs`` over
-    straight-line assignments and appends; see ``_Rewriter._scan_call``). Called as
-    ``scan(iterable, lists, *carried, *free)``: inside f.map, records the loop as ONE
-    node (acrobat/scan.py), appends each step's outputs to ``lists`` and returns the
+    """Dispatcher of an outlined loop (``for _ in range(...)``, ``for x in xs`` or
+    ``for x, y in zip(xs, ys)`` over straight-line assignments and appends; see
+    ``_Rewriter._scan_call``). Called as ``scan(iterable, lists, *carried, *free)``
+    (for zip, ``iterable`` is the tuple of sequences): inside f.map, records the loop as
+    ONE node (acrobat/scan.py), appends each step's outputs to ``lists`` and returns the
     carried names' final values; None (anything it cannot take: outside a map, fewer
     than two steps, elements that are not lazy tensors, a body that reads a value) and
     the caller runs the loop as written."""
 
     def __init__(
-        self, fn: types.FunctionType, carried: int, appends: int, counted: bool, reverse=False
+        self,
+        fn: types.FunctionType,
+        carried: int,
+        appends: int,
+        sequences: int,
+        reverse: bool = False,
+        values: tuple = (),
     ):
         self.step = RegionBlock(fn)  # the body: a peeled first step, and the trace
         self.carried = carried
         self.appends = appends
-        self.counted = counted
+        self.sequences = sequences  # elements per step: 0 for a counted loop
+        self.counted = sequences == 0
         self.reverse = reverse  # the loop runs over reversed(items)
+        # sequences whose elements the body reads only as torch.tensor(x) (the outlined
+        # body takes that tensor): Python numbers of one type
+        self.values = values
         self.disabled = False
         self.impl = self.step.impl
 
@@ -569,13 +583,26 @@ class ScanBlock:
         if self.counted:
             if type(items) is not range:
                 return None
-        elif type(items) is not list and type(items) is not tuple:
-            return None  # not consumed: the loop as written iterates it
-        elif not all(type(x) is graph.LazyTensor for x in items):
-            return None
-        elif self.reverse:
-            items = items[::-1]
-        if len(items) < 2:
+            seqs: list = []
+            count = len(items)
+        else:
+            seqs = [items] if self.sequences == 1 else list(items)
+            for j, seq in enumerate(seqs):
+                if type(seq) is not list and type(seq) is not tuple:
+                    return None  # not consumed: the loop as written iterates it
+                if not seq:
+                    continue  # no steps: declined below
+                if len(set(map(type, seq))) != 1:
+                    return None
+                kind = type(seq[0])
+                if kind not in _NUMBERS if j in self.values else kind is not graph.LazyTensor:
+                    return None  # numbers where the body reads torch.tensor(x), else lazies
+            if self.reverse:
+                seqs = [seqs[0][::-1]]
+            count = min(map(len, seqs))
+            if any(len(seq) != count for seq in seqs):
+                seqs = [seq[:count] for seq in seqs]  # zip stops at the shortest
+        if count < 2:
             return None
         k = self.carried
         known = self.step.code_like
@@ -587,44 +614,58 @@ class ScanBlock:
             _remember(known, a)
         if not all(type(v) is graph.LazyTensor for v in values[:k]):
             # a state that starts as a real tensor (torch.zeros): the first step alone
-            values = (*self._finish(items[:1], lists, values), *values[k:])
-            items = items[1:]
-            if len(items) < 2 or not all(type(v) is graph.LazyTensor for v in values[:k]):
-                return self._finish(items, lists, values)
-        first = values if self.counted else (items[0], *values)
+            values = (*self._finish(1, seqs, lists, values), *values[k:])
+            seqs = [seq[1:] for seq in seqs]
+            count -= 1
+            if count < 2 or not all(type(v) is graph.LazyTensor for v in values[:k]):
+                return self._finish(count, seqs, lists, values)
+        heads = [seq[0] for seq in seqs]
+        for j in self.values:  # the tensor the body gets: a constant no node reads
+            v = heads[j]
+            dtype = _NUMBERS[type(v)] or torch.get_default_dtype()
+            heads[j] = graph.record_data(TENSOR, (TENSOR, _SCALAR, dtype), v, _SCALAR, dtype, True)
+        first = (*heads, *values)
         try:
             trace, inputs = self.step.block.trace_for(rt, first)
         except LazyValueError:
             if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
                 raise
             self.disabled = True  # the body reads a value: the loop as written
-            return self._finish(items, lists, values)
+            return self._finish(count, seqs, lists, values)
         if len(self.step.block.cache) > config.BLOCK_CACHE_SIZE // 4:
             self.disabled = True  # a new trace per call: scalars that change every time
         if trace is None:
-            return self._finish(items, lists, values)
+            return self._finish(count, seqs, lists, values)
         scan = trace.scan
         if scan is None:
-            scan = Scan.make(trace, k, self.appends, self.counted, first, inputs)
+            scan = Scan.make(trace, k, self.appends, self.sequences, first, inputs, self.values)
             trace.scan = scan = scan or False
-        if scan is False or (not self.counted and any(x.key != items[0].key for x in items)):
-            return self._finish(items, lists, values)
-        return scan.record(rt, inputs, items, len(items), lists)
+        if scan is False or any(
+            len(set(map(_KEY, seq))) != 1 for j, seq in enumerate(seqs) if j not in self.values
+        ):  # elements of different shapes: each step its own trace
+            return self._finish(count, seqs, lists, values)
+        return scan.record(rt, inputs, seqs, count, lists)
 
-    def _finish(self, items, lists: tuple, values: tuple) -> tuple:
-        """Steps one by one, the body as a block per step: a peeled first step, or the
-        remaining steps when the loop cannot be one node."""
+    def _finish(self, count: int, seqs: list, lists: tuple, values: tuple) -> tuple:
+        """The first ``count`` steps one by one, the body as a block per step: a peeled
+        first step, or all steps when the loop cannot be one node."""
         k = self.carried
         free = values[k:]
         state = values[:k]
-        for x in items:
-            outs = self.step(*state, *free) if self.counted else self.step(x, *state, *free)
+        numbers = self.values
+        for t in range(count):
+            elements = [
+                torch.tensor(seq[t]) if j in numbers else seq[t] for j, seq in enumerate(seqs)
+            ]
+            outs = self.step(*elements, *state, *free)
             state = outs[:k]
             for out, value in zip(lists, outs[k:]):
                 out.append(value)
         return tuple(state)
 
 
+_KEY = operator.attrgetter("key")
+_NUMBERS = {int: torch.int64, bool: torch.bool, float: None}  # None: the default dtype
 _CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
 _CODE_LIKE_KEPT = 64  # per region: the models pass one or two (the model, its cells)
 
@@ -687,7 +728,9 @@ def _outline(fn) -> Outlined | None:
         region_fn.__qualname__ = where  # names the block op: errors and stats say where
         dispatcher: object
         if r.carried or r.appends:
-            dispatcher = ScanBlock(region_fn, r.carried, r.appends, r.counted, r.reverse)
+            dispatcher = ScanBlock(
+                region_fn, r.carried, r.appends, r.sequences, r.reverse, r.values
+            )
         else:
             dispatcher = RegionBlock(region_fn)
         dispatchers[r.placeholder] = dispatcher
@@ -746,6 +789,9 @@ class _Region:
         self.appends = 0  # a loop body's outputs appended to lists, per step
         self.counted = True  # a loop over range(...), not over a sequence
         self.reverse = False  # a loop over reversed(<sequence>)
+        self.zipped = False  # a loop over zip(<sequence>, ...): one element of each per step
+        self.sequences = 0  # elements per step: 0 (counted), 1, or zip's sequences
+        self.values: tuple[int, ...] = ()  # sequences of numbers the body reads as tensors
         self.name = f"_acrobat_region_{k}"
         self.placeholder = _REGION_BASE * (k + 3)
         self.first = stmts[0].lineno
@@ -827,7 +873,8 @@ class _Rewriter:
         ops = 0
         bound = set(inherited)
         for stmt in stmts + [None]:
-            k = self._ops(stmt) if stmt is not None else -1
+            mapped = self._comprehension(stmt, bound) if stmt is not None else None
+            k = self._ops(stmt) if stmt is not None and mapped is None else -1
             if k >= 0:
                 run.append(stmt)
                 ops += k
@@ -837,6 +884,10 @@ class _Rewriter:
                 out.extend(self._close(run) if ops >= MIN_REGION_OPS else run)
             run, ops = [], 0
             if stmt is None:
+                continue
+            if mapped is not None:
+                out.extend(mapped)
+                bound |= _assigned_names(stmt)
                 continue
             scan = self._scan(stmt, bound) if isinstance(stmt, ast.For) else None
             if scan is not None:
@@ -857,21 +908,24 @@ class _Rewriter:
         assigns that are bound before it) is carried, names it reads and does not assign
         are passed in, and a name it assigns that is not bound before must be read only
         inside it after its assignment (a temporary). None otherwise."""
-        it, target = stmt.iter, stmt.target
-        if not self.scannable or stmt.orelse or not isinstance(target, ast.Name):
+        it: Any = stmt.iter
+        target: Any = stmt.target
+        if not self.scannable or stmt.orelse:
             return None
-        counted = (
-            isinstance(it, ast.Call)
-            and isinstance(it.func, ast.Name)
-            and it.func.id == "range"
-            and "range" not in self.local
-            and "range" not in self.fn.__globals__
-            and not it.keywords
-            and 1 <= len(it.args) <= 3
-            and not any(isinstance(a, ast.Starred) for a in it.args)
-        )
+        zipped = isinstance(target, ast.Tuple) and self._builtin_call(it, "zip")
+        if zipped:  # for x, y in zip(xs, ys): one element of each sequence per step
+            names = [t.id for t in target.elts if isinstance(t, ast.Name)]
+            if not names or len(names) != len(target.elts) or len(set(names)) != len(names):
+                return None
+            if len(it.args) != len(names):
+                return None
+        elif isinstance(target, ast.Name):
+            names = [target.id]
+        else:
+            return None
+        counted = not zipped and self._builtin_call(it, "range") and len(it.args) <= 3
         body_loads = _load_counts(stmt.body)
-        if _loads_outside_loops_over(self.root, target.id):
+        if any(_loads_outside_loops_over(self.root, name) for name in names):
             return None  # the counter or element is read after a loop (its last value)
         if counted and body_loads.get(target.id, 0):
             return None  # the counter is read: each step would differ
@@ -882,7 +936,7 @@ class _Rewriter:
             append = _append(s)
             if append is not None:
                 name, value = append
-                if name not in bound or name == target.id:
+                if name not in bound or name in names:
                     return None
                 s = _located(
                     ast.Assign(
@@ -910,7 +964,7 @@ class _Rewriter:
                     isinstance(sub, ast.Name)
                     and isinstance(sub.ctx, ast.Load)
                     and sub.id in self.local
-                    and sub.id != target.id
+                    and sub.id not in names
                     and sub.id not in inner
                     and sub.id not in assigned
                     and sub.id not in reads
@@ -919,7 +973,7 @@ class _Rewriter:
             for name in sorted(_assigned_names(s)):
                 if name not in assigned and not name.startswith("_acrobat_out"):
                     assigned.append(name)
-        if target.id in assigned:
+        if any(name in assigned for name in names):
             return None
         carried = [a for a in assigned if a in bound]
         for a in assigned:
@@ -930,6 +984,19 @@ class _Rewriter:
         # the body's statements are shared with the loop kept to run as written: the
         # outlined copy is a deep copy (hoisting rewrites it)
         body = [copy.deepcopy(s) for s in body]
+        # an element read only as ``torch.tensor(x)`` (a word id) may be a Python number:
+        # the outlined body takes the tensor itself, so a scan makes one tensor of all
+        # rows' numbers at once (values; else each step's torch.tensor is a node)
+        numbers = []
+        if not counted:
+            for j, name in enumerate(names):
+                unwrap = _ValueUnwrapper(self.fn, name)
+                for s in body:
+                    s.value = unwrap.visit(s.value)
+                if unwrap.count and unwrap.count == body_loads.get(name, 0):
+                    numbers.append(j)
+                elif unwrap.count:  # read otherwise too: the body as written
+                    return None
         # attributes of names the body only reads (``instance.x``) are read once, at the
         # call: the object itself would key the trace by identity, one per instance
         hoisted: list = []
@@ -948,28 +1015,23 @@ class _Rewriter:
                     free.append(sub.id)
         outputs = carried + [f"_acrobat_out{j}" for j in range(len(lists))]
         params = carried + [name for name, _ in hoisted] + free
+        if zipped:  # the scan takes the sequences; the loop as written zips them
+            it = ast.Tuple(list(it.args), ast.Load())
         values = [it, ast.Tuple([ast.Name(x, ast.Load()) for x in lists], ast.Load())]
         values += [ast.Name(p, ast.Load()) for p in carried]
         values += [expr for _, expr in hoisted] + [ast.Name(p, ast.Load()) for p in free]
         if not counted:
-            params = [target.id] + params
+            params = names + params
         region = _Region(len(self.regions), body, params, values, carried, len(carried))
         region.definition.body[-1].value = _located(
             ast.Tuple([ast.Name(o, ast.Load()) for o in outputs], ast.Load()), body[-1]
         )
         region.appends = len(lists)
         region.counted = counted
-        region.reverse = (
-            not counted
-            and isinstance(it, ast.Call)
-            and isinstance(it.func, ast.Name)
-            and it.func.id == "reversed"
-            and "reversed" not in self.local
-            and "reversed" not in self.fn.__globals__
-            and len(it.args) == 1
-            and not it.keywords
-            and not isinstance(it.args[0], ast.Starred)
-        )
+        region.zipped = zipped
+        region.sequences = 0 if counted else len(names)
+        region.values = tuple(numbers)
+        region.reverse = not counted and self._builtin_call(it, "reversed") and len(it.args) == 1
         self.regions.append(region)
         return region
 
@@ -999,10 +1061,78 @@ class _Rewriter:
         loop.iter = ast.Name(it, ast.Load())
         if region.reverse:
             loop.iter = ast.Call(ast.Name("reversed", ast.Load()), [loop.iter], [])
+        elif region.zipped:
+            loop.iter = ast.Call(
+                ast.Name("zip", ast.Load()), [ast.Starred(loop.iter, ast.Load())], []
+            )
         self.rewrite(loop, frozenset(bound))
         test = ast.Compare(ast.Name(st, ast.Load()), [ast.Is()], [ast.Constant(None)])
         branch = ast.If(test=test, body=[loop], orelse=[call])
         return [_located(node, loop) for node in (first, state, branch)]
+
+    def _builtin_call(self, expr, name: str) -> bool:
+        """``expr`` is a call of the builtin ``name`` (not shadowed) with positional,
+        unstarred arguments only."""
+        return (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Name)
+            and expr.func.id == name
+            and name not in self.local
+            and name not in self.fn.__globals__
+            and not expr.keywords
+            and len(expr.args) >= 1
+            and not any(isinstance(a, ast.Starred) for a in expr.args)
+        )
+
+    def _comprehension(self, stmt, bound: set) -> list | None:
+        """``y = [value for x in xs]`` (one ``for``, no ``if``) outlined as a loop without
+        state: the statements replacing it, or None. It is rewritten to the loop it
+        stands for, its variables renamed so they cannot meet the function's::
+
+            _acrobat_lsK = []
+            <the loop's scan call: for _acrobat_eK_0 in xs: _acrobat_lsK.append(value)>
+            y = _acrobat_lsK
+
+        so every element's ``value`` is one step of a scan whose steps do not depend on
+        each other: one node per instance (a per-token classifier, BiRNN's output)."""
+        if not (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.ListComp)
+            and len(stmt.value.generators) == 1
+        ):
+            return None
+        comp = stmt.value
+        gen = comp.generators[0]
+        if gen.ifs or gen.is_async:
+            return None
+        targets: list[Any] = gen.target.elts if isinstance(gen.target, ast.Tuple) else [gen.target]
+        if not all(isinstance(t, ast.Name) for t in targets):
+            return None
+        names = [t.id for t in targets]
+        if len(set(names)) != len(names) or set(names) & _comprehension_names(comp.elt):
+            return None
+        k = len(self.regions)
+        fresh = {name: f"_acrobat_e{k}_{i}" for i, name in enumerate(names)}
+        value = _Renamer(fresh).visit(copy.deepcopy(comp.elt))
+        lst = f"_acrobat_ls{k}"
+        store: list[ast.expr] = [ast.Name(fresh[n], ast.Store()) for n in names]
+        target = store[0] if isinstance(gen.target, ast.Name) else ast.Tuple(store, ast.Store())
+        append = ast.Expr(
+            ast.Call(ast.Attribute(ast.Name(lst, ast.Load()), "append", ast.Load()), [value], [])
+        )
+        loop = ast.For(target=target, iter=copy.deepcopy(gen.iter), body=[append], orelse=[])
+        loop = _located(loop, stmt)
+        self.local |= {lst, *fresh.values()}  # locals of the rewritten function
+        region = self._scan(loop, set(bound) | {lst})
+        if region is None:
+            return None
+        start = ast.Assign(targets=[ast.Name(lst, ast.Store())], value=ast.List([], ast.Load()))
+        done = ast.Assign(targets=[ast.Name(stmt.targets[0].id, ast.Store())],
+                          value=ast.Name(lst, ast.Load()))  # fmt: skip
+        calls = self._scan_call(region, loop, set(bound) | {lst})
+        return [_located(start, stmt), *calls, _located(done, stmt)]
 
     def _close(self, run: list) -> list:
         params: list = []
@@ -1130,9 +1260,9 @@ def _assigned_names(stmt) -> set:
 
 
 def _loads_outside_loops_over(root, name: str) -> int:
-    """Reads of ``name`` in ``root`` outside the bodies of ``for name in ...`` loops (a
-    loop variable read only inside the loops that bind it has no observable last
-    value; a read elsewhere may see one)."""
+    """Reads of ``name`` in ``root`` outside the bodies of ``for name in ...`` loops and
+    the comprehensions that bind it (a loop variable read only inside the loops that
+    bind it has no observable last value; a read elsewhere may see one)."""
     count = 0
     stack = [root]
     while stack:
@@ -1144,10 +1274,16 @@ def _loads_outside_loops_over(root, name: str) -> int:
         ):
             stack.extend([node.iter, *node.orelse])
             continue
+        if isinstance(node, _COMPREHENSIONS) and name in _comprehension_names(node):
+            stack.append(node.generators[0].iter)  # the rest reads the comprehension's
+            continue
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
             count += 1
         stack.extend(ast.iter_child_nodes(node))
     return count
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
 def _load_counts(stmts: list) -> dict[str, int]:
@@ -1168,6 +1304,44 @@ def _comprehension_names(value) -> set:
                 if isinstance(t, ast.Name):
                     names.add(t.id)
     return names
+
+
+class _ValueUnwrapper(ast.NodeTransformer):
+    """``torch.tensor(name)`` (``torch`` the module, no other argument) becomes ``name``;
+    ``count`` says how many were."""
+
+    def __init__(self, fn, name: str):
+        self.fn = fn
+        self.name = name
+        self.count = 0
+
+    def visit_Call(self, node):
+        f = node.func
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr in _FACTORIES
+            and isinstance(f.value, ast.Name)
+            and getattr(self.fn.__globals__.get(f.value.id), "__name__", "") == "torch"
+            and len(node.args) == 1
+            and not node.keywords
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == self.name
+        ):
+            self.count += 1
+            return ast.copy_location(ast.Name(self.name, ast.Load()), node)
+        return self.generic_visit(node)
+
+
+class _Renamer(ast.NodeTransformer):
+    """Names renamed by a mapping (a comprehension's variables made a loop's)."""
+
+    def __init__(self, names: dict):
+        self.names = names
+
+    def visit_Name(self, node):
+        if node.id in self.names:
+            return ast.copy_location(ast.Name(self.names[node.id], node.ctx), node)
+        return node
 
 
 class _AttributeHoister(ast.NodeTransformer):

@@ -301,21 +301,19 @@ def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
     xs = [gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)) for j in range(scan.fixed)]
     counts = [nd.data for nd in nodes]
     elements = offsets = None
-    if not scan.counted:
-        column: list = []
-        offsets = []
-        first = scan.fixed
-        for t, a in enumerate(looping(counts)):
-            offsets.append(len(column))
-            column.extend([nd.inputs[first + t] for nd in nodes[:a]])
-        elements = gather(column, len(column), stats)
+    s = scan.sequences
+    if s:
+        active = looping(counts)
+        offsets = list(itertools.accumulate(active, initial=0))[:-1]
+        elements = scan.elements(nodes, active, lambda c, rows: gather(c, rows, stats))
     t1 = time.perf_counter()
     try:
         outs = scan.run(xs, counts, elements, offsets)
     except Exception as exc:
         _explain_failure(nodes, exc)
         raise
-    stats.launches += op.launches * (counts[0] - 1)
+    if scan.carried or not s:
+        stats.launches += op.launches * (counts[0] - 1)
     _finish_batch(nodes, outs, n, stats, t0, t1)
 
 

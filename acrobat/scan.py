@@ -46,12 +46,20 @@ def looping(counts: list) -> list[int]:
 class Scan:
     """A traced loop body (``block.Trace``) run as a loop over batches of instances."""
 
-    def __init__(self, trace, carried: int, appends: int, counted: bool, inputs: int):
+    def __init__(self, trace, carried: int, appends: int, sequences: int, inputs: list, values=()):
         self.trace = trace
-        self.carried = carried  # k: the first outputs, and inputs after the element
+        self.carried = carried  # k: the first outputs, and inputs after the elements
         self.appends = appends  # m: outputs appended to lists at every step
-        self.counted = counted  # else a sequence: the program's input 0 is the element
-        self.fixed = inputs - (0 if counted else 1)  # a node's inputs before its elements
+        # s: elements per step (the program's first s inputs); 0 for a counted loop
+        self.sequences = sequences
+        self.counted = sequences == 0
+        self.fixed = len(inputs) - sequences  # a node's inputs before its elements
+        # sequences of Python numbers (each element read as torch.tensor(x)): a node
+        # keeps them in node.args, in this order, and a batch makes one tensor of each;
+        # the others' elements are the node's inputs after the fixed ones, step-major
+        self.values = tuple(values)
+        self.value_dtypes = tuple(inputs[j].dtype for j in self.values)
+        self.lazy = tuple(j for j in range(sequences) if j not in self.values)
         name = trace.op.name.replace("block:", "", 1)
         self.op = Op(
             f"scan:{name}",
@@ -67,7 +75,9 @@ class Scan:
         self.hoisted_pos = 0  # the program input the split hoists
 
     @staticmethod
-    def make(trace, carried: int, appends: int, counted: bool, args: tuple, inputs: list):
+    def make(
+        trace, carried: int, appends: int, sequences: int, args: tuple, inputs: list, values=()
+    ):
         """A Scan for ``trace`` if it can loop: it returns its ``carried`` state
         arguments' successors, each with the argument's shape and dtype, then the
         appended values; else None."""
@@ -81,14 +91,14 @@ class Scan:
             and len(trace.out_lazies) == total
         ):
             return None
-        first = 0 if counted else 1
-        if not counted and inputs[0] is not args[0]:
+        first = sequences
+        if any(inputs[j] is not args[j] for j in range(first)):
             return None
         for i in range(carried):
             a = args[first + i]
             if inputs[first + i] is not a or trace.info.keys[i] != a.key:
                 return None  # a carried value is not a lazy tensor that keeps its type
-        return Scan(trace, carried, appends, counted, len(inputs))
+        return Scan(trace, carried, appends, sequences, inputs, values)
 
     def prepare(self, rt, inputs: list) -> None:
         """Cut the part that depends on one input alone out of the body: once, again
@@ -99,30 +109,48 @@ class Scan:
             return
         self.split_tried = True
         self.split = None
-        first = 0 if self.counted else 1
-        for pos in ([0] if first else []) + list(range(first + self.carried, len(inputs))):
+        if not self.carried and not self.counted:
+            return  # steps independent of each other run all at once: nothing to cut
+        first = self.sequences
+        for pos in list(range(first)) + list(range(first + self.carried, len(inputs))):
             split = hoisting.build_split(self.trace, pos, rt, inputs)
             if split is not None:
                 self.split = split
                 self.hoisted_pos = pos
                 return
 
-    def record(self, rt, inputs: list, items, count: int, lists: tuple) -> tuple:
-        """Record the loop as one node; append its per-step outputs to ``lists`` and
-        return its final carried values."""
+    def record(self, rt, inputs: list, seqs: list, count: int, lists: tuple) -> tuple:
+        """Record the loop as one node (its inputs: the fixed ones, then the elements
+        of ``seqs`` step-major); append its per-step outputs to ``lists`` and return its
+        final carried values."""
         self.prepare(rt, inputs)
-        node_inputs = inputs if self.counted else inputs[1:] + list(items)
+        s = self.sequences
+        lazy = self.lazy
+        if s == 0:
+            node_inputs = inputs
+        elif len(lazy) == 1:
+            node_inputs = inputs[s:] + list(seqs[lazy[0]])
+        else:
+            steps = zip(*[seqs[j] for j in lazy])
+            node_inputs = inputs[s:] + [x for step in steps for x in step]
+        values = tuple(seqs[j] for j in self.values) or None
         info = self.trace.info
-        node = graph.add_node(rt, self.op, None, None, None, node_inputs, info, self.sig)
+        node = graph.add_node(rt, self.op, None, values, None, node_inputs, info, self.sig)
         node.data = count
         metas, keys = info.metas, info.keys
         k, m = self.carried, self.appends
         LazyTensor = graph.LazyTensor
-        for t in range(count):
-            base = k + t * m
+        if len({id(out) for out in lists}) == m:  # each output its own list
             for j, out in enumerate(lists):
-                shape, dtype = metas[k + j]
-                out.append(LazyTensor(node, base + j, shape, dtype, keys[k + j]))
+                (shape, dtype), key = metas[k + j], keys[k + j]
+                positions = range(k + j, k + count * m, m)
+                out.extend([LazyTensor(node, i, shape, dtype, key) for i in positions])
+        else:  # several appends to one list: in step order
+            for t in range(count):
+                base = k + t * m
+                for j, out in enumerate(lists):
+                    shape, dtype = metas[k + j]
+                    out.append(LazyTensor(node, base + j, shape, dtype, keys[k + j]))
         return tuple(LazyTensor(node, i, metas[i][0], metas[i][1], keys[i]) for i in range(k))
 
     def rule(self, node, xs, n):
@@ -132,26 +160,53 @@ class Scan:
         fixed = xs[: self.fixed]
         if self.counted:
             return self.run(fixed, [count] * n)
-        elements = torch.cat(list(xs[self.fixed :])) if n == 1 else None
-        return self.run(fixed, [count] * n, elements, list(range(count)))
+        if n != 1:  # pragma: no cover - a batch's rows differ in their elements
+            raise ValueError(f"{self.op.name}: one node at a time")
+        f, width = self.fixed, len(self.lazy)
+        columns = iter([torch.cat(list(xs[f + i :: width])) for i in range(width)])
+        elements = self.elements([node], [1] * count, lambda column, rows: next(columns))
+        return self.run(fixed, [count], elements, list(range(count)))
+
+    def elements(self, nodes: list, active: list, gather) -> list:
+        """Per sequence, the elements of step t of the rows still looping (the first
+        ``active[t]`` of ``nodes``), step-major: lazy ones by ``gather(column, rows)``,
+        Python numbers made one tensor."""
+        lazy = self.lazy
+        columns: list = [[] for _ in lazy]
+        first = self.fixed
+        width = len(lazy)
+        for t, a in enumerate(active):
+            base = first + t * width
+            for j, column in enumerate(columns):
+                column.extend([nd.inputs[base + j] for nd in nodes[:a]])
+        out: list = [None] * self.sequences
+        for j, column in zip(lazy, columns):
+            out[j] = gather(column, len(column))
+        device = nodes[0].rt.device
+        for i, (j, dtype) in enumerate(zip(self.values, self.value_dtypes)):
+            flat = [nd.args[i][t] for t, a in enumerate(active) for nd in nodes[:a]]
+            out[j] = torch.tensor(flat, dtype=dtype, device=device)
+        return out
 
     def run(self, xs: list, counts: list, elements=None, offsets=None) -> tuple:
         """Outputs of rows whose fixed operands are ``xs``, row i looping ``counts[i]``
-        times (non-increasing); for a sequence, ``elements`` holds step t's elements of
-        the rows still looping at rows ``offsets[t]`` on."""
+        times (non-increasing); over sequences, ``elements[j]`` holds step t's elements
+        of sequence j of the rows still looping at rows ``offsets[t]`` on."""
         k = self.carried
         n = len(counts)
         carry = list(xs[:k])
         if not counts or counts[0] == 0:
             return tuple(carry)
-        first = 0 if self.counted else 1
+        first = self.sequences
         free = list(xs[k:])
+        if not k and first:
+            return self._run_all(free, counts, elements, offsets)
         split = self.split
         per_step = False
         if split is not None:
             pos = self.hoisted_pos
             per_step = pos < first
-            source = elements if per_step else xs[pos - first]
+            source = elements[pos] if per_step else xs[pos - first]
             rows = source.shape[0]
             hoisted = list(split.inv.run_ops([source], rows))
             step = split.var.run_ops
@@ -171,9 +226,9 @@ class Scan:
                 carry = [c[:a] for c in carry]
                 active = a
             values = carry + [f[:a] for f in free] if a < n else carry + free
-            if not self.counted:
+            if first:
                 off = offsets[t]
-                values = [elements[off : off + a], *values]
+                values = [*(e[off : off + a] for e in elements), *values]
             if split is not None:
                 if per_step:
                     off = offsets[t]
@@ -191,3 +246,18 @@ class Scan:
             parts = [carry[i], *reversed(pieces[i])]
             outs.append(parts[0] if len(parts) == 1 else torch.cat(parts))
         return (*outs, *step_outs)
+
+    def _run_all(self, free: list, counts: list, elements: list, offsets: list) -> tuple:
+        """A loop without state (a comprehension): its steps do not depend on each
+        other, so the body runs once over every element of every row, each row's free
+        operands repeated for its elements; step t's outputs are views of the result."""
+        active = looping(counts)
+        if free:
+            rows = [r for a in active for r in range(a)]
+            index = torch.tensor(rows, device=free[0].device)
+            free = [f.index_select(0, index) for f in free]
+        outs = self.trace.run_ops([*elements, *free], elements[0].shape[0])
+        step_outs: list = []
+        for off, a in zip(offsets, active):
+            step_outs.extend(out[off : off + a] for out in outs)
+        return tuple(step_outs)

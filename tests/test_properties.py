@@ -537,13 +537,15 @@ def elman(words, m):
 @settings(max_examples=50)
 @given(
     sentences=st.lists(st.lists(st.integers(0, 19), max_size=10), min_size=1, max_size=8),
-    hidden=st.integers(2, 16),
+    hidden=st.sampled_from([2, 5, 16]),  # few shapes: a region keeps its traces
 )
 def test_elman_rnn_random_lengths(sentences, hidden):
     torch.manual_seed(hidden)
     m = Elman(20, hidden)
     with torch.no_grad():
-        stats = check_map(elman, sentences, m=m)
+        check_map(elman, sentences, m=m)  # the loop and the comprehension: scans
+        with acrobat.config.override(AUTO_SCANS=False):  # the schedule op by op
+            stats = check_map(elman, sentences, m=m)
     longest = max(len(s) for s in sentences)
     if longest:
         # words, embedding and input projection of every token (one batch each), then per

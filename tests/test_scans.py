@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.nn import functional as F
 
 import acrobat
 from acrobat import analysis, config
@@ -116,7 +117,7 @@ def test_a_batch_of_scans_runs_each_step_on_the_rows_still_looping():
     want = [run_elman.eager(x, h, n) for x, h, n in zip(xs, hs, counts)]
     _close(got, want)
     _close(stepwise, want)
-    assert stats.by_op["scan:elman (test_scans.py, line 26)"] == [1, 4]  # one batch
+    assert stats.by_op["scan:elman (test_scans.py, line 27)"] == [1, 4]  # one batch
     assert step_stats.nodes - stats.nodes == sum(counts) - 4 - 1  # 20 steps vs 4 + 1 nodes
     assert stats.gathers < step_stats.gathers
 
@@ -417,3 +418,109 @@ def test_a_loop_over_reversed_elements_is_a_scan():
     assert sorted(scans) == [[1, 3], [1, 3]], stats.by_op  # each direction, 3 of 4 rows
     regions = analysis.outline(both_directions).regions
     assert [r.reverse for r in regions if isinstance(r, analysis.ScanBlock)] == [False, True]
+
+
+# ---- comprehensions and loops without state: every element at once ---------------------
+
+emb = nn.Embedding(30, DIM)
+out = nn.Linear(2 * DIM, DIM)
+
+
+def tagger(ids, h, scale):
+    words = [emb(torch.tensor(i)) for i in ids]  # Python ints: one tensor per batch
+    states = []
+    for x in words:
+        h = torch.tanh(wx(x) + wh(h))
+        states.append(h)
+    # an element of each list per step, and a per-instance operand (scale) of every step
+    logits = [F.log_softmax(out(torch.cat([x, s])) * scale, -1) for x, s in zip(words, states)]
+    return logits
+
+
+@acrobat.autobatch
+def run_tagger(ids, h, scale):
+    logits = tagger(ids, h, scale)
+    return torch.stack(logits) if logits else torch.zeros(0, DIM)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    sentences=st.lists(st.lists(st.integers(0, 29), max_size=8), min_size=1, max_size=6),
+    seed=st.integers(0, 1000),
+)
+def test_comprehensions_are_scans_over_every_element_at_once(sentences, seed):
+    hs, scales = _vectors(seed, len(sentences)), _vectors(seed + 1, len(sentences))
+    with torch.no_grad():
+        got, stats = run_tagger.map(sentences, hs, scales, stats=True)
+        with acrobat.config.override(AUTO_SCANS=False):
+            stepwise, step_stats = run_tagger.map(sentences, hs, scales, stats=True)
+    want = [run_tagger.eager(*args) for args in zip(sentences, hs, scales)]
+    _close(got, want)
+    _close(stepwise, want)
+    long = sum(1 for ids in sentences if len(ids) >= 2)
+    by_op = stats.by_op
+    # the two comprehensions and the loop between them (from a lazy h): one node per
+    # instance of 2+ words each, one batch each
+    scans = [v for name, v in by_op.items() if name.startswith("scan:tagger")]
+    assert scans == ([[1, long]] * 3 if long else []), by_op
+    # the word lookups of those instances are the comprehension's: no take node
+    assert by_op.get("take", [0, 0])[1] == sum(len(ids) for ids in sentences if len(ids) < 2)
+    if long:
+        assert stats.nodes < step_stats.nodes
+
+
+def uses_id_otherwise(ids):
+    return [emb(torch.tensor(i)) * i for i in ids]  # i read as a number too
+
+
+def filtered(xs):
+    return [torch.tanh(x) for x in xs if x is not None]
+
+
+def two_loops(xs):
+    return [torch.tanh(x) for x in xs for _ in range(2)]
+
+
+def shadows(xs, x):
+    ys = [torch.tanh(x) for x in xs]  # the comprehension's x, not the parameter
+    return ys, x
+
+
+def test_what_comprehensions_are_outlined_as_scans():
+    for fn in (uses_id_otherwise, filtered, two_loops):
+        outlined = analysis.outline(fn)
+        regions = outlined.regions if outlined else []
+        assert not [r for r in regions if isinstance(r, analysis.ScanBlock)], fn.__name__
+    scans = [r for r in analysis.outline(tagger).regions if isinstance(r, analysis.ScanBlock)]
+    words, loop, logits = scans
+    assert words.values == (0,) and words.sequences == 1 and words.carried == 0
+    assert not loop.values and loop.sequences == 1 and loop.carried == 1
+    assert not logits.values and logits.sequences == 2 and logits.carried == 0
+    xs = _vectors(14, 3)
+    rewritten = type(shadows)(analysis.outline(shadows).code, shadows.__globals__)
+    got, x = rewritten(xs, xs[0] * 3)
+    want, x_want = shadows(xs, xs[0] * 3)
+    _close(got, want)
+    torch.testing.assert_close(x, x_want)
+
+
+@acrobat.autobatch
+def run_shadows(xs, x):
+    ys, x = shadows(xs, x)
+    return torch.stack(ys) + x
+
+
+def test_a_comprehension_variable_does_not_leak_and_trains():
+    seqs = [[x.requires_grad_() for x in _vectors(15 + t, t)] for t in (3, 5, 2)]
+    hs = _vectors(18, 3)
+    got = run_shadows.map(seqs, hs)
+    sum(g.square().sum() for g in got).backward()
+    grads = [x.grad.clone() for xs in seqs for x in xs]
+    for xs in seqs:
+        for x in xs:
+            x.grad = None
+    want = [run_shadows.eager(xs, h) for xs, h in zip(seqs, hs)]
+    _close(got, want)
+    sum(w.square().sum() for w in want).backward()
+    for g, x in zip(grads, [x for xs in seqs for x in xs]):
+        torch.testing.assert_close(g, x.grad, atol=1e-5, rtol=1e-5)
