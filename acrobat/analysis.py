@@ -1306,6 +1306,18 @@ def _comprehension_names(value) -> set:
     return names
 
 
+def _torch_factory(fn, call) -> bool:
+    """``call`` is ``torch.tensor(...)`` or ``torch.as_tensor(...)``, ``torch`` being the
+    module in ``fn``'s globals."""
+    f = call.func
+    return (
+        isinstance(f, ast.Attribute)
+        and f.attr in _FACTORIES
+        and isinstance(f.value, ast.Name)
+        and getattr(fn.__globals__.get(f.value.id), "__name__", "") == "torch"
+    )
+
+
 class _ValueUnwrapper(ast.NodeTransformer):
     """``torch.tensor(name)`` (``torch`` the module, no other argument) becomes ``name``;
     ``count`` says how many were."""
@@ -1316,12 +1328,8 @@ class _ValueUnwrapper(ast.NodeTransformer):
         self.count = 0
 
     def visit_Call(self, node):
-        f = node.func
         if (
-            isinstance(f, ast.Attribute)
-            and f.attr in _FACTORIES
-            and isinstance(f.value, ast.Name)
-            and getattr(self.fn.__globals__.get(f.value.id), "__name__", "") == "torch"
+            _torch_factory(self.fn, node)
             and len(node.args) == 1
             and not node.keywords
             and isinstance(node.args[0], ast.Name)
@@ -1396,10 +1404,7 @@ class _FactoryHoister(ast.NodeTransformer):
     def visit_Call(self, node):
         f = node.func
         if (
-            isinstance(f, ast.Attribute)
-            and f.attr in _FACTORIES
-            and isinstance(f.value, ast.Name)
-            and getattr(self.fn.__globals__.get(f.value.id), "__name__", "") == "torch"
+            _torch_factory(self.fn, node)
             and all(
                 isinstance(sub, _SIMPLE)
                 for sub in ast.walk(node)
