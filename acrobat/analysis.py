@@ -785,9 +785,8 @@ class _Region:
     def __init__(
         self, k: int, stmts: list, params: list, values: list, outputs: list, carried: int = 0
     ):
-        self.carried = carried  # > 0: a counted loop's body (ScanBlock), carrying `outputs`
+        self.carried = carried  # > 0: a loop's body (ScanBlock), carrying `outputs`
         self.appends = 0  # a loop body's outputs appended to lists, per step
-        self.counted = True  # a loop over range(...), not over a sequence
         self.reverse = False  # a loop over reversed(<sequence>)
         self.zipped = False  # a loop over zip(<sequence>, ...): one element of each per step
         self.sequences = 0  # elements per step: 0 (counted), 1, or zip's sequences
@@ -1027,7 +1026,6 @@ class _Rewriter:
             ast.Tuple([ast.Name(o, ast.Load()) for o in outputs], ast.Load()), body[-1]
         )
         region.appends = len(lists)
-        region.counted = counted
         region.zipped = zipped
         region.sequences = 0 if counted else len(names)
         region.values = tuple(numbers)

@@ -299,21 +299,18 @@ def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
     op = nodes[0].op
     scan = op.extra["scan"]
     xs = [gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)) for j in range(scan.fixed)]
-    counts = [nd.data for nd in nodes]
-    elements = offsets = None
-    s = scan.sequences
-    if s:
-        active = looping(counts)
-        offsets = list(itertools.accumulate(active, initial=0))[:-1]
+    active = looping([nd.data for nd in nodes])
+    elements = None
+    if scan.sequences:
         elements = scan.elements(nodes, active, lambda c, rows: gather(c, rows, stats))
     t1 = time.perf_counter()
     try:
-        outs = scan.run(xs, counts, elements, offsets)
+        outs = scan.run(xs, active, elements)
     except Exception as exc:
         _explain_failure(nodes, exc)
         raise
-    if scan.carried or not s:
-        stats.launches += op.launches * (counts[0] - 1)
+    if scan.carried or not scan.sequences:  # (a loop without state runs once)
+        stats.launches += op.launches * max(len(active) - 1, 0)
     _finish_batch(nodes, outs, n, stats, t0, t1)
 
 

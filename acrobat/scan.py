@@ -25,6 +25,8 @@ appended values (index ``k + t * m + j``), each a tensor of the rows still loopi
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from acrobat import graph, hoisting
@@ -159,13 +161,13 @@ class Scan:
         count = node.data
         fixed = xs[: self.fixed]
         if self.counted:
-            return self.run(fixed, [count] * n)
+            return self.run(fixed, [n] * count)
         if n != 1:  # pragma: no cover - a batch's rows differ in their elements
             raise ValueError(f"{self.op.name}: one node at a time")
         f, width = self.fixed, len(self.lazy)
         columns = iter([torch.cat(list(xs[f + i :: width])) for i in range(width)])
         elements = self.elements([node], [1] * count, lambda column, rows: next(columns))
-        return self.run(fixed, [count], elements, list(range(count)))
+        return self.run(fixed, [1] * count, elements)
 
     def elements(self, nodes: list, active: list, gather) -> list:
         """Per sequence, the elements of step t of the rows still looping (the first
@@ -188,19 +190,20 @@ class Scan:
             out[j] = torch.tensor(flat, dtype=dtype, device=device)
         return out
 
-    def run(self, xs: list, counts: list, elements=None, offsets=None) -> tuple:
-        """Outputs of rows whose fixed operands are ``xs``, row i looping ``counts[i]``
-        times (non-increasing); over sequences, ``elements[j]`` holds step t's elements
-        of sequence j of the rows still looping at rows ``offsets[t]`` on."""
+    def run(self, xs: list, active: list, elements=None) -> tuple:
+        """Outputs of rows whose fixed operands are ``xs``, rows ``0..active[t]-1``
+        taking step t (``looping``); over sequences, ``elements[j]`` holds sequence j's
+        elements of those rows, step after step (``elements``)."""
         k = self.carried
-        n = len(counts)
         carry = list(xs[:k])
-        if not counts or counts[0] == 0:
+        if not active:
             return tuple(carry)
         first = self.sequences
         free = list(xs[k:])
+        offsets = list(itertools.accumulate(active, initial=0)) if first else []
         if not k and first:
-            return self._run_all(free, counts, elements, offsets)
+            return self._run_all(free, active, elements, offsets)
+        n = xs[0].shape[0]  # every row, those that take no step included
         split = self.split
         per_step = False
         if split is not None:
@@ -218,13 +221,13 @@ class Scan:
             step = self.trace.run_ops
         pieces: list[list] = [[] for _ in range(k)]
         step_outs: list = []
-        active = n
-        for t, a in enumerate(looping(counts)):
-            if a < active:  # rows a..active-1 are done: their carry is final
+        done = n  # rows still looping before this step
+        for t, a in enumerate(active):
+            if a < done:  # rows a..active-1 are done: their carry is final
                 for i in range(k):
-                    pieces[i].append(carry[i][a:active])
+                    pieces[i].append(carry[i][a:done])
                 carry = [c[:a] for c in carry]
-                active = a
+                done = a
             values = carry + [f[:a] for f in free] if a < n else carry + free
             if first:
                 off = offsets[t]
@@ -247,11 +250,10 @@ class Scan:
             outs.append(parts[0] if len(parts) == 1 else torch.cat(parts))
         return (*outs, *step_outs)
 
-    def _run_all(self, free: list, counts: list, elements: list, offsets: list) -> tuple:
+    def _run_all(self, free: list, active: list, elements: list, offsets: list) -> tuple:
         """A loop without state (a comprehension): its steps do not depend on each
         other, so the body runs once over every element of every row, each row's free
         operands repeated for its elements; step t's outputs are views of the result."""
-        active = looping(counts)
         if free:
             rows = [r for a in active for r in range(a)]
             index = torch.tensor(rows, device=free[0].device)
