@@ -261,7 +261,8 @@ def run_batch(nodes: list, stats) -> None:
         return
     else:
         flat = op.extra.get("flat")
-        if flat is not None and flat(n0) and not _columns_are_views(nodes):
+        parts = flat(n0) if flat is not None else 0
+        if parts and (parts > FLAT_PARTS or not _columns_are_views(nodes)):
             _run_flat(nodes, n, stats, t0)
             return
         if op.name in ROW_VIEWS and len(n0.inputs) == 1 and _view_in_place(nodes, n, stats, t0):
@@ -393,6 +394,9 @@ def _view_in_place(nodes: list, n: int, stats, t0: float) -> bool:
         return False  # the per-batch path re-runs it and names the culprit if it fails
     _in_place_rows(nodes, result, rows, stats, t0, t1)
     return True
+
+
+FLAT_PARTS = 2  # a stack / cat of more parts than this always takes the flat path
 
 
 def _columns_are_views(nodes: list) -> bool:
