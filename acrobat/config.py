@@ -112,6 +112,13 @@ NATIVE: bool = bool(_env_int("ACROBAT_NATIVE", 1))
 #: is left alone. Read at every map.
 HOLD_MEMORY: bool = bool(_env_int("ACROBAT_HOLD_MEMORY", 1))
 
+#: ``torch.stack(parts)`` / ``torch.cat(parts)`` along dim 0 of lazy parts of one shape
+#: record with a signature that leaves out the number of parts (ops._special_flat): the
+#: per-sentence stacks of a batch of sentences of 27 different lengths are one batch, one
+#: gathered column of all their parts, each instance's result a view of its rows. Off:
+#: one batch per part count. Read at every call.
+RAGGED: bool = bool(_env_int("ACROBAT_RAGGED", 1))
+
 #: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
 BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
 

@@ -259,6 +259,9 @@ def run_batch(nodes: list, stats) -> None:
     elif op.kind == "scan":
         _run_scan(nodes, n, stats, t0)
         return
+    elif op.kind == "ragged":
+        _run_ragged(nodes, n, stats, t0)
+        return
     else:
         flat = op.extra.get("flat")
         parts = flat(n0) if flat is not None else 0
@@ -315,8 +318,28 @@ def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
     _finish_batch(nodes, outs, n, stats, t0, t1)
 
 
-def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> None:
-    """Account for a batch run and give every node its outputs, row and slot."""
+def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
+    """stack / cat nodes with any number of parts each (ops._special_flat): all parts of
+    all nodes gathered as one column; each node's result is its own range of rows, so
+    each node is a batch of one as far as its consumers' gathers know."""
+    column = [t for nd in nodes for t in nd.inputs]
+    x = gather(column, len(column), stats)
+    t1 = time.perf_counter()
+    rule = nodes[0].op.rule
+    start = 0
+    results = []
+    for nd in nodes:
+        count = len(nd.inputs)
+        results.append(rule(nd, x, start, count).unsqueeze(0))
+        start += count
+    _account(nodes, n, stats, t0, t1)
+    for nd, out in zip(nodes, results):
+        nd.outs = (out,)
+        nd.row = 0
+        nd.slot = next(_batches) << _BATCH_SHIFT
+
+
+def _account(nodes: list, n: int, stats, t0: float, t1: float) -> None:
     t2 = time.perf_counter()
     op = nodes[0].op
     stats.t_gather += t1 - t0
@@ -329,6 +352,11 @@ def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> Non
     else:
         entry[0] += 1
         entry[1] += n
+
+
+def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> None:
+    """Account for a batch run and give every node its outputs, row and slot."""
+    _account(nodes, n, stats, t0, t1)
     base = next(_batches) << _BATCH_SHIFT
     if _native is not None and type(nodes) is list:
         _native.finish_rows(nodes, outs, base)

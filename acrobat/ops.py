@@ -279,6 +279,54 @@ def flat_parts(node) -> int:
     return len(parts)
 
 
+def _special_flat(func, args, kwargs):
+    """``stack(parts)`` / ``cat(parts)`` along dim 0 of lazy parts of one shape and dtype:
+    a "ragged" node whose signature leaves out the number of parts (config.RAGGED), so
+    instances with different part counts (sentences of different lengths, trees of
+    different sizes) batch together: one gathered column of all their parts, each result
+    a view of its rows (executor._run_ragged). Anything else records as usual."""
+    op = FUNCS[func]
+    rt = graph.RT
+    if not config.RAGGED or rt is None or rt.tracer is not None:
+        return record(op, func, args, kwargs)
+    parts = args[0] if args else kwargs.get("tensors")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    extra = len(kwargs) - ("tensors" in kwargs) - ("dim" in kwargs)
+    if extra or len(args) > 2 or type(parts) not in (list, tuple) or not parts:
+        return record(op, func, args, kwargs)
+    first = parts[0]
+    if type(first) is not LazyTensor:
+        return record(op, func, args, kwargs)
+    key = first.key
+    for p in parts:
+        if type(p) is not LazyTensor or p.key != key:
+            return record(op, func, args, kwargs)
+    shape = first.shape
+    stack = op.name == "stack"
+    nd = len(shape) + stack
+    if type(dim) is not int or nd == 0 or (dim + nd if dim < 0 else dim) != 0:
+        return record(op, func, args, kwargs)
+    k = len(parts)
+    out_shape = (k, *shape) if stack else (k * shape[0], *shape[1:])
+    ragged = RAGGED_STACK if stack else RAGGED_CAT
+    info = _RAGGED_INFO.get((out_shape, first.dtype))
+    if info is None:
+        info = _RAGGED_INFO[(out_shape, first.dtype)] = graph.Info(
+            ((torch.Size(out_shape), first.dtype),), True, None
+        )
+    node = graph.add_node(rt, ragged, func, args, kwargs, list(parts), info, (ragged, key))
+    return graph.wrap_outputs(node, info)
+
+
+_RAGGED_INFO: dict = {}  # (output shape, dtype) -> its Info
+
+
+def ragged_rule(node, x, start: int, count: int):
+    """Rows ``start:start + count`` of the gathered parts column ``x`` as one node's
+    stack / cat result (a view where ``x`` allows it)."""
+    return x[start : start + count].reshape(node.info.metas[0][0])
+
+
 def flat_result(node, x, n):
     """``flat_parts``' gathered (n * parts, *shape) rows as the batched stack / cat."""
     return (x.reshape((n, *node.info.metas[0][0])),)
@@ -807,6 +855,10 @@ _add(
        extra={"flat": flat_parts})
 )  # fmt: skip
 _add(Op("stack", cat_rule, "shape", (torch.stack,), extra={"flat": flat_parts}))
+TABLE["cat"].special = TABLE["stack"].special = _special_flat
+# The nodes _special_flat records: the part count is per node, not in the signature.
+RAGGED_STACK = Op("stack", ragged_rule, "ragged", doc="stack of any number of parts")
+RAGGED_CAT = Op("cat", ragged_rule, "ragged", doc="cat of any number of parts")
 for _name, _aliases in {
     "chunk": (torch.chunk, T.chunk),
     "split": (torch.split, T.split),
@@ -1105,6 +1157,8 @@ __all__ = [
     "FUNCS",
     "HOISTED_FACTORIES",
     "HOISTED_GETTERS",
+    "RAGGED_CAT",
+    "RAGGED_STACK",
     "TABLE",
     "Op",
     "supported_names",

@@ -224,7 +224,7 @@ def test_stack_and_cat_of_steps_gather_all_parts_at_once(lengths, how):
     xs = [list(torch.randn(k, 2, 3)) for k in lengths]
     from acrobat.ops import TABLE
 
-    with torch.no_grad():
+    with torch.no_grad(), acrobat.config.override(RAGGED=False):
         stats = check_map(stacked, xs, how=how)
         saved = TABLE["stack"].extra.pop("flat"), TABLE["cat"].extra.pop("flat")
         try:  # the same map, one gather per part
@@ -240,7 +240,7 @@ def test_flat_gather_for_a_long_stack_of_scattered_steps():
     from acrobat.ops import TABLE
 
     xs = [list(torch.randn(k, 2, 3)) for k in (6, 7, 6, 7, 6)]
-    with torch.no_grad():
+    with torch.no_grad(), acrobat.config.override(RAGGED=False):
         stats = check_map(stacked, xs, how="stack0")
         saved = TABLE["stack"].extra.pop("flat")
         try:
@@ -249,6 +249,39 @@ def test_flat_gather_for_a_long_stack_of_scattered_steps():
             TABLE["stack"].extra["flat"] = saved
     # 2 stack batches (lengths 6 and 7): 6 + 7 column gathers become at most 2 x 2
     assert per_part.gathers - stats.gathers >= 13 - 4, (stats, per_part)
+
+
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    how=st.sampled_from(["stack0", "stack-3", "stack1", "cat0", "ragged"]),
+    grad=st.booleans(),
+)
+def test_stacks_of_any_part_count_batch_together(lengths, how, grad):
+    """config.RAGGED: a stack / cat along dim 0 of same-shape parts is one batch whatever
+    each instance's number of parts (one column gather, each result a view of its rows);
+    the others (another dim, parts of different shapes) batch by part count. Same values
+    and gradients as eager either way."""
+    xs = [[torch.randn(2, 3, requires_grad=grad) for _ in range(k)] for k in lengths]
+    with torch.set_grad_enabled(grad):
+        stats = check_map(stacked, xs, how=how)
+        with acrobat.config.override(RAGGED=False):
+            by_count = check_map(stacked, xs, how=how)
+    kinds = len(set(lengths))
+    ragged = how in ("stack0", "stack-3", "cat0")
+    op = "cat" if how.startswith("cat") or how == "ragged" else "stack"
+    assert stats.by_op[op][0] == (1 if ragged else kinds), stats.by_op
+    assert by_count.by_op[op][0] == kinds, by_count.by_op
+    if grad:
+        got, _ = stacked.map(xs, how=how, stats=True)
+        sum(g.sum() * (i + 1) for i, g in enumerate(got)).backward()
+        mapped = [[x.grad.clone() for x in row] for row in xs]
+        for row in xs:
+            for x in row:
+                x.grad = None
+        sum(stacked.eager(row, how=how).sum() * (i + 1) for i, row in enumerate(xs)).backward()
+        for i, row in enumerate(xs):
+            for j, x in enumerate(row):
+                torch.testing.assert_close(mapped[i][j], x.grad, msg=f"instance {i} part {j}")
 
 
 @acrobat.autobatch
