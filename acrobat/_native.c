@@ -954,6 +954,74 @@ fail:
     return NULL;
 }
 
+/* scan_column(nodes, first, width, j, active): sequence j's elements of a batch of
+ * loops, step-major: for step t, operand first + t * width + j of the first active[t]
+ * nodes; with their slots (executor.gather), as column() does for one operand. */
+static PyObject *scan_column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 5 || !PyList_Check(a[0]) || !PyList_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError, "scan_column(nodes: list, first, width, j, active: list)");
+        return NULL;
+    }
+    PyObject *nodes = a[0], *active = a[4];
+    Py_ssize_t first = PyLong_AsSsize_t(a[1]), width = PyLong_AsSsize_t(a[2]),
+               j = PyLong_AsSsize_t(a[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(nodes), steps = PyList_GET_SIZE(active), total = 0;
+    for (Py_ssize_t t = 0; t < steps; t++) {
+        Py_ssize_t k = PyLong_AsSsize_t(PyList_GET_ITEM(active, t));
+        if (k == -1 && PyErr_Occurred()) return NULL;
+        if (k < 0 || k > m) {
+            PyErr_SetString(PyExc_ValueError, "scan_column: active[t] out of range");
+            return NULL;
+        }
+        total += k;
+    }
+    PyObject *col = PyList_New(total), *slots = PyList_New(total);
+    if (col == NULL || slots == NULL) goto fail;
+    Py_ssize_t out = 0;
+    for (Py_ssize_t t = 0; t < steps; t++) {
+        Py_ssize_t k = PyLong_AsSsize_t(PyList_GET_ITEM(active, t));
+        Py_ssize_t pos = first + t * width + j;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            PyObject *nd = PyList_GET_ITEM(nodes, i);
+            if (!PyObject_TypeCheck(nd, &NodeType)) {
+                PyErr_SetString(PyExc_TypeError, "scan_column: not a Node");
+                goto fail;
+            }
+            PyObject *ins = ((NodeObject *)nd)->inputs;
+            if (ins == NULL || !PyList_CheckExact(ins) || pos >= PyList_GET_SIZE(ins)) {
+                PyErr_SetString(PyExc_IndexError, "scan_column: a node has no such operand");
+                goto fail;
+            }
+            PyObject *x = PyList_GET_ITEM(ins, pos);
+            if (!PyObject_TypeCheck(x, &LazyType) ||
+                !PyObject_TypeCheck(((LazyObject *)x)->node, &NodeType)) {
+                PyErr_SetString(PyExc_TypeError, "scan_column: an operand is not a LazyTensor");
+                goto fail;
+            }
+            long long idx = PyLong_AsLongLong(((LazyObject *)x)->idx);
+            if (idx == -1 && PyErr_Occurred()) goto fail;
+            PyObject *slot =
+                PyLong_FromLongLong(((NodeObject *)((LazyObject *)x)->node)->slot + (idx << 24));
+            if (slot == NULL) goto fail;
+            Py_INCREF(x);
+            PyList_SET_ITEM(col, out, x);
+            PyList_SET_ITEM(slots, out, slot);
+            out++;
+        }
+    }
+    {
+        PyObject *r = PyTuple_Pack(2, col, slots);
+        Py_DECREF(col);
+        Py_DECREF(slots);
+        return r;
+    }
+fail:
+    Py_XDECREF(col);
+    Py_XDECREF(slots);
+    return NULL;
+}
+
 /* finish_rows(nodes, outs, base): node i gets outs, row i and slot base + i
  * (executor._finish_batch). */
 static PyObject *finish_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
@@ -1023,6 +1091,45 @@ static PyObject *heights(PyObject *mod, PyObject *batches) {
  * ``bases`` yet (nothing to trust in dst); None when a source is marked None (not
  * readable as bytes: torch must gather). The caller guarantees every base is the address
  * of a live contiguous CPU buffer of rows of ``nbytes`` and dst holds len(slots) rows. */
+/* The positions, from ``start`` on, of the first row of each source of ``slots``
+ * missing from ``bases`` (copy_rows' answer when it cannot copy yet). */
+static PyObject *missing_sources(PyObject *slots, PyObject *bases, Py_ssize_t start) {
+    PyObject *seen = PySet_New(NULL), *found = PyList_New(0);
+    if (seen == NULL || found == NULL) goto fail;
+    long long last_key = -1;
+    Py_ssize_t m = PyList_GET_SIZE(slots);
+    for (Py_ssize_t i = start; i < m; i++) {
+        long long slot = PyLong_AsLongLong(PyList_GET_ITEM(slots, i));
+        if (slot == -1 && PyErr_Occurred()) goto fail;
+        long long key = slot >> 24;
+        if (key == last_key) continue;
+        last_key = key;
+        PyObject *k = PyLong_FromLongLong(key);
+        if (k == NULL) goto fail;
+        int known = PyDict_Contains(bases, k);
+        int dup = known == 0 ? PySet_Contains(seen, k) : 0;
+        if (known < 0 || dup < 0 || (known == 0 && !dup && PySet_Add(seen, k) < 0)) {
+            Py_DECREF(k);
+            goto fail;
+        }
+        Py_DECREF(k);
+        if (known == 0 && !dup) {
+            PyObject *pos = PyLong_FromSsize_t(i);
+            if (pos == NULL || PyList_Append(found, pos) < 0) {
+                Py_XDECREF(pos);
+                goto fail;
+            }
+            Py_DECREF(pos);
+        }
+    }
+    Py_DECREF(seen);
+    return found;
+fail:
+    Py_XDECREF(seen);
+    Py_XDECREF(found);
+    return NULL;
+}
+
 static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (n != 4 || !PyList_Check(a[1]) || !PyDict_Check(a[2])) {
         PyErr_SetString(PyExc_TypeError, "copy_rows(dst, slots: list, bases: dict, nbytes)");
@@ -1047,7 +1154,7 @@ static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
             Py_DECREF(k);
             if (b == NULL) {
                 if (PyErr_Occurred()) return NULL;
-                Py_RETURN_FALSE;
+                return missing_sources(slots, bases, i);
             }
             if (b == Py_None) Py_RETURN_NONE;
             last_base = (char *)PyLong_AsVoidPtr(b);
@@ -1075,11 +1182,14 @@ static PyMethodDef methods[] = {
     {"heights", (PyCFunction)heights, METH_O,
      "heights(batches): scheduler.relevel's longest-path pass"},
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
-     "copy_rows(dst, slots, bases, nbytes) -> True | False (a base missing) | None"},
+     "copy_rows(dst, slots, bases, nbytes) -> True | [first row of each source missing "
+     "from bases] | None (a source that cannot be read by address)"},
     {"record_data", (PyCFunction)(void (*)(void))record_data, METH_FASTCALL,
      "record_data(rt, op, sig, data, shape, dtype, deferred) -> LazyTensor | None"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
      "column(nodes, j) -> (operand j of each node, their slots)"},
+    {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL,
+     "scan_column(nodes, first, width, j, active) -> (sequence j's elements step-major, slots)"},
     {"finish_rows", (PyCFunction)(void (*)(void))finish_rows, METH_FASTCALL,
      "finish_rows(nodes, outs, base): outs, row and slot of each node of a batch"},
     {"setup_record", (PyCFunction)setup_record, METH_VARARGS,

@@ -128,8 +128,8 @@ def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
     if _native is not None:  # addresses and copies in one C loop
         out = torch.empty((len(slots), *shape), dtype=dtype)
         done = _native.copy_rows(out.data_ptr(), slots, bases, nbytes)
-        if done is False:  # a source read for the first time: now every one is known
-            _note_bases(ts, slots, shape, dtype)
+        if type(done) is list:  # the first row of each source read for the first time
+            _note_bases([ts[i] for i in done], [slots[i] for i in done], shape, dtype)
             done = _native.copy_rows(out.data_ptr(), slots, bases, nbytes)
         return out if done else None  # None: a source torch must read
     try:
@@ -306,7 +306,9 @@ def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
     active = looping([nd.data for nd in nodes])
     elements = None
     if scan.sequences:
-        elements = scan.elements(nodes, active, lambda c, rows: gather(c, rows, stats))
+        elements = scan.elements(
+            nodes, active, lambda c, rows, slots: gather(c, rows, stats, slots=slots)
+        )
     t1 = time.perf_counter()
     try:
         outs = scan.run(xs, active, elements)

@@ -31,6 +31,7 @@ import torch
 
 from acrobat import graph, hoisting
 from acrobat.ops import Op
+from acrobat.tensor import _native
 
 
 def looping(counts: list) -> list[int]:
@@ -166,24 +167,30 @@ class Scan:
             raise ValueError(f"{self.op.name}: one node at a time")
         f, width = self.fixed, len(self.lazy)
         columns = iter([torch.cat(list(xs[f + i :: width])) for i in range(width)])
-        elements = self.elements([node], [1] * count, lambda column, rows: next(columns))
+        elements = self.elements([node], [1] * count, lambda column, rows, slots: next(columns))
         return self.run(fixed, [1] * count, elements)
 
     def elements(self, nodes: list, active: list, gather) -> list:
         """Per sequence, the elements of step t of the rows still looping (the first
-        ``active[t]`` of ``nodes``), step-major: lazy ones by ``gather(column, rows)``,
+        ``active[t]`` of ``nodes``), step-major: lazy ones by ``gather(column, rows,
+        slots)`` (slots: executor._slots of the column, or None),
         Python numbers made one tensor."""
         lazy = self.lazy
-        columns: list = [[] for _ in lazy]
         first = self.fixed
         width = len(lazy)
-        for t, a in enumerate(active):
-            base = first + t * width
-            for j, column in enumerate(columns):
-                column.extend([nd.inputs[base + j] for nd in nodes[:a]])
         out: list = [None] * self.sequences
-        for j, column in zip(lazy, columns):
-            out[j] = gather(column, len(column))
+        if _native is not None and type(nodes) is list:  # operands and slots: C loops
+            for i, j in enumerate(lazy):
+                column, slots = _native.scan_column(nodes, first, width, i, active)
+                out[j] = gather(column, len(column), slots)
+        else:
+            columns: list = [[] for _ in lazy]
+            for t, a in enumerate(active):
+                base = first + t * width
+                for i, column in enumerate(columns):
+                    column.extend([nd.inputs[base + i] for nd in nodes[:a]])
+            for j, column in zip(lazy, columns):
+                out[j] = gather(column, len(column), None)
         device = nodes[0].rt.device
         for i, (j, dtype) in enumerate(zip(self.values, self.value_dtypes)):
             flat = [nd.args[i][t] for t, a in enumerate(active) for nd in nodes[:a]]

@@ -191,6 +191,16 @@ def test_native_copy_rows_copies_the_rows_its_slots_name(shape, dtype, heights, 
     if chosen:
         s0 = chosen[0][0]
         missing = {k: v for k, v in bases.items() if k != keys[s0]}
-        assert _native.copy_rows(got.data_ptr(), slots, missing, nbytes) is False
+        # the answer names the first row of the missing source, nothing else
+        assert _native.copy_rows(got.data_ptr(), slots, missing, nbytes) == [0]
+        absent = {keys[s] for s, _ in chosen[1:]} - {keys[s0]}
+        few = {k: v for k, v in bases.items() if k not in absent}
+        first = {}
+        for i, (s, _) in enumerate(chosen):
+            if keys[s] in absent:
+                first.setdefault(keys[s], i)
+        assert _native.copy_rows(got.data_ptr(), slots, few, nbytes) == (
+            sorted(first.values()) or True
+        )
         unreadable = {**bases, keys[s0]: None}
         assert _native.copy_rows(got.data_ptr(), slots, unreadable, nbytes) is None
