@@ -244,7 +244,7 @@ static PyObject *one;           /* the int 1 */
 
 static PyObject *s_sig;
 static PyObject *s_fiber, *s_phase, *s_instance, *s_buckets, *s_nodes, *s_ALIGN_WINDOW,
-    *s_metas, *s_keys, *s_single;
+    *s_metas, *s_keys, *s_single, *s_struct, *s_plain_tuple;
 
 static PyObject *setup(PyObject *mod, PyObject *args) {
     PyObject *nc, *lc, *q, *ci, *cfg, *tk;
@@ -472,6 +472,54 @@ static PyObject *lazy1(PyObject *node, PyObject *info) {
     return out;
 }
 
+/* tuple(LazyTensor(node, k, *info.metas[k], info.keys[k]) for every output k): a
+ * multi-output node's outputs when they are a plain tuple (info.struct is None); NULL
+ * without an exception when they are not. */
+static PyObject *lazy_all(PyObject *node, PyObject *info) {
+    PyObject *st = PyObject_GetAttr(info, s_struct);
+    if (st == NULL) return NULL;
+    int plain = st == Py_None;
+    Py_DECREF(st);
+    if (!plain) return NULL;
+    PyObject *metas = PyObject_GetAttr(info, s_metas);
+    if (metas == NULL) return NULL;
+    PyObject *keys = PyObject_GetAttr(info, s_keys), *out = NULL;
+    if (keys == NULL) goto done;
+    if (!PyTuple_CheckExact(metas) || !PyTuple_CheckExact(keys) ||
+        PyTuple_GET_SIZE(metas) != PyTuple_GET_SIZE(keys)) {
+        PyErr_SetString(PyExc_TypeError, "info.metas and info.keys must be tuples of one length");
+        goto done;
+    }
+    Py_ssize_t m = PyTuple_GET_SIZE(metas);
+    out = PyTuple_New(m);
+    if (out == NULL) goto done;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        PyObject *mk = PyTuple_GET_ITEM(metas, k);
+        if (!PyTuple_CheckExact(mk) || PyTuple_GET_SIZE(mk) != 2) {
+            PyErr_SetString(PyExc_TypeError, "info.metas[k] must be (shape, dtype)");
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyObject *idx = PyLong_FromSsize_t(k);
+        if (idx == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyObject *t = new_lazy(node, idx, PyTuple_GET_ITEM(mk, 0), PyTuple_GET_ITEM(mk, 1),
+                               PyTuple_GET_ITEM(keys, k));
+        Py_DECREF(idx);
+        if (t == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out, k, t);
+    }
+done:
+    Py_DECREF(metas);
+    Py_XDECREF(keys);
+    return out;
+}
+
 /* ---- record: graph.record after its runtime checks ------------------------------- */
 
 static PyObject *freeze_fn;         /* graph.freeze */
@@ -488,6 +536,8 @@ static PyObject *outputs_of(PyObject *node, PyObject *info) {
     Py_DECREF(single);
     if (one < 0) return NULL;
     if (one) return lazy1(node, info);
+    PyObject *all = lazy_all(node, info);
+    if (all != NULL || PyErr_Occurred()) return all;
     return PyObject_CallFunctionObjArgs(wrap_outputs_fn, node, info, NULL);
 }
 
@@ -817,6 +867,13 @@ static PyObject *block_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
             out = lazy1(node, tinfo);
             goto done;
         }
+    }
+    Py_CLEAR(v);
+    v = PyObject_GetAttr(trace, s_plain_tuple);  /* outputs exactly a tuple of them */
+    if (v == NULL) goto done;
+    if (v == Py_True) {
+        out = lazy_all(node, tinfo);
+        if (out != NULL || PyErr_Occurred()) goto done;
     }
     out = PyObject_CallFunctionObjArgs(finish_fn, trace, node, inputs, NULL);
     goto done;
@@ -1232,6 +1289,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_memo, "memo");
     INTERN(s_arg_pos, "arg_pos");
     INTERN(s_var, "var");
+    INTERN(s_struct, "struct");
+    INTERN(s_plain_tuple, "plain_tuple");
 #undef INTERN
     zero = PyLong_FromLong(0);
     one = PyLong_FromLong(1);

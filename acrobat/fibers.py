@@ -20,7 +20,7 @@ import torch
 from greenlet import greenlet
 from torch.overrides import TorchFunctionMode
 
-from acrobat import config, graph
+from acrobat import config, graph, tensor
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
 from acrobat.executor import execute, reset_slots
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
@@ -290,6 +290,11 @@ def demand_py(t: LazyTensor):
     per batch (one ``tolist``) and each fiber takes its row: a parser's or a tree
     generator's per-decision read costs a list index instead of three torch calls."""
     host = _wait(t)
+    if host is None:  # this batch's output converted already: no torch call at all
+        node = t.node
+        rows = node.rt.py_rows.get(id(node.outs[t.idx]))
+        if rows is not None:
+            return _copy(rows[node.row])
     with torch._C.DisableTorchFunction():
         if host is not None:
             return host.tolist()
@@ -302,6 +307,9 @@ def demand_py(t: LazyTensor):
         if rows is None:
             rows = rt.py_rows[id(buf)] = buf.tolist()
         return _copy(rows[node.row])  # the caller may mutate its list
+
+
+tensor.DEMAND_PY = demand_py
 
 
 def _copy(row):

@@ -34,6 +34,17 @@ _TYPE_KEYS: dict[tuple, int] = {}
 _LONG = torch.int64
 
 
+def _demand_py(t):
+    from acrobat import fibers
+
+    return fibers.demand_py(t)
+
+
+# ``t.tolist()`` / ``t.item()``'s value read: fibers.demand_py, bound by acrobat.fibers
+# at import (a call per tree node or parser step: no import statement on the way)
+DEMAND_PY = _demand_py
+
+
 def index_tensor(values: list, device: torch.device) -> torch.Tensor:
     """An int64 index tensor of a list of ints: through an ``array`` buffer, 5x cheaper
     than ``torch.tensor(list)`` (1.3 vs 6 us for 50 ints), which the executor pays per
@@ -136,17 +147,13 @@ class LazyTensor(_LazyBase):
             raise ValueError(
                 f"a Tensor with {self.shape.numel()} elements cannot be converted to Scalar"
             )
-        from acrobat import fibers
-
-        value = fibers.demand_py(self)
+        value = DEMAND_PY(self)
         while type(value) is list:  # a (1,)- or (1, 1)-shaped tensor
             value = value[0]
         return value
 
     def tolist(self):
-        from acrobat import fibers
-
-        return fibers.demand_py(self)
+        return DEMAND_PY(self)
 
     def __bool__(self) -> bool:
         return bool(self.item())
