@@ -230,6 +230,7 @@ def fork(fn, *args, **kwargs) -> Future:
     child = Fiber(parent.instance, parent.phase)
     child.task = (fn, args, kwargs, False)
     rt.all_fibers.append(child)
+    rt.live.append(child)
     rt.ready.append(child)
     return Future(child)
 
@@ -400,8 +401,8 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
                     f"deadlock: fibers wait for each other and none can make progress ({names})"
                 )
             break
-        live = [f.phase for f in rt.all_fibers if not f.done]
-        max_phase = min(live)
+        rt.live = live = [f for f in rt.live if not f.done]  # pruned as fibers end
+        max_phase = min([f.phase for f in live])
         for f in blocked:
             p = f.waiting.node.phase
             if p > max_phase:
@@ -483,6 +484,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         fiber.task = (fn, args, kwargs, True)
         rt.all_fibers.append(fiber)
     rt.ready.extend(rt.all_fibers)
+    rt.live = list(rt.all_fibers)
     graph.RT = rt
     t0 = time.perf_counter()
     # A map allocates many small objects and frees none of them until it ends: the cyclic
@@ -505,7 +507,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         graph.RT = None
         stats.t_total = time.perf_counter() - t0
         stats.nodes = rt.nodes
-        rt.all_fibers = []
+        rt.all_fibers = rt.live = []
         rt.ready.clear()
         rt.main = None
         for split in rt.used_splits:  # traces outlive the map; this run's graph must not

@@ -124,6 +124,7 @@ class Runtime:
         self.blocked: list = []
         self.main = None  # the scheduler's greenlet
         self.all_fibers: list = []
+        self.live: list = []  # fibers not known to be done (pruned at each flush)
         self.thread = threading.get_ident()  # map runs on one thread; others see no runtime
         self.nodes = 0
         self.deferred = 0  # deferred constants not queued (yet): see record_data
@@ -452,6 +453,10 @@ def hoist(func, args, kwargs):
     """Run an op whose operands are all real (parameters, constants) once per map call:
     the cache makes every instance share one result (ACRoBat's hoisting, A.1)."""
     rt = RT
+    if not kwargs and len(args) == 1 and type(args[0]) is int:  # torch.zeros(h): the key
+        hit = rt.hoisted.get((func, args, ()))  # freeze makes, without the calls
+        if hit is not None:
+            return hit
     try:
         inputs: list = []
         key = (func, tuple([freeze(a, inputs) for a in args]), freeze_kwargs(kwargs, inputs))
