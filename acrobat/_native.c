@@ -520,6 +520,40 @@ done:
     return out;
 }
 
+/* lazy_range(node, start, stop, step, shape, dtype, key): [LazyTensor(node, i, shape,
+ * dtype, key) for i in range(start, stop, step)] (a loop's per-step outputs). */
+static PyObject *lazy_range(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 7) {
+        PyErr_SetString(PyExc_TypeError, "lazy_range(node, start, stop, step, shape, dtype, key)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(a[1]), stop = PyLong_AsSsize_t(a[2]),
+               step = PyLong_AsSsize_t(a[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (step <= 0) {
+        PyErr_SetString(PyExc_ValueError, "lazy_range: step must be positive");
+        return NULL;
+    }
+    Py_ssize_t m = stop > start ? (stop - start + step - 1) / step : 0;
+    PyObject *out = PyList_New(m);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *idx = PyLong_FromSsize_t(start + i * step);
+        if (idx == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *t = new_lazy(a[0], idx, a[4], a[5], a[6]);
+        Py_DECREF(idx);
+        if (t == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    return out;
+}
+
 /* ---- record: graph.record after its runtime checks ------------------------------- */
 
 static PyObject *freeze_fn;         /* graph.freeze */
@@ -1245,6 +1279,8 @@ static PyMethodDef methods[] = {
      "record_data(rt, op, sig, data, shape, dtype, deferred) -> LazyTensor | None"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
      "column(nodes, j) -> (operand j of each node, their slots)"},
+    {"lazy_range", (PyCFunction)(void (*)(void))lazy_range, METH_FASTCALL,
+     "lazy_range(node, start, stop, step, shape, dtype, key) -> [LazyTensor per index]"},
     {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL,
      "scan_column(nodes, first, width, j, active) -> (sequence j's elements step-major, slots)"},
     {"finish_rows", (PyCFunction)(void (*)(void))finish_rows, METH_FASTCALL,

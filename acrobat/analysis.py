@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from acrobat import config, graph
+from acrobat import config, executor, graph
 from acrobat.block import Block
 from acrobat.errors import LazyValueError
 from acrobat.ops import _SCALAR, TENSOR
@@ -612,8 +612,15 @@ class ScanBlock:
             if not _code_like(a):
                 return None  # an object whose state a trace would fix
             _remember(known, a)
+        if config.CONSTANT_STATES and not all(type(v) is graph.LazyTensor for v in values[:k]):
+            # a state that starts as a shared constant (torch.zeros(h)): read as a row
+            made = rt.factory_keys
+            values = tuple(
+                executor.constant(rt, v) if i < k and id(v) in made else v
+                for i, v in enumerate(values)
+            )
         if not all(type(v) is graph.LazyTensor for v in values[:k]):
-            # a state that starts as a real tensor (torch.zeros): the first step alone
+            # a state that starts as another real tensor: the first step alone
             values = (*self._finish(1, seqs, lists, values), *values[k:])
             seqs = [seq[1:] for seq in seqs]
             count -= 1

@@ -119,6 +119,13 @@ HOLD_MEMORY: bool = bool(_env_int("ACROBAT_HOLD_MEMORY", 1))
 #: one batch per part count. Read at every call.
 RAGGED: bool = bool(_env_int("ACROBAT_RAGGED", 1))
 
+#: A loop outlined as a scan whose state starts as a constant made by a pure factory
+#: (``h = torch.zeros(n)`` before ``for x in xs: h = cell(x, h)``) reads that constant as
+#: a row shared by every instance (executor.constant), so its first step runs with the
+#: others; off, the first step is peeled off and recorded as one block call per instance.
+#: Read at every call.
+CONSTANT_STATES: bool = bool(_env_int("ACROBAT_CONSTANT_STATES", 1))
+
 #: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
 BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
 

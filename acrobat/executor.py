@@ -50,6 +50,28 @@ def reset_slots() -> None:
 _bases: dict[int, int | None] = {}
 
 
+def constant(rt, value: torch.Tensor):
+    """A LazyTensor of a real tensor that every instance shares (a hoisted ``torch.zeros``),
+    as a node computed already: a batch reads it as the same row for every instance. A
+    loop whose state starts at such a constant then runs its first step with the others
+    instead of alone (analysis.ScanBlock)."""
+    from acrobat.graph import Info, LazyTensor, Node
+    from acrobat.ops import INPUT
+
+    hit = rt.constants.get(id(value))
+    if hit is not None:
+        return hit
+    shape, dtype = value.shape, value.dtype
+    info = Info(((shape, dtype),), True, None)
+    node = Node(INPUT, None, (), None, [], info, None, 0, 0, -1, rt)
+    with torch._C.DisableTorchFunction():
+        node.outs = (value.unsqueeze(0),)
+    node.row = 0
+    node.slot = next(_batches) << _BATCH_SHIFT
+    rt.constants[id(value)] = out = LazyTensor(node, 0, shape, dtype, info.keys[0])
+    return out
+
+
 def _slots(ts: list) -> list:
     """Where each computed LazyTensor of ``ts`` lives, as one int (see above)."""
     return [t.node.slot + (t.idx << _IDX_SHIFT) for t in ts]

@@ -136,6 +136,8 @@ class Runtime:
         # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)
         # keys its trace by how the constant was made, not by the per-run object
         self.factory_keys: dict[int, tuple] = {}
+        # id(shared constant) -> a computed LazyTensor of it (executor.constant)
+        self.constants: dict[int, LazyTensor] = {}
 
 
 RT: Runtime | None = None  # the active runtime (set by fibers.run_map)

@@ -146,8 +146,11 @@ class Scan:
         if len({id(out) for out in lists}) == m:  # each output its own list
             for j, out in enumerate(lists):
                 (shape, dtype), key = metas[k + j], keys[k + j]
-                positions = range(k + j, k + count * m, m)
-                out.extend([LazyTensor(node, i, shape, dtype, key) for i in positions])
+                if _native is not None:
+                    out.extend(_native.lazy_range(node, k + j, k + count * m, m, shape, dtype, key))
+                else:
+                    positions = range(k + j, k + count * m, m)
+                    out.extend([LazyTensor(node, i, shape, dtype, key) for i in positions])
         else:  # several appends to one list: in step order
             for t in range(count):
                 base = k + t * m

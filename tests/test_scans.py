@@ -124,12 +124,20 @@ def test_a_batch_of_scans_runs_each_step_on_the_rows_still_looping():
 
 def test_state_that_starts_real_and_attributes_of_inputs():
     items = [Item(x, n) for x, n in zip(_vectors(3, 5), [4, 0, 1, 2, 6])]
+    want = [run_from_zero.eager(item) for item in items]
     with torch.no_grad():
         got, stats = run_from_zero.map(items, stats=True)
-    _close(got, [run_from_zero.eager(item) for item in items])
-    # after the first step: one scan node for each of the loops with 2+ steps left (4, 6)
+        with config.override(CONSTANT_STATES=False):
+            peeled, peeled_stats = run_from_zero.map(items, stats=True)
+    _close(got, want)
+    _close(peeled, want)
+    # the zeros state is read as a shared row: one scan node per loop of 2+ steps (4, 2, 6)
     (scans,) = [v for k, v in stats.by_op.items() if k.startswith("scan:from_zero")]
+    assert scans == [1, 3]
+    # peeled: the first step alone, then a scan for each loop with 2+ steps left (4, 6)
+    (scans,) = [v for k, v in peeled_stats.by_op.items() if k.startswith("scan:from_zero")]
     assert scans == [1, 2]
+    assert peeled_stats.nodes > stats.nodes
 
 
 def test_the_loop_invariant_gemm_is_hoisted_out_of_the_loop():
