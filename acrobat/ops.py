@@ -1132,7 +1132,28 @@ def _embedding_forward(self, input):
     return _ORIGINAL_FORWARD[nn.Embedding](self, input)
 
 
+FAST_CALL = True  # with FAST_MODULES: also Module.__call__ (measured separately)
 _FAST_FORWARD = {nn.Linear: _linear_forward, nn.Embedding: _embedding_forward}
+_MODULE_CALL = nn.Module.__call__
+_mm = torch.nn.modules.module
+
+
+def _fast_call(self, *args, **kwargs):
+    """``Module.__call__`` of the fast-path classes while a map runs: one lazy input, no
+    hooks anywhere, not compiled: straight to ``forward`` (what ``_call_impl`` does then,
+    without its two frames and checks: a word lookup 4.8 -> ~3.7 µs); else the original."""
+    if (
+        len(args) == 1
+        and type(args[0]) is LazyTensor
+        and not kwargs
+        and not (self._forward_hooks or self._forward_pre_hooks)
+        and not (self._backward_hooks or self._backward_pre_hooks)
+        and self._compiled_call_impl is None
+        and not (_mm._global_forward_hooks or _mm._global_forward_pre_hooks)
+        and not (_mm._global_backward_hooks or _mm._global_backward_pre_hooks)
+    ):
+        return self.forward(args[0])
+    return _MODULE_CALL(self, *args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -1145,11 +1166,15 @@ def fast_modules():
         return
     for cls, fwd in _FAST_FORWARD.items():
         cls.forward = fwd  # type: ignore[method-assign]
+        if FAST_CALL:
+            cls.__call__ = _fast_call  # type: ignore[method-assign]
     try:
         yield
     finally:
         for cls, fwd in _ORIGINAL_FORWARD.items():
             cls.forward = fwd  # type: ignore[method-assign]
+            if "__call__" in vars(cls):
+                del cls.__call__
 
 
 __all__ = [

@@ -91,6 +91,30 @@ def test_subclass_forward_and_hooks_are_respected():
     assert len(calls) == 4 + 4  # every map call and every eager call ran the hook
 
 
+def test_pre_hooks_and_global_hooks_see_every_call():
+    """The fast ``__call__`` (ops._fast_call) skips torch's call machinery only when no hook
+    of any kind is registered: a pre-hook on the module, or a global forward hook, makes
+    every call take the original route; both are back to torch's when the map returns."""
+    m = nn.Linear(3, 3)
+    seen = []
+    xs = [torch.randn(3) for _ in range(4)]
+    handle = m.register_forward_pre_hook(lambda mod, inp: seen.append("pre"))
+    with torch.no_grad():
+        check_map(doubled, xs, m=m)
+    handle.remove()
+    assert seen.count("pre") == 4 + 4
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda mod, inp, out: seen.append("global")
+    )
+    try:
+        with torch.no_grad():
+            check_map(doubled, xs, m=m)
+    finally:
+        handle.remove()
+    assert seen.count("global") == 4 + 4
+    assert "__call__" not in vars(nn.Linear) and "__call__" not in vars(nn.Embedding)
+
+
 def test_original_forwards_return_after_a_failing_map():
     m = Tagger(10, 4)
     # instance 1 looks up a word out of range (an IndexError op by op; an AcrobatError
@@ -99,5 +123,6 @@ def test_original_forwards_return_after_a_failing_map():
         tag.map([[1, 2], [99]], m=m)
     assert nn.Linear.forward.__module__ == "torch.nn.modules.linear"
     assert nn.Embedding.forward.__module__ == "torch.nn.modules.sparse"
+    assert "__call__" not in vars(nn.Linear) and "__call__" not in vars(nn.Embedding)
     with torch.no_grad():
         check_map(tag, [[1, 2], [3]], m=m)
