@@ -992,6 +992,34 @@ static PyObject *has_lazy(PyObject *mod, PyObject *a) {
 
 /* ---- executor helpers: the per-row loops of a batch ------------------------------ */
 
+/* (col, slots), the references to both given up; NULL if packing fails. */
+static PyObject *pack_columns(PyObject *col, PyObject *slots) {
+    PyObject *r = PyTuple_Pack(2, col, slots);
+    Py_DECREF(col);
+    Py_DECREF(slots);
+    return r;
+}
+
+/* col[i] = x and slots[i] = its slot (executor._slots) for a computed LazyTensor
+ * operand ``x``; -1 with an exception naming ``who`` otherwise. */
+static int put_operand(PyObject *x, PyObject *col, PyObject *slots, Py_ssize_t i,
+                       const char *who) {
+    if (!PyObject_TypeCheck(x, &LazyType) ||
+        !PyObject_TypeCheck(((LazyObject *)x)->node, &NodeType)) {
+        PyErr_Format(PyExc_TypeError, "%s: an operand is not a LazyTensor", who);
+        return -1;
+    }
+    long long idx = PyLong_AsLongLong(((LazyObject *)x)->idx);
+    if (idx == -1 && PyErr_Occurred()) return -1;
+    PyObject *slot =
+        PyLong_FromLongLong(((NodeObject *)((LazyObject *)x)->node)->slot + (idx << 24));
+    if (slot == NULL) return -1;
+    Py_INCREF(x);
+    PyList_SET_ITEM(col, i, x);
+    PyList_SET_ITEM(slots, i, slot);
+    return 0;
+}
+
 /* column(nodes, j) -> (operands, slots): operand j of every node and where each lives
  * (executor._slots: ``t.node.slot + (t.idx << 24)``; producers must be computed). */
 static PyObject *column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
@@ -1021,24 +1049,9 @@ static PyObject *column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
             PyErr_SetString(PyExc_IndexError, "column: a node has no operand j");
             goto fail;
         }
-        if (!PyObject_TypeCheck(t, &LazyType) ||
-            !PyObject_TypeCheck(((LazyObject *)t)->node, &NodeType)) {
-            PyErr_SetString(PyExc_TypeError, "column: an operand is not a LazyTensor");
-            goto fail;
-        }
-        long long idx = PyLong_AsLongLong(((LazyObject *)t)->idx);
-        if (idx == -1 && PyErr_Occurred()) goto fail;
-        PyObject *slot =
-            PyLong_FromLongLong(((NodeObject *)((LazyObject *)t)->node)->slot + (idx << 24));
-        if (slot == NULL) goto fail;
-        Py_INCREF(t);
-        PyList_SET_ITEM(col, i, t);
-        PyList_SET_ITEM(slots, i, slot);
+        if (put_operand(t, col, slots, i, "column") < 0) goto fail;
     }
-    PyObject *r = PyTuple_Pack(2, col, slots);
-    Py_DECREF(col);
-    Py_DECREF(slots);
-    return r;
+    return pack_columns(col, slots);
 fail:
     Py_XDECREF(col);
     Py_XDECREF(slots);
@@ -1084,29 +1097,12 @@ static PyObject *scan_column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
                 PyErr_SetString(PyExc_IndexError, "scan_column: a node has no such operand");
                 goto fail;
             }
-            PyObject *x = PyList_GET_ITEM(ins, pos);
-            if (!PyObject_TypeCheck(x, &LazyType) ||
-                !PyObject_TypeCheck(((LazyObject *)x)->node, &NodeType)) {
-                PyErr_SetString(PyExc_TypeError, "scan_column: an operand is not a LazyTensor");
+            if (put_operand(PyList_GET_ITEM(ins, pos), col, slots, out, "scan_column") < 0)
                 goto fail;
-            }
-            long long idx = PyLong_AsLongLong(((LazyObject *)x)->idx);
-            if (idx == -1 && PyErr_Occurred()) goto fail;
-            PyObject *slot =
-                PyLong_FromLongLong(((NodeObject *)((LazyObject *)x)->node)->slot + (idx << 24));
-            if (slot == NULL) goto fail;
-            Py_INCREF(x);
-            PyList_SET_ITEM(col, out, x);
-            PyList_SET_ITEM(slots, out, slot);
             out++;
         }
     }
-    {
-        PyObject *r = PyTuple_Pack(2, col, slots);
-        Py_DECREF(col);
-        Py_DECREF(slots);
-        return r;
-    }
+    return pack_columns(col, slots);
 fail:
     Py_XDECREF(col);
     Py_XDECREF(slots);
