@@ -533,9 +533,17 @@ class RegionBlock(AutoBlock):
             return self.impl(*args)
         self.hits += 1
         out = AutoBlock.__call__(self, *args)
-        if len(self.block.cache) > config.BLOCK_CACHE_SIZE // 4:
+        if _retraces(self.block):
             self.disabled = True  # a new trace per call: scalars that change every time
         return out
+
+
+def _retraces(block: Block) -> bool:
+    """Whether an outlined run keeps making traces: more than BLOCK_CACHE_SIZE // 4 of
+    them in one map (a scalar that changes from call to call keys a new trace). A run
+    serving many shapes in one process (a test suite, a notebook with several model
+    sizes) makes as many traces, but a few per map, each reused by its calls."""
+    return block.run_traces > config.BLOCK_CACHE_SIZE // 4
 
 
 class ScanBlock:
@@ -639,7 +647,7 @@ class ScanBlock:
                 raise
             self.disabled = True  # the body reads a value: the loop as written
             return self._finish(count, seqs, lists, values)
-        if len(self.step.block.cache) > config.BLOCK_CACHE_SIZE // 4:
+        if _retraces(self.step.block):
             self.disabled = True  # a new trace per call: scalars that change every time
         if trace is None:
             return self._finish(count, seqs, lists, values)

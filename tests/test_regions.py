@@ -267,6 +267,52 @@ def test_a_run_that_retraces_every_call_is_turned_off():
     _map_matches_eager(scaled, hs, [5, 80, 3])  # still right, op by op
 
 
+def gated(h, flip: bool):
+    if flip:  # control flow: the function is outlined, not one block
+        h = -h
+    a = torch.tanh(h)
+    b = torch.sigmoid(a) * h
+    return b
+
+
+@acrobat.autobatch
+def gated_map(h, flip):
+    return gated(h, flip)
+
+
+def counted_steps(h, n: int):
+    for _ in range(n):
+        a = torch.tanh(h)
+        h = torch.sigmoid(a) * h
+    return h
+
+
+@acrobat.autobatch
+def counted(h, n):
+    return counted_steps(h, n)
+
+
+def test_a_run_serving_many_shapes_stays_on():
+    """Many traces alone do not turn a run off: 70 model sizes in one process (a test
+    suite, a notebook) make 70 traces of each run, each reused by every call of its
+    size; only a run that needs a new trace for a large share of its calls is switched
+    off (the scalar case above)."""
+    from acrobat import config
+
+    assert config.BLOCK_CACHE_SIZE // 4 < 70  # more sizes than the old switch-off allowed
+    for dim in range(2, 72):
+        hs = [torch.randn(dim) for _ in range(10)]
+        stats = _map_matches_eager(gated_map, hs, [i % 2 == 0 for i in range(10)])
+        assert stats.nodes == 10 + 10 + 5  # inputs, one block per instance, 5 negations
+        stats = _map_matches_eager(counted, hs[:3], [4, 6, 5])
+        (scans,) = [v for k, v in stats.by_op.items() if k.startswith("scan:counted_steps")]
+        assert scans == [1, 3]  # one scan node per instance, one batch
+    (region,) = analysis.outline(gated).regions
+    assert not region.disabled and region.block.traces >= 70
+    loop, body = analysis.outline(counted_steps).regions  # the scan, its body's run
+    assert not loop.disabled and not body.disabled
+
+
 def failing(x, k):
     a = torch.tanh(x)
     b = a.reshape(k, -1)  # bad shape for some k
