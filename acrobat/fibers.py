@@ -141,7 +141,9 @@ def _wrap_inputs(a):
     """Per-instance tensor arguments become lazy input nodes so their ops batch."""
     t = type(a)
     if isinstance(a, torch.Tensor):
-        return record_data(INPUT, (INPUT, a.shape, a.dtype, a.device), a, a.shape, a.dtype)
+        with torch._C.DisableTorchFunction():  # attributes would dispatch to the mode
+            shape, dtype, device = a.shape, a.dtype, a.device
+        return record_data(INPUT, (INPUT, shape, dtype, device), a, shape, dtype)
     if t is tuple or t is list:
         return t([_wrap_inputs(x) for x in a])
     if isinstance(a, tuple) and hasattr(a, "_fields"):  # namedtuple
