@@ -364,6 +364,7 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
 
 
 def _account(nodes: list, n: int, stats, t0: float, t1: float) -> None:
+    """Add a batch run (gathers from t0, kernels from t1 until now) to the map's stats."""
     t2 = time.perf_counter()
     op = nodes[0].op
     stats.t_gather += t1 - t0
