@@ -445,28 +445,49 @@ static PyObject *new_lazy(PyObject *node, PyObject *idx, PyObject *shape, PyObje
     return (PyObject *)t;
 }
 
-/* LazyTensor(node, 0, *info.metas[0], info.keys[0]) */
-static PyObject *lazy1(PyObject *node, PyObject *info) {
-    PyObject *metas = PyObject_GetAttr(info, s_metas);
-    if (metas == NULL) return NULL;
-    PyObject *keys = PyObject_GetAttr(info, s_keys);
-    if (keys == NULL) {
-        Py_DECREF(metas);
+/* LazyTensor(node, k, *metas[k], keys[k]): output k's handle (metas and keys are an
+ * Info's tuples, at least k + 1 long). */
+static PyObject *lazy_k(PyObject *node, PyObject *metas, PyObject *keys, Py_ssize_t k) {
+    PyObject *mk = PyTuple_GET_ITEM(metas, k);
+    if (!PyTuple_CheckExact(mk) || PyTuple_GET_SIZE(mk) != 2) {
+        PyErr_SetString(PyExc_TypeError, "info.metas[k] must be (shape, dtype)");
         return NULL;
     }
-    PyObject *out = NULL;
-    if (PyTuple_CheckExact(metas) && PyTuple_GET_SIZE(metas) >= 1 && PyTuple_CheckExact(keys) &&
-        PyTuple_GET_SIZE(keys) >= 1) {
-        PyObject *m0 = PyTuple_GET_ITEM(metas, 0);
-        if (PyTuple_CheckExact(m0) && PyTuple_GET_SIZE(m0) == 2)
-            out = new_lazy(node, zero, PyTuple_GET_ITEM(m0, 0), PyTuple_GET_ITEM(m0, 1),
-                           PyTuple_GET_ITEM(keys, 0));
-        else
-            PyErr_SetString(PyExc_TypeError,
-                            "a one-output node's info.metas[0] must be (shape, dtype)");
-    } else {
-        PyErr_SetString(PyExc_TypeError, "a one-output node's info has no outputs");
+    PyObject *idx = PyLong_FromSsize_t(k);  /* a cached small int */
+    if (idx == NULL) return NULL;
+    PyObject *t = new_lazy(node, idx, PyTuple_GET_ITEM(mk, 0), PyTuple_GET_ITEM(mk, 1),
+                           PyTuple_GET_ITEM(keys, k));
+    Py_DECREF(idx);
+    return t;
+}
+
+/* An Info's (metas, keys) as new references, checked to be tuples of one length of at
+ * least ``least``; 0, or -1 with an exception. */
+static int info_tuples(PyObject *info, Py_ssize_t least, PyObject **metas, PyObject **keys) {
+    *metas = PyObject_GetAttr(info, s_metas);
+    if (*metas == NULL) return -1;
+    *keys = PyObject_GetAttr(info, s_keys);
+    if (*keys == NULL) {
+        Py_CLEAR(*metas);
+        return -1;
     }
+    if (!PyTuple_CheckExact(*metas) || !PyTuple_CheckExact(*keys) ||
+        PyTuple_GET_SIZE(*metas) != PyTuple_GET_SIZE(*keys) ||
+        PyTuple_GET_SIZE(*metas) < least) {
+        PyErr_SetString(PyExc_TypeError,
+                        "info.metas and info.keys must be tuples of one length, with outputs");
+        Py_CLEAR(*metas);
+        Py_CLEAR(*keys);
+        return -1;
+    }
+    return 0;
+}
+
+/* LazyTensor(node, 0, *info.metas[0], info.keys[0]) */
+static PyObject *lazy1(PyObject *node, PyObject *info) {
+    PyObject *metas, *keys;
+    if (info_tuples(info, 1, &metas, &keys) < 0) return NULL;
+    PyObject *out = lazy_k(node, metas, keys, 0);
     Py_DECREF(metas);
     Py_DECREF(keys);
     return out;
@@ -481,42 +502,19 @@ static PyObject *lazy_all(PyObject *node, PyObject *info) {
     int plain = st == Py_None;
     Py_DECREF(st);
     if (!plain) return NULL;
-    PyObject *metas = PyObject_GetAttr(info, s_metas);
-    if (metas == NULL) return NULL;
-    PyObject *keys = PyObject_GetAttr(info, s_keys), *out = NULL;
-    if (keys == NULL) goto done;
-    if (!PyTuple_CheckExact(metas) || !PyTuple_CheckExact(keys) ||
-        PyTuple_GET_SIZE(metas) != PyTuple_GET_SIZE(keys)) {
-        PyErr_SetString(PyExc_TypeError, "info.metas and info.keys must be tuples of one length");
-        goto done;
-    }
+    PyObject *metas, *keys;
+    if (info_tuples(info, 0, &metas, &keys) < 0) return NULL;
     Py_ssize_t m = PyTuple_GET_SIZE(metas);
-    out = PyTuple_New(m);
-    if (out == NULL) goto done;
-    for (Py_ssize_t k = 0; k < m; k++) {
-        PyObject *mk = PyTuple_GET_ITEM(metas, k);
-        if (!PyTuple_CheckExact(mk) || PyTuple_GET_SIZE(mk) != 2) {
-            PyErr_SetString(PyExc_TypeError, "info.metas[k] must be (shape, dtype)");
+    PyObject *out = PyTuple_New(m);
+    for (Py_ssize_t k = 0; out != NULL && k < m; k++) {
+        PyObject *t = lazy_k(node, metas, keys, k);
+        if (t == NULL)
             Py_CLEAR(out);
-            goto done;
-        }
-        PyObject *idx = PyLong_FromSsize_t(k);
-        if (idx == NULL) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyObject *t = new_lazy(node, idx, PyTuple_GET_ITEM(mk, 0), PyTuple_GET_ITEM(mk, 1),
-                               PyTuple_GET_ITEM(keys, k));
-        Py_DECREF(idx);
-        if (t == NULL) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyTuple_SET_ITEM(out, k, t);
+        else
+            PyTuple_SET_ITEM(out, k, t);
     }
-done:
     Py_DECREF(metas);
-    Py_XDECREF(keys);
+    Py_DECREF(keys);
     return out;
 }
 

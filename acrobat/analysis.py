@@ -44,7 +44,7 @@ import torch
 from acrobat import config, executor, graph
 from acrobat.block import Block
 from acrobat.errors import LazyValueError
-from acrobat.ops import _SCALAR, TENSOR
+from acrobat.ops import SCALAR_DTYPES, scalar_data
 from acrobat.scan import Scan
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
@@ -603,7 +603,7 @@ class ScanBlock:
                 if len(set(map(type, seq))) != 1:
                     return None
                 kind = type(seq[0])
-                if kind not in _NUMBERS if j in self.values else kind is not graph.LazyTensor:
+                if kind not in SCALAR_DTYPES if j in self.values else kind is not graph.LazyTensor:
                     return None  # numbers where the body reads torch.tensor(x), else lazies
             if self.reverse:
                 seqs = [seqs[0][::-1]]
@@ -636,9 +636,7 @@ class ScanBlock:
                 return self._finish(count, seqs, lists, values)
         heads = [seq[0] for seq in seqs]
         for j in self.values:  # the tensor the body gets: a constant no node reads
-            v = heads[j]
-            dtype = _NUMBERS[type(v)] or torch.get_default_dtype()
-            heads[j] = graph.record_data(TENSOR, (TENSOR, _SCALAR, dtype), v, _SCALAR, dtype, True)
+            heads[j] = scalar_data(heads[j], deferred=True)
         first = (*heads, *values)
         try:
             trace, inputs = self.step.block.trace_for(rt, first)
@@ -680,7 +678,6 @@ class ScanBlock:
 
 
 _KEY = operator.attrgetter("key")
-_NUMBERS = {int: torch.int64, bool: torch.bool, float: None}  # None: the default dtype
 _CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
 _CODE_LIKE_KEPT = 64  # per region: the models pass one or two (the model, its cells)
 

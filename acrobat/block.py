@@ -259,8 +259,7 @@ class Block:
     def __init__(self, fn):
         self.fn = fn
         self.cache: OrderedDict = OrderedDict()
-        self.traces = 0  # traces made over the process's life (evicted ones included)
-        self.run_traces = 0  # ... during the map run self.traces_run
+        self.run_traces = 0  # traces made during the map run self.traces_run
         self.traces_run = 0
         functools.update_wrapper(self, fn)
 
@@ -309,7 +308,6 @@ class Block:
         trace = self.cache.get(key)
         if trace is None or (trace.run_id != rt.id and not trace.valid_for(rt)):
             trace = self._trace(rt, args, kwargs or {}, inputs, _kept(args, kwargs))
-            self.traces += 1
             if self.traces_run != rt.id:
                 self.traces_run, self.run_traces = rt.id, 0
             self.run_traces += 1

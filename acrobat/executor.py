@@ -351,16 +351,13 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     t1 = time.perf_counter()
     rule = nodes[0].op.rule
     start = 0
-    results = []
     for nd in nodes:
         count = len(nd.inputs)
-        results.append(rule(nd, x, start, count).unsqueeze(0))
-        start += count
-    _account(nodes, n, stats, t0, t1)
-    for nd, out in zip(nodes, results):
-        nd.outs = (out,)
+        nd.outs = (rule(nd, x, start, count).unsqueeze(0),)
         nd.row = 0
         nd.slot = next(_batches) << _BATCH_SHIFT
+        start += count
+    _account(nodes, n, stats, t0, t1)
 
 
 def _account(nodes: list, n: int, stats, t0: float, t1: float) -> None:

@@ -258,22 +258,29 @@ def cat_rule(node, xs, n):
 
 
 def flat_parts(node) -> int:
-    """For ``stack(parts, 0)`` / ``cat(parts, 0)`` of lazy parts of one shape: the number
-    of parts, else 0. The executor then gathers all parts of all nodes as ONE column of
+    """For ``stack(parts, 0)`` / ``cat(parts, 0)`` of lazy parts of one shape and dtype:
+    the number of parts, else 0. The executor then gathers all parts of all nodes as ONE column of
     n * parts rows and reshapes it, instead of one gather per part (a sentence's
     ``torch.stack(per_token_outputs)``: one index_select instead of one per token)."""
     if node.kwargs or not node.args or len(node.args) > 2:
         return 0
-    parts = node.args[0]
     dim = node.args[1] if len(node.args) == 2 else 0
+    return _dim0_parts(node.args[0], dim, node.op.name == "stack")
+
+
+def _dim0_parts(parts, dim, stack: bool) -> int:
+    """The number of ``parts`` if ``stack``/``cat(parts, dim)`` joins lazy parts of one
+    shape and dtype along the per-instance dim 0, else 0."""
     if type(parts) not in (list, tuple) or not parts or type(dim) is not int:
         return 0
-    if not all(type(p) is LazyTensor for p in parts):
+    first = parts[0]
+    if type(first) is not LazyTensor:
         return 0
-    shape = parts[0].shape
-    if any(p.shape != shape for p in parts):
-        return 0
-    nd = len(shape) + (node.op.name == "stack")
+    key = first.key  # shape and dtype
+    for p in parts:
+        if type(p) is not LazyTensor or p.key != key:
+            return 0
+    nd = len(first.shape) + stack
     if nd == 0 or (dim + nd if dim < 0 else dim) != 0:
         return 0
     return len(parts)
@@ -292,21 +299,13 @@ def _special_flat(func, args, kwargs):
     parts = args[0] if args else kwargs.get("tensors")
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
     extra = len(kwargs) - ("tensors" in kwargs) - ("dim" in kwargs)
-    if extra or len(args) > 2 or type(parts) not in (list, tuple) or not parts:
+    stack = op.name == "stack"
+    k = 0 if extra or len(args) > 2 else _dim0_parts(parts, dim, stack)
+    if not k:
         return record(op, func, args, kwargs)
     first = parts[0]
-    if type(first) is not LazyTensor:
-        return record(op, func, args, kwargs)
-    key = first.key
-    for p in parts:
-        if type(p) is not LazyTensor or p.key != key:
-            return record(op, func, args, kwargs)
     shape = first.shape
-    stack = op.name == "stack"
-    nd = len(shape) + stack
-    if type(dim) is not int or nd == 0 or (dim + nd if dim < 0 else dim) != 0:
-        return record(op, func, args, kwargs)
-    k = len(parts)
+    key = first.key
     out_shape = (k, *shape) if stack else (k * shape[0], *shape[1:])
     ragged = RAGGED_STACK if stack else RAGGED_CAT
     info = _RAGGED_INFO.get((out_shape, first.dtype))
@@ -562,13 +561,10 @@ def _special_tensor(func, args, kwargs):
     rt = graph.RT
     data = args[0] if args else kwargs.get("data")
     kind = type(data)
-    if rt.tracer is None and len(args) == 1 and kind in _SCALAR_DTYPES:
+    simple = not kwargs or set(kwargs) <= {"dtype"}
+    if rt.tracer is None and len(args) == 1 and kind in SCALAR_DTYPES and simple:
         # the common case, torch.tensor(word_id): no need to build the tensor to know it
-        dtype = kwargs.get("dtype") or _SCALAR_DTYPES[kind] or torch.get_default_dtype()
-        if not kwargs or set(kwargs) <= {"dtype"}:
-            return record_data(
-                TENSOR, (TENSOR, _SCALAR, dtype), data, _SCALAR, dtype, deferred=kind is int
-            )
+        return scalar_data(data, kwargs.get("dtype"), deferred=kind is int)
     if rt.tracer is None and len(args) == 1 and (kind is list or kind is tuple) and data:
         # a flat list of Python numbers (a mask, a few ids): the same, without building it
         kinds = frozenset(map(type, data))
@@ -592,8 +588,17 @@ def _special_tensor(func, args, kwargs):
     )
 
 
+def scalar_data(value, dtype=None, deferred: bool = False):
+    """``torch.tensor(value)`` of a Python number inside an instance, as a data node
+    (``dtype`` None: torch's for the value's type); a ``deferred`` node is queued only
+    if something reads it (graph.record_data)."""
+    dtype = dtype or SCALAR_DTYPES[type(value)] or torch.get_default_dtype()
+    return record_data(TENSOR, (TENSOR, _SCALAR, dtype), value, _SCALAR, dtype, deferred)
+
+
 _SCALAR = torch.Size([])
-_SCALAR_DTYPES = {int: torch.int64, bool: torch.bool, float: None}
+# Python number types -> torch.tensor's dtype for them (None: the default float dtype)
+SCALAR_DTYPES = {int: torch.int64, bool: torch.bool, float: None}
 _LIST_DTYPES = {  # element types of a flat list -> torch.tensor's dtype (None: the default)
     frozenset({int}): torch.int64,
     frozenset({bool}): torch.bool,

@@ -308,7 +308,7 @@ def test_a_run_serving_many_shapes_stays_on():
         (scans,) = [v for k, v in stats.by_op.items() if k.startswith("scan:counted_steps")]
         assert scans == [1, 3]  # one scan node per instance, one batch
     (region,) = analysis.outline(gated).regions
-    assert not region.disabled and region.block.traces >= 70
+    assert not region.disabled and len(region.block.cache) >= 70
     loop, body = analysis.outline(counted_steps).regions  # the scan, its body's run
     assert not loop.disabled and not body.disabled
 
