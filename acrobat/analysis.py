@@ -353,6 +353,10 @@ class AutoBlock:
         self.block = Block(self.impl)
         self.disabled = False
         self.trampoline: types.CodeType | None = None
+        # value parameters (see _value_params): their positions, and the block over the
+        # rewritten function that takes torch.tensor(p) for p
+        self.values: tuple[int, ...] = ()
+        self.value_block: Block | None = None
 
     def __call__(self, *args, **kwargs):
         rt = graph.RT
@@ -364,8 +368,20 @@ class AutoBlock:
             or rt.thread != threading.get_ident()  # another thread calling the function
         ):
             return self.impl(*args, **kwargs)
+        block = self.block
+        call_args = args
+        if self.values and config.VALUE_PARAMS and not kwargs:
+            call_args = list(args)
+            for i in self.values:
+                if i >= len(args) or type(args[i]) not in SCALAR_DTYPES:
+                    call_args = args  # not a Python number here: the function as written
+                    break
+                call_args[i] = scalar_data(args[i])
+            else:
+                assert self.value_block is not None
+                block = self.value_block
         try:
-            return self.block(*args, **kwargs)
+            return block(*call_args, **kwargs)
         except LazyValueError:
             if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
                 raise
@@ -416,6 +432,62 @@ def _trampoline_code(fn: types.FunctionType, dispatcher) -> types.CodeType:
 _DISPATCHERS: dict[types.CodeType, AutoBlock] = {}
 
 
+def _value_params(fn: types.FunctionType, dispatcher: AutoBlock) -> None:
+    """Find ``fn``'s value parameters: positional parameters without a default that the
+    body reads only as ``torch.tensor(p)`` (``torch`` the module, no other argument) and
+    never assigns, such as ``word_id`` in ``word(model, word_id)``. A call that passes
+    Python numbers there makes each one a per-instance data node (what the body's
+    ``torch.tensor`` would make) and calls a block over a copy of ``fn`` that takes the
+    tensor itself: ONE node per call, batched over the instances' numbers, where the
+    block would otherwise see no lazy argument and run the body op by op."""
+    try:
+        node = _function_ast(fn)
+        code = fn.__code__
+        if node is None or fn.__closure__ or code.co_freevars:
+            return
+        args = node.args
+        positional = args.posonlyargs + args.args
+        first_default = len(positional) - len(args.defaults)
+        body = node.body
+        assigned = {n for stmt in body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+                    for n in _assigned_names(stmt)}  # fmt: skip
+        loads = _load_counts(body)
+        flags = code.co_flags & _FUTURE_FLAGS
+        imports = [i for i in _module_imports(fn) if not isinstance(i, ast.ImportFrom)
+                   or i.module != "__future__"]  # fmt: skip
+        node.decorator_list = []
+        ast.increment_lineno(node, code.co_firstlineno - 1)
+        if _functions(_compiled([*imports, node], code, flags))[node.name].co_code != code.co_code:
+            return  # the source is not what runs (edited since import)
+        positions = []
+        for i, a in enumerate(positional[:first_default]):
+            if a.arg in assigned or not loads.get(a.arg):
+                continue
+            unwrap = _ValueUnwrapper(fn, a.arg)
+            trial = copy.deepcopy(body)
+            trial = [unwrap.visit(s) for s in trial]
+            if unwrap.count == loads[a.arg]:
+                positions.append(i)
+                body = trial
+        if not positions:
+            return
+        node.body = body
+        rewritten = _functions(_compiled([*imports, node], code, flags))[node.name]
+        impl = types.FunctionType(
+            rewritten.replace(co_name=code.co_name, co_qualname=code.co_qualname),
+            fn.__globals__,
+            fn.__name__,
+            fn.__defaults__,
+        )
+        impl.__qualname__ = fn.__qualname__
+    except Exception:  # an optimisation: anything unexpected leaves the calls as they are
+        if config.VERIFY:
+            raise
+        return
+    dispatcher.values = tuple(positions)
+    dispatcher.value_block = Block(impl)
+
+
 @contextlib.contextmanager
 def auto_blocks(root) -> Iterator[list]:
     """Route the straight-line functions reachable from ``root`` to blocks while inside."""
@@ -434,8 +506,11 @@ def auto_blocks(root) -> Iterator[list]:
             if dispatcher is None:
                 dispatcher = _DISPATCHERS[original] = AutoBlock(fn)
                 dispatcher.trampoline = _trampoline_code(fn, dispatcher)
+                _value_params(fn, dispatcher)
             if fn.__defaults__ != dispatcher.impl.__defaults__:
                 dispatcher.impl.__defaults__ = fn.__defaults__
+                if dispatcher.value_block is not None:
+                    dispatcher.value_block.fn.__defaults__ = fn.__defaults__
             assert dispatcher.trampoline is not None
             fn.__code__ = dispatcher.trampoline
             swapped.append((fn, original))

@@ -32,7 +32,7 @@ from acrobat.graph import (
     signature,
     wrap_outputs,
 )
-from acrobat.ops import Op, vmap_rule
+from acrobat.ops import ROW_VIEWS, Op, lookup_table, vmap_rule
 from acrobat.tensor import _native
 
 ARG = Op("arg", vmap_rule, "data", doc="a block's per-instance argument (placeholder)")
@@ -168,6 +168,54 @@ class Trace:
             ins = [env[t.node][t.idx] for t in inner.inputs]
             env[inner] = inner.op.rule(inner, ins, n)
         return tuple(env[t.node][t.idx] for t in self.out_lazies)
+
+
+class Lookup:
+    """A program that takes one per-instance index and only looks rows up by it
+    (embedding rows of real tables of one height, and row-wise views of those): a batch
+    of its calls needs no copy (executor._lookup_in_place). ``outputs()`` are the
+    program's outputs over every row of the tables."""
+
+    def __init__(self, size: int, placeholder, nodes: list, out_lazies: list):
+        self.size = size
+        self.placeholder = placeholder
+        self.nodes = nodes
+        self.out_lazies = out_lazies
+
+    def outputs(self) -> tuple:
+        env: dict = {}
+        for inner in self.nodes:
+            src = inner.inputs[0]
+            if src.node is self.placeholder:
+                env[inner] = (lookup_table(inner),)
+            else:
+                env[inner] = inner.op.rule(inner, [env[src.node][src.idx]], self.size)
+        return tuple(env[t.node][t.idx] for t in self.out_lazies)
+
+
+def _lookup(trace: Trace) -> Lookup | None:
+    """The trace's Lookup, if its program is one."""
+    if len(trace.placeholders) != 1 or not trace.nodes:
+        return None
+    ph = trace.placeholders[0]
+    size = 0
+    seen: set = set()
+    with torch._C.DisableTorchFunction():  # tensor attributes dispatch to the mode
+        for inner in trace.nodes:
+            if len(inner.inputs) != 1:
+                return None
+            src = inner.inputs[0].node
+            if src is ph:
+                table = lookup_table(inner)
+                if table is None or table.ndim < 1 or inner.info.metas[0][0] != table.shape[1:]:
+                    return None  # not one row per index (an index of several ids)
+                if size and table.shape[0] != size:
+                    return None
+                size = table.shape[0]
+            elif id(src) not in seen or inner.op.name not in ROW_VIEWS:
+                return None
+            seen.add(id(inner))
+    return Lookup(size, ph, trace.nodes, trace.out_lazies)
 
 
 def _materialized(xs, n):
@@ -375,6 +423,13 @@ class Block:
         )
         finish_trace(trace, name, tracer, f"{len(tracer.nodes)} ops traced from {tracer.name}")
         trace.observe = trace.may_split = hoisting.may_split(trace)
+        code = getattr(self.fn, "__code__", None)
+        if code is not None and "(" not in name:  # (an outlined run's name says where)
+            where = f"{code.co_filename.rsplit('/', 1)[-1]}, line {code.co_firstlineno}"
+            trace.op.extra["where"] = f"{self.fn.__qualname__} ({where})"
+        lookup = _lookup(trace)
+        if lookup is not None:
+            trace.op.extra["lookup"] = lookup
         trace.run_id = rt.id
         return trace
 

@@ -126,6 +126,13 @@ RAGGED: bool = bool(_env_int("ACROBAT_RAGGED", 1))
 #: Read at every call.
 CONSTANT_STATES: bool = bool(_env_int("ACROBAT_CONSTANT_STATES", 1))
 
+#: With AUTO_BLOCKS, a straight-line function's parameter read only as ``torch.tensor(p)``
+#: (``word(model, word_id)``) is given that tensor at the call when the argument is a Python
+#: number: the call is then one block node over a per-instance data input instead of the
+#: body's ops recorded one by one (a block call with no lazy argument runs as written).
+#: Read at every call.
+VALUE_PARAMS: bool = bool(_env_int("ACROBAT_VALUE_PARAMS", 1))
+
 #: Largest number of block traces kept per ``@acrobat.block`` function (LRU).
 BLOCK_CACHE_SIZE: int = _env_int("ACROBAT_BLOCK_CACHE_SIZE", 256)
 

@@ -18,7 +18,7 @@ import torch
 
 from acrobat import config
 from acrobat.errors import AcrobatError
-from acrobat.ops import DATA_OPS, TAKE, reshape_rule
+from acrobat.ops import DATA_OPS, ROW_VIEWS, TAKE, TENSOR, reshape_rule
 from acrobat.scan import looping
 from acrobat.tensor import _native, index_tensor
 from acrobat_kernels.gather import gather_rows
@@ -284,6 +284,8 @@ def run_batch(nodes: list, stats) -> None:
     elif op.kind == "ragged":
         _run_ragged(nodes, n, stats, t0)
         return
+    elif op.extra.get("lookup") and _lookup_in_place(nodes, op.extra["lookup"], stats, t0):
+        return
     else:
         flat = op.extra.get("flat")
         parts = flat(n0) if flat is not None else 0
@@ -389,14 +391,6 @@ def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> Non
         nd.slot = base + i
 
 
-# Ops whose batched rule maps row i of its operand to row i of its outputs as a view,
-# for any number of rows (reshape_rule and split_rule ops with one operand).
-ROW_VIEWS = frozenset(
-    {"reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "chunk", "split",
-     "unbind", "narrow", "select", "transpose", "t", "permute"}
-)  # fmt: skip
-
-
 def _in_place_rows(nodes: list, outs, rows, stats, t0: float, t1: float) -> None:
     """Finish a batch whose outputs are a whole tensor (or views of one) with each node at
     its own row, not at its position in the batch."""
@@ -418,6 +412,27 @@ def _take_in_place(nodes: list, n: int, stats, t0: float) -> bool:
         return False
     t1 = time.perf_counter()
     _in_place_rows(nodes, (table,), [nd.data for nd in nodes], stats, t0, t1)
+    return True
+
+
+def _lookup_in_place(nodes: list, lookup, stats, t0: float) -> bool:
+    """A batch of a block that only looks rows up (``word(model, word_id)``: embedding
+    rows of tables by the instance's number, and views of them) copies nothing, like
+    ``_take_in_place``: its outputs are (views of) the whole tables and each node's row
+    is its index. Only when every index is a Python number in range (else the block's
+    program runs and reports a bad one)."""
+    size = lookup.size
+    if size > _ROW_MASK:
+        return False
+    rows = []
+    for nd in nodes:
+        src = nd.inputs[0].node
+        i = src.data
+        if src.op is not TENSOR or type(i) is not int or not 0 <= i < size:
+            return False  # (embedding takes no negative index)
+        rows.append(i)
+    t1 = time.perf_counter()
+    _in_place_rows(nodes, lookup.outputs(), rows, stats, t0, t1)
     return True
 
 
@@ -493,7 +508,9 @@ def _explain_failure(nodes: list, exc: Exception) -> None:
             else:  # a block: its program on a batch of one
                 nd.op.rule(nd, [v.unsqueeze(0) for v in vals], 1)
         except Exception as own:
-            raise AcrobatError(f"{nd.op.name} failed for instance {nd.instance}: {own}") from own
+            where = nd.op.extra.get("where")
+            name = f"{nd.op.name} in {where}" if where else nd.op.name
+            raise AcrobatError(f"{name} failed for instance {nd.instance}: {own}") from own
     raise AcrobatError(
         f"batched {nodes[0].op.name} over {len(nodes)} instances failed although every "
         f"instance runs alone: {exc} (please report this as an acrobat bug)"

@@ -624,6 +624,31 @@ def _row_lookup(idx, weight, max_norm, grad_options) -> bool:
     )
 
 
+# Ops whose batched rule maps row i of its operand to row i of its outputs as a view,
+# for any number of rows (reshape_rule and split_rule ops with one operand).
+ROW_VIEWS = frozenset(
+    {"reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "chunk", "split",
+     "unbind", "narrow", "select", "transpose", "t", "permute"}
+)  # fmt: skip
+
+
+def lookup_table(node) -> Tensor | None:
+    """The real table W when ``node`` (an op node of a block trace) is the plain row
+    lookup ``F.embedding(i, W)`` of a per-instance index: no max_norm (it renormalises
+    the table in place) and none of the options that change only the gradient."""
+    if node.op is not EMBEDDING or node.kwargs:
+        return None
+    idx, weight = node.args[:2]
+    if type(idx) is not LazyTensor or not isinstance(weight, Tensor):
+        return None
+    defaults = (None, None, 2.0, False, False)
+    options = tuple(node.args[2:]) + defaults[len(node.args) - 2 :]
+    padding_idx, max_norm, _, scale_grad_by_freq, sparse = options
+    if padding_idx is not None or max_norm is not None or scale_grad_by_freq or sparse:
+        return None
+    return weight
+
+
 def _special_embedding(func, args, kwargs):
     """F.embedding(torch.tensor(i), W): the constant was deferred, so this is the row
     lookup W[i] (op take): one node instead of two, one index_select per batch."""

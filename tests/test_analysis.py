@@ -5,6 +5,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import acrobat
@@ -130,3 +132,116 @@ def uses_python_random(x):
 def test_random_functions_are_not_coarsened():
     assert not analysis.straight_line(draws_noise)
     assert not analysis.straight_line(uses_python_random)
+
+
+# ---- value parameters: a parameter read only as torch.tensor(p) ----------------------------
+
+VOCAB, DIM = 11, 3
+vectors = nn.Embedding(VOCAB, DIM)
+matrices = nn.Embedding(VOCAB, DIM * DIM)
+
+
+def word(word_id):
+    """Both lookups of a word, by the instance's Python int: a value parameter."""
+    index = torch.tensor(word_id)
+    return vectors(index), matrices(index).reshape(DIM, DIM)
+
+
+def shifted(x, amount):
+    """A value parameter that is not a lookup: the block's program runs."""
+    return x * 2 + torch.tensor(amount)
+
+
+def word_and_count(word_id):
+    """word_id is also read as a number: not a value parameter."""
+    return vectors(torch.tensor(word_id)) * (word_id + 1)
+
+
+def fold(ids, k):
+    v, m = word(ids[k])  # one call, then a call with control flow: no region around it
+    if k == len(ids) - 1:
+        return m @ v
+    rest = fold(ids, k + 1)
+    return m @ v + rest * 0.5 + word_and_count(ids[k])
+
+
+@acrobat.autobatch
+def phrase(ids):
+    return fold(ids, 0)
+
+
+@acrobat.autobatch
+def shift_each(instance):
+    x, amount = instance
+    return shifted(x, amount)
+
+
+def test_value_parameters_found_from_source():
+    calls = {}
+    for fn in (word, shifted, word_and_count):
+        dispatcher = analysis.AutoBlock(fn)
+        analysis._value_params(fn, dispatcher)
+        calls[fn.__name__] = dispatcher.values
+    assert calls == {"word": (0,), "shifted": (1,), "word_and_count": ()}
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5), min_size=1, max_size=6),
+    st.lists(st.floats(-4, 4) | st.integers(-4, 4), min_size=1, max_size=6),
+)
+def test_value_parameters_match_eager_with_one_node_per_call(ids, amounts):
+    with torch.no_grad():
+        stats = check_map(phrase, ids)
+        with acrobat.config.override(VALUE_PARAMS=False):
+            off = check_map(phrase, ids)
+        shifts = check_map(shift_each, [(torch.randn(3), a) for a in amounts])
+    calls = sum(len(x) for x in ids)
+    assert stats.by_op["block:word"][1] == calls
+    assert "block:word_and_count" not in stats.by_op  # no lazy argument: op by op
+    assert "block:word" not in off.by_op and stats.nodes < off.nodes
+    assert shifts.by_op["block:shifted"][1] == len(amounts)  # not a lookup: its program ran
+
+
+def test_lookup_blocks_copy_nothing_and_train(monkeypatch):
+    from acrobat import executor
+
+    in_place = []
+    original = executor._lookup_in_place
+
+    def spy(*args):
+        in_place.append(original(*args))
+        return in_place[-1]
+
+    monkeypatch.setattr(executor, "_lookup_in_place", spy)
+    ids = [[1, 2, 3], [4], [10, 5, 1]]
+    params = (vectors.weight, matrices.weight)
+    for p in params:
+        p.grad = None
+    for x in ids:
+        phrase.eager(x).sum().backward()
+    want = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    torch.stack(phrase.map(ids)).sum().backward()
+    assert in_place and all(in_place)  # the word batches took the in-place path
+    for p, w in zip(params, want):
+        torch.testing.assert_close(p.grad, w)
+        p.grad = None
+
+
+def test_bad_value_parameter_names_the_instance():
+    with pytest.raises(Exception, match="instance 1") as info:
+        phrase.map([[1], [VOCAB + 3], [2]])
+    message = str(info.value)
+    assert "block:word in word (test_analysis.py, line" in message and "index" in message
+    assert phrase.map([[1], [2]])[1].shape == (DIM,)  # usable again
+
+
+def test_value_parameter_given_a_non_number_runs_as_written():
+    @acrobat.autobatch
+    def f(x):
+        return shifted(x, [1.0, 2.0, 3.0])  # a list: torch.tensor(list) in the body
+
+    with torch.no_grad():
+        check_map(f, [torch.randn(3) for _ in range(4)])

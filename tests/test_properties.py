@@ -470,7 +470,7 @@ def test_random_binary_trees(block, trees, hidden):
     m = TreeCell(10, hidden)
     with torch.no_grad():
         stats = check_map(encode_binary, trees, m=m, block=block)
-    # leaves: word constants, embedding, linear, tanh (4 batches whatever the trees); then
+    # leaves: word constants and the leaf block (at most 4 batches whatever the trees); then
     # per tree level: one block batch, or the cell's ops (cat, linear, split, tanh,
     # sigmoid, mul)
     per_level = 1 if block else 6
@@ -486,9 +486,14 @@ def test_random_nary_trees(block, trees, hidden):
     with torch.no_grad():
         stats = check_map(encode_nary, trees, m=m, block=block)
     assert stats.by_op.get("embedding", [0])[0] <= 1
+    # leaf(m, word) reads word only as torch.tensor(word): one block node per leaf over
+    # the word ids (a value parameter), all leaves one batch
+    assert stats.by_op["block:leaf"][0] == 1
     if block:
         # one block signature per number of children (1..3) per tree level
-        blocks = sum(v[0] for k, v in stats.by_op.items() if k.startswith("block:"))
+        blocks = sum(
+            v[0] for k, v in stats.by_op.items() if k.startswith("block:") and k != "block:leaf"
+        )
         assert blocks <= 3 * max(height(t) for t in trees)
 
 
