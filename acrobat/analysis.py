@@ -538,6 +538,7 @@ def auto_blocks(root) -> Iterator[list]:
 # (a source file edited after import is left alone).
 
 MIN_REGION_OPS = 2  # tensor calls a run needs to be worth a block (one op is one node anyway)
+SPLIT_DEMANDS = True  # x = int(<tensor work>): the work may join a run (read when outlining)
 _REGION_BASE = 1e-300  # region k's call is a placeholder constant _REGION_BASE * (k + 3)
 _DEMANDS = {"int", "float", "bool", "complex"}  # builtins that read a tensor's value
 _DEMAND_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"}
@@ -926,6 +927,7 @@ class _Rewriter:
         self.loads: dict[str, int] = {}  # name -> loads of it in the whole function
         self.scannable = False  # no ``del`` anywhere: a bound name stays bound
         self.root: ast.FunctionDef | None = None
+        self.values = 0  # value reads split off their expressions (_split_demands)
 
     def rewrite(self, node, bound: frozenset = frozenset()) -> None:
         """Rewrite the statement lists under ``node``; ``bound``: local names certainly
@@ -958,6 +960,7 @@ class _Rewriter:
         run: list = []
         ops = 0
         bound = set(inherited)
+        stmts = self._split_demands(stmts)
         for stmt in stmts + [None]:
             mapped = self._comprehension(stmt, bound) if stmt is not None else None
             k = self._ops(stmt) if stmt is not None and mapped is None else -1
@@ -983,6 +986,30 @@ class _Rewriter:
             out.append(stmt)
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 bound |= _assigned_names(stmt)
+        return out
+
+    def _split_demands(self, stmts: list) -> list:
+        """``x = int(<expr>)`` (or float/bool, ``<expr>.item()``/``.tolist()``) as
+        ``_acrobat_value_k = <expr>; x = int(_acrobat_value_k)`` where the expression is
+        an outlinable right-hand side with tensor calls: the value read ends a run, the
+        tensor work before it can join one (a parser's ``int(torch.argmax(scores +
+        torch.tensor(mask)))``: one block node instead of an add and an argmax)."""
+        if not SPLIT_DEMANDS:
+            return stmts
+        out = []
+        for stmt in stmts:
+            inner = _demanded(stmt, self.local)
+            if inner is not None:
+                name = f"_acrobat_value_{self.values}"
+                assign = _located(
+                    ast.Assign(targets=[ast.Name(name, ast.Store())], value=inner[0]), stmt
+                )
+                if self._ops(assign) > 0:
+                    self.values += 1
+                    inner[1](ast.Name(name, ast.Load()))
+                    out += [assign, stmt]
+                    continue
+            out.append(stmt)
         return out
 
     def _scan(self, stmt: ast.For, bound: set) -> _Region | None:
@@ -1331,6 +1358,23 @@ def _append(stmt) -> tuple[str, ast.expr] | None:
         and not isinstance(call.args[0], ast.Starred)
     ):
         return f.value.id, call.args[0]
+    return None
+
+
+def _demanded(stmt, local: set):
+    """(E, put) when ``stmt`` is ``target = int(E)`` (float, bool; the builtin) or
+    ``target = E.item()`` / ``E.tolist()``: ``put(expr)`` makes ``expr`` the operand."""
+    if not isinstance(stmt, ast.Assign) or not all(_plain_target(t, set()) for t in stmt.targets):
+        return None
+    call = stmt.value
+    if not isinstance(call, ast.Call) or call.keywords:
+        return None
+    f = call.func
+    builtin = isinstance(f, ast.Name) and f.id in ("int", "float", "bool") and f.id not in local
+    if builtin and len(call.args) == 1 and not isinstance(call.args[0], ast.Starred):
+        return call.args[0], lambda e: call.args.__setitem__(0, e)
+    if isinstance(f, ast.Attribute) and f.attr in ("item", "tolist") and not call.args:
+        return f.value, lambda e: setattr(f, "value", e)
     return None
 
 

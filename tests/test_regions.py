@@ -19,6 +19,7 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis, config
+from tests.helpers import assert_close_tree
 
 DIM = 6
 node_lin = nn.Linear(2 * DIM, 5 * DIM)
@@ -496,3 +497,67 @@ def test_random_programs_outline_to_the_same_results(tmp_path_factory, source, s
             assert g[1:] == w[1:], source
     finally:
         del sys.modules[name]
+
+
+# ---- value reads split off their tensor work (analysis.SPLIT_DEMANDS) ----------------------
+
+
+def picks(x, n: int):
+    chosen = []
+    values = []
+    steps = 0
+    while steps < n:
+        mask = [0.0 if k % 2 == steps % 2 else -1e9 for k in range(DIM)]
+        k = int(torch.argmax(torch.tanh(x) + torch.tensor(mask)))
+        v = torch.tanh(x * 2).sum().item()
+        chosen.append(k)
+        values.append(v)
+        x = x * 0.5 + x[k]
+        steps += 1
+    return x, chosen, values
+
+
+def shadowed(x):
+    int = float  # a local named int is not the builtin
+    k = int(torch.tanh(x).sum() * 2)
+    return x * k
+
+
+def test_value_reads_are_split_off_their_work():
+    fn = analysis.outline(picks)
+    assert fn is not None
+    assert len(fn.regions) == 2  # the argmax's work, and the sum's work
+    for region in fn.regions:
+        assert {"int", "item"}.isdisjoint(region.impl.__code__.co_names)  # reads stay outside
+    # a local named int is not the builtin: not split, and the map still matches eager
+    xs = [torch.randn(DIM) for _ in range(3)]
+    _map_matches_eager(acrobat.autobatch(shadowed), xs)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 1000), lengths=st.lists(st.integers(0, 5), min_size=1, max_size=6))
+def test_split_value_reads_take_the_eager_decisions(seed, lengths):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(DIM, generator=gen) for _ in lengths]
+    run = acrobat.autobatch(picks)
+
+    def _map_matches_eager(f, *columns):  # outputs are (tensor, [int], [float])
+        with torch.no_grad():
+            got, stats = f.map(*columns, stats=True)
+            want = [f.eager(*args) for args in zip(*columns)]
+        assert_close_tree(got, want)
+        return stats
+
+    stats = _map_matches_eager(run, xs, lengths)
+    if max(lengths) > 0:
+        assert "argmax" not in stats.by_op  # inside the region's block
+    analysis._OUTLINED.pop(picks.__code__, None)
+    try:
+        with config.override(AUTO_REGIONS=True):
+            analysis.SPLIT_DEMANDS = False
+            off = _map_matches_eager(run, xs, lengths)
+    finally:
+        analysis.SPLIT_DEMANDS = True
+        analysis._OUTLINED.pop(picks.__code__, None)
+    if max(lengths) > 0:
+        assert "argmax" in off.by_op and stats.nodes < off.nodes
