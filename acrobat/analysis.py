@@ -452,13 +452,10 @@ def _value_params(fn: types.FunctionType, dispatcher: AutoBlock) -> None:
         assigned = {n for stmt in body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
                     for n in _assigned_names(stmt)}  # fmt: skip
         loads = _load_counts(body)
-        flags = code.co_flags & _FUTURE_FLAGS
-        imports = [i for i in _module_imports(fn) if not isinstance(i, ast.ImportFrom)
-                   or i.module != "__future__"]  # fmt: skip
-        node.decorator_list = []
-        ast.increment_lineno(node, code.co_firstlineno - 1)
-        if _functions(_compiled([*imports, node], code, flags))[node.name].co_code != code.co_code:
+        context = _recompilable(fn, node)
+        if context is None:
             return  # the source is not what runs (edited since import)
+        imports, flags = context
         positions = []
         for i, a in enumerate(positional[:first_default]):
             if a.arg in assigned or not loads.get(a.arg):
@@ -794,13 +791,10 @@ def _outline(fn) -> Outlined | None:
             return None  # nested scopes: names could be bound where the rewrite cannot see
         if isinstance(sub, (ast.Global, ast.Nonlocal)):
             return None
-    node.decorator_list = []
-    ast.increment_lineno(node, code.co_firstlineno - 1)
-    flags = code.co_flags & _FUTURE_FLAGS
-    imports = [i for i in _module_imports(fn) if not isinstance(i, ast.ImportFrom)
-               or i.module != "__future__"]  # fmt: skip
-    if _functions(_compiled([*imports, node], code, flags))[node.name].co_code != code.co_code:
+    context = _recompilable(fn, node)
+    if context is None:
         return None  # the source is not what runs (edited since import)
+    imports, flags = context
     rewriter = _Rewriter(fn, set(code.co_varnames))
     rewriter.rewrite(node)
     if not rewriter.regions:
@@ -834,6 +828,21 @@ def _outline(fn) -> Outlined | None:
     if new.co_freevars:  # pragma: no cover - no nested scopes, so none
         return None
     return Outlined(new, regions)
+
+
+def _recompilable(fn, node: ast.FunctionDef) -> tuple[list, int] | None:
+    """(module imports, future flags) to recompile ``fn`` from ``node``, its parsed source
+    (moved to the file's line numbers, decorators dropped, in place), if compiling the
+    unmodified source reproduces the running bytecode; None if not (edited since import)."""
+    code = fn.__code__
+    node.decorator_list = []
+    ast.increment_lineno(node, code.co_firstlineno - 1)
+    flags = code.co_flags & _FUTURE_FLAGS
+    imports = [i for i in _module_imports(fn) if not isinstance(i, ast.ImportFrom)
+               or i.module != "__future__"]  # fmt: skip
+    if _functions(_compiled([*imports, node], code, flags))[node.name].co_code != code.co_code:
+        return None
+    return imports, flags
 
 
 def _compiled(body: list, code: types.CodeType, flags: int) -> types.CodeType:
