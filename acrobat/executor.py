@@ -55,17 +55,18 @@ def constant(rt, value: torch.Tensor):
     as a node computed already: a batch reads it as the same row for every instance. A
     loop whose state starts at such a constant then runs its first step with the others
     instead of alone (analysis.ScanBlock)."""
+    hit = rt.constants.get(id(value))
+    if hit is not None:  # every instance after the first
+        return hit
     from acrobat.graph import Info, LazyTensor, Node
     from acrobat.ops import INPUT
 
-    hit = rt.constants.get(id(value))
-    if hit is not None:
-        return hit
-    shape, dtype = value.shape, value.dtype
+    with torch._C.DisableTorchFunction():  # (attribute reads dispatch to the mode)
+        shape, dtype = value.shape, value.dtype
+        outs = (value.unsqueeze(0),)
     info = Info(((shape, dtype),), True, None)
     node = Node(INPUT, None, (), None, [], info, None, 0, 0, -1, rt)
-    with torch._C.DisableTorchFunction():
-        node.outs = (value.unsqueeze(0),)
+    node.outs = outs
     node.row = 0
     node.slot = next(_batches) << _BATCH_SHIFT
     rt.constants[id(value)] = out = LazyTensor(node, 0, shape, dtype, info.keys[0])
