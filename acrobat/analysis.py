@@ -379,7 +379,15 @@ class AutoBlock:
                 call_args[i] = scalar_data(args[i])
             else:
                 assert self.value_block is not None
-                block = self.value_block
+                try:
+                    return self.value_block(*call_args)
+                except Exception:
+                    if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
+                        raise
+                    # the body needs the number itself (torch.arange(torch.tensor(n))):
+                    # from now on its torch.tensor is a constant of the block's trace again
+                    self.values = ()
+                    call_args = args
         try:
             return block(*call_args, **kwargs)
         except LazyValueError:

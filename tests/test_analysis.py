@@ -238,6 +238,24 @@ def test_bad_value_parameter_names_the_instance():
     assert phrase.map([[1], [2]])[1].shape == (DIM,)  # usable again
 
 
+def ramp(x, n):
+    """n read only as torch.tensor(n), but as a size: the value block cannot trace it."""
+    return x[:3] * torch.arange(torch.tensor(n))[:3].float()
+
+
+@acrobat.autobatch
+def ramps(instance):
+    x, n = instance
+    return ramp(x, n)
+
+
+def test_value_parameter_the_body_needs_as_a_number_falls_back_to_the_block():
+    xs = [(torch.randn(5), n) for n in (4, 6, 4)]
+    with torch.no_grad():
+        stats = check_map(ramps, xs)
+    assert stats.by_op["block:ramp"][1] == len(xs)  # its trace keeps torch.tensor(n) real
+
+
 def test_value_parameter_given_a_non_number_runs_as_written():
     @acrobat.autobatch
     def f(x):
