@@ -24,7 +24,7 @@ from acrobat import config, graph, tensor
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
 from acrobat.executor import execute, reset_slots
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
-from acrobat.ops import FUNCS, HOISTED_FACTORIES, HOISTED_GETTERS, INPUT, supported_names
+from acrobat.ops import FUNCS, HOISTED_FACTORIES, HOISTED_GETTERS, INPUT, TENSOR, supported_names
 from acrobat.scheduler import describe, lower_bound, relevel, schedule
 
 _IMPURE = {"rand_like", "dropout"}
@@ -48,6 +48,8 @@ class RecordMode(TorchFunctionMode):
                 return func(*args, **kwargs)
             return hoist(func, args, kwargs)
         if func in HOISTED_FACTORIES or func in HOISTED_GETTERS:
+            if has_lazy(args) or (kwargs and has_lazy(kwargs)):
+                args, kwargs = _read_numbers(func, args, kwargs)
             return hoist(func, args, kwargs)
         if has_lazy(args) or (kwargs and has_lazy(kwargs)):
             raise _unsupported(func)
@@ -59,6 +61,32 @@ class RecordMode(TorchFunctionMode):
                 "outside the block and pass it in"
             )
         return func(*args, **kwargs)
+
+
+def _read_numbers(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A factory given ``torch.tensor(n)`` of a Python number as a size, bound or fill
+    value (``torch.arange(torch.tensor(n))``): the number is known when recorded, and eager
+    torch reads it, so the factory gets it. A computed per-instance tensor there would
+    need a value demand, which cannot happen inside torch's dispatch: a clear error
+    asks for ``int(t)`` first."""
+
+    def read(a):
+        t = type(a)
+        if t is LazyTensor:
+            node = a.node
+            if node.op is TENSOR and a.shape == () and type(node.data) in (int, float, bool):
+                with torch._C.DisableTorchFunction():
+                    return torch.tensor(node.data, dtype=a.dtype).item()
+            name = getattr(func, "__name__", repr(func))
+            raise UnsupportedOpError(
+                f"torch.{name} given a per-instance tensor (at {user_line(2)}): read its value "
+                "first, e.g. torch.zeros(int(n)) (a value demand), or pass a Python number"
+            )
+        if t is tuple or t is list:
+            return t(read(x) for x in a)
+        return a
+
+    return tuple(read(a) for a in args), {k: read(v) for k, v in (kwargs or {}).items()}
 
 
 def _unsupported(func) -> UnsupportedOpError:

@@ -1610,3 +1610,36 @@ def test_op_inside_a_block(name, c, data):
     body = acrobat.block(lambda inst, shared: c.fn(**inst, **shared))
     f = acrobat.autobatch(lambda inst, **shared: body(inst, shared))
     check_map(f, ex.instances, **ex.shared)
+
+
+@acrobat.autobatch
+def sized_by_numbers(instance):
+    x, n, fill = instance
+    ramp = torch.arange(torch.tensor(n)).float()
+    return x * ramp[-1] + torch.full((2,), torch.tensor(fill)) + torch.zeros(torch.tensor(2))
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 9), st.floats(-3, 3, allow_subnormal=False) | st.integers(-3, 3)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_factories_read_numbers_made_tensors_as_eager_does(specs):
+    xs = [(torch.randn(2), n, fill) for n, fill in specs]
+    with torch.no_grad():
+        check_map(sized_by_numbers, xs)
+
+
+def test_factories_given_a_computed_tensor_ask_for_its_value():
+    @acrobat.autobatch
+    def f(x):
+        return torch.zeros(torch.tensor(2) + 1) + x
+
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"torch\.zeros given a per-instance"):
+        f.map([torch.ones(3)])
+    # acrobat is usable after the error
+    torch.testing.assert_close(sized_by_numbers.map([(torch.ones(2), 3, 1.0)])[0],
+                               sized_by_numbers.eager((torch.ones(2), 3, 1.0)))  # fmt: skip
