@@ -641,12 +641,24 @@ def lookup_table(node) -> Tensor | None:
     idx, weight = node.args[:2]
     if type(idx) is not LazyTensor or not isinstance(weight, Tensor):
         return None
-    defaults = (None, None, 2.0, False, False)
-    options = tuple(node.args[2:]) + defaults[len(node.args) - 2 :]
-    padding_idx, max_norm, _, scale_grad_by_freq, sparse = options
-    if padding_idx is not None or max_norm is not None or scale_grad_by_freq or sparse:
+    max_norm, grad_options = _embedding_options(node.args, {})
+    if max_norm is not None or grad_options:
         return None
     return weight
+
+
+_EMBEDDING_OPTIONS = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
+
+
+def _embedding_options(args, kwargs) -> tuple:
+    """(max_norm, whether an option that changes only the gradient is set: padding_idx,
+    scale_grad_by_freq, sparse) of an ``F.embedding(input, weight, ...)`` call."""
+    options = dict(zip(_EMBEDDING_OPTIONS, args[2:]))
+    options.update((k, kwargs[k]) for k in _EMBEDDING_OPTIONS if k in kwargs)
+    grad_options = options.get("padding_idx") is not None or any(
+        options.get(k) for k in ("scale_grad_by_freq", "sparse")
+    )
+    return options.get("max_norm"), grad_options
 
 
 def _special_embedding(func, args, kwargs):
@@ -654,13 +666,8 @@ def _special_embedding(func, args, kwargs):
     lookup W[i] (op take): one node instead of two, one index_select per batch."""
     idx = args[0] if args else kwargs.get("input")
     weight = args[1] if len(args) > 1 else kwargs.get("weight")
-    names = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
-    options = dict(zip(names, args[2:]))
-    options.update((k, kwargs[k]) for k in names if k in kwargs)
-    grad_options = options.get("padding_idx") is not None or any(
-        options.get(k) for k in ("scale_grad_by_freq", "sparse")
-    )
-    if _row_lookup(idx, weight, options.get("max_norm"), grad_options):
+    max_norm, grad_options = _embedding_options(args, kwargs)
+    if _row_lookup(idx, weight, max_norm, grad_options):
         return _special_take(weight, idx.node.data)
     if has_lazy(args) or has_lazy(kwargs):
         return record(EMBEDDING, func, args, kwargs)

@@ -263,3 +263,41 @@ def test_value_parameter_given_a_non_number_runs_as_written():
 
     with torch.no_grad():
         check_map(f, [torch.randn(3) for _ in range(4)])
+
+
+padded = nn.Embedding(VOCAB, DIM, padding_idx=0)
+
+
+def padded_word(word_id):
+    """padding_idx changes the gradient (row 0 gets none): not a lookup done in place."""
+    return padded(torch.tensor(word_id))
+
+
+@acrobat.autobatch
+def padded_sum(ids):
+    return (
+        torch.stack([padded_word(i) for i in ids]).sum(0) if len(ids) > 1 else padded_word(ids[0])
+    )
+
+
+def test_lookup_with_a_gradient_option_runs_its_program(monkeypatch):
+    from acrobat import executor
+
+    in_place = []
+    original = executor._lookup_in_place
+
+    def spy(*args):
+        in_place.append(original(*args))
+        return in_place[-1]
+
+    monkeypatch.setattr(executor, "_lookup_in_place", spy)
+    ids = [[0, 2], [3], [0]]
+    for x in ids:
+        padded_sum.eager(x).sum().backward()
+    want = padded.weight.grad.clone()
+    padded.weight.grad = None
+    got = padded_sum.map(ids)
+    torch.stack(got).sum().backward()
+    assert not in_place  # no Lookup was made for the block
+    torch.testing.assert_close(padded.weight.grad, want)
+    padded.weight.grad = None
