@@ -368,28 +368,27 @@ class AutoBlock:
             or rt.thread != threading.get_ident()  # another thread calling the function
         ):
             return self.impl(*args, **kwargs)
-        block = self.block
-        call_args = args
-        if self.values and config.VALUE_PARAMS and not kwargs:
+        values = self.values
+        if (
+            values
+            and config.VALUE_PARAMS
+            and not kwargs
+            and all(i < len(args) and type(args[i]) in SCALAR_DTYPES for i in values)
+        ):  # Python numbers where the body reads torch.tensor(p): the tensors instead
             call_args = list(args)
-            for i in self.values:
-                if i >= len(args) or type(args[i]) not in SCALAR_DTYPES:
-                    call_args = args  # not a Python number here: the function as written
-                    break
+            for i in values:
                 call_args[i] = scalar_data(args[i])
-            else:
-                assert self.value_block is not None
-                try:
-                    return self.value_block(*call_args)
-                except Exception:
-                    if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
-                        raise
-                    # the body needs the number itself (torch.arange(torch.tensor(n))):
-                    # from now on its torch.tensor is a constant of the block's trace again
-                    self.values = ()
-                    call_args = args
+            assert self.value_block is not None
+            try:
+                return self.value_block(*call_args)
+            except Exception:
+                if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
+                    raise
+                # the body needs the number itself (torch.arange(torch.tensor(n))): from
+                # now on its torch.tensor is a constant of the block's trace again
+                self.values = ()
         try:
-            return block(*call_args, **kwargs)
+            return self.block(*args, **kwargs)
         except LazyValueError:
             if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
                 raise
