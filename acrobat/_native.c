@@ -1176,79 +1176,113 @@ static PyObject *heights(PyObject *mod, PyObject *batches) {
  * ``bases`` yet (nothing to trust in dst); None when a source is marked None (not
  * readable as bytes: torch must gather). The caller guarantees every base is the address
  * of a live contiguous CPU buffer of rows of ``nbytes`` and dst holds len(slots) rows. */
-/* The positions, from ``start`` on, of the first row of each source of ``slots``
- * missing from ``bases`` (copy_rows' answer when it cannot copy yet). */
-static PyObject *missing_sources(PyObject *slots, PyObject *bases, Py_ssize_t start) {
-    PyObject *seen = PySet_New(NULL), *found = PyList_New(0);
-    if (seen == NULL || found == NULL) goto fail;
-    long long last_key = -1;
-    Py_ssize_t m = PyList_GET_SIZE(slots);
-    for (Py_ssize_t i = start; i < m; i++) {
-        long long slot = PyLong_AsLongLong(PyList_GET_ITEM(slots, i));
-        if (slot == -1 && PyErr_Occurred()) goto fail;
-        long long key = slot >> 24;
-        if (key == last_key) continue;
-        last_key = key;
-        PyObject *k = PyLong_FromLongLong(key);
-        if (k == NULL) goto fail;
-        int known = PyDict_Contains(bases, k);
-        int dup = known == 0 ? PySet_Contains(seen, k) : 0;
-        if (known < 0 || dup < 0 || (known == 0 && !dup && PySet_Add(seen, k) < 0)) {
-            Py_DECREF(k);
-            goto fail;
-        }
-        Py_DECREF(k);
-        if (known == 0 && !dup) {
-            PyObject *pos = PyLong_FromSsize_t(i);
-            if (pos == NULL || PyList_Append(found, pos) < 0) {
-                Py_XDECREF(pos);
-                goto fail;
-            }
-            Py_DECREF(pos);
-        }
+/* What ``bases`` holds for the buffer LazyTensor ``t`` reads (executor._note_bases):
+ * row 0's address when a byte copy reads its rows (a contiguous CPU tensor of rows of
+ * ``dtype`` and ``shape``), else None. A new reference. */
+static PyObject *s_device, *s_type, *s_cpu, *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr;
+
+static PyObject *source_base(PyObject *t, PyObject *shape, PyObject *dtype) {
+    NodeObject *node = (NodeObject *)((LazyObject *)t)->node;
+    PyObject *buf = PySequence_GetItem(node->outs, PyLong_AsSsize_t(((LazyObject *)t)->idx));
+    if (buf == NULL) return NULL;
+    PyObject *result = NULL, *device = NULL, *kind = NULL, *dt = NULL, *shp = NULL;
+    int ok = 1;
+    if ((device = PyObject_GetAttr(buf, s_device)) == NULL) goto done;
+    if ((kind = PyObject_GetAttr(device, s_type)) == NULL) goto done;
+    ok = PyObject_RichCompareBool(kind, s_cpu, Py_EQ);
+    if (ok == 1) {
+        PyObject *c = PyObject_CallMethodNoArgs(buf, s_is_contiguous);
+        if (c == NULL) goto done;
+        ok = PyObject_IsTrue(c);
+        Py_DECREF(c);
     }
-    Py_DECREF(seen);
-    return found;
-fail:
-    Py_XDECREF(seen);
-    Py_XDECREF(found);
-    return NULL;
+    if (ok == 1) {
+        if ((dt = PyObject_GetAttr(buf, s_dtype)) == NULL) goto done;
+        ok = PyObject_RichCompareBool(dt, dtype, Py_EQ);
+    }
+    if (ok == 1) {
+        if ((shp = PyObject_GetAttr(buf, s_shape)) == NULL) goto done;
+        Py_ssize_t r = PyTuple_Check(shp) ? PyTuple_GET_SIZE(shp) : -1;
+        Py_ssize_t want = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -2;
+        ok = r == want + 1;
+        for (Py_ssize_t i = 0; ok == 1 && i < want; i++)
+            ok = PyObject_RichCompareBool(PyTuple_GET_ITEM(shp, i + 1),
+                                          PyTuple_GET_ITEM(shape, i), Py_EQ);
+    }
+    if (ok < 0) goto done;
+    if (ok) {
+        result = PyObject_CallMethodNoArgs(buf, s_data_ptr);
+    } else {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+done:
+    Py_DECREF(buf);
+    Py_XDECREF(device);
+    Py_XDECREF(kind);
+    Py_XDECREF(dt);
+    Py_XDECREF(shp);
+    return result;
 }
 
+/* Rows of LazyTensors ``ts`` (computed, all of ``shape`` and ``dtype``) copied into
+ * ``dst`` by address (executor._fast_gather): ``slots`` are their executor._slots, and
+ * ``bases`` caches each source buffer's row-0 address (source_base), entered here the
+ * first time a source is read. Every row's address is found before any is copied: a
+ * source that a byte copy cannot read (None) makes the answer False, nothing copied. */
 static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (n != 4 || !PyList_Check(a[1]) || !PyDict_Check(a[2])) {
-        PyErr_SetString(PyExc_TypeError, "copy_rows(dst, slots: list, bases: dict, nbytes)");
+    if (n != 7 || !PyList_Check(a[1]) || !PyDict_Check(a[2]) || !PyList_Check(a[4]) ||
+        PyList_GET_SIZE(a[4]) != PyList_GET_SIZE(a[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "copy_rows(dst, slots: list, bases: dict, nbytes, ts: list, shape, dtype)");
         return NULL;
     }
     char *dst = (char *)PyLong_AsVoidPtr(a[0]);
     if (dst == NULL && PyErr_Occurred()) return NULL;
-    PyObject *slots = a[1], *bases = a[2];
+    PyObject *slots = a[1], *bases = a[2], *ts = a[4], *shape = a[5], *dtype = a[6];
     Py_ssize_t nbytes = PyLong_AsSsize_t(a[3]);
     if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(slots);
+    char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
+    if (src == NULL) return PyErr_NoMemory();
     long long last_key = -1;
     char *last_base = NULL;
-    Py_ssize_t m = PyList_GET_SIZE(slots);
     for (Py_ssize_t i = 0; i < m; i++) {
         long long slot = PyLong_AsLongLong(PyList_GET_ITEM(slots, i));
-        if (slot == -1 && PyErr_Occurred()) return NULL;
+        if (slot == -1 && PyErr_Occurred()) goto fail;
         long long key = slot >> 24;
         if (key != last_key) {
             PyObject *k = PyLong_FromLongLong(key);
-            if (k == NULL) return NULL;
-            PyObject *b = PyDict_GetItemWithError(bases, k);  /* borrowed */
-            Py_DECREF(k);
-            if (b == NULL) {
-                if (PyErr_Occurred()) return NULL;
-                return missing_sources(slots, bases, i);
+            if (k == NULL) goto fail;
+            PyObject *b = PyDict_GetItemWithError(bases, k); /* borrowed */
+            if (b == NULL && !PyErr_Occurred()) {
+                PyObject *t = PyList_GET_ITEM(ts, i);
+                if (!PyObject_TypeCheck(t, &LazyType)) {
+                    PyErr_SetString(PyExc_TypeError, "copy_rows: ts must hold LazyTensors");
+                } else if ((b = source_base(t, shape, dtype)) != NULL) {
+                    int err = PyDict_SetItem(bases, k, b);
+                    Py_DECREF(b); /* the dict holds it */
+                    if (err < 0) b = NULL;
+                }
             }
-            if (b == Py_None) Py_RETURN_NONE;
+            Py_DECREF(k);
+            if (b == NULL) goto fail;
+            if (b == Py_None) {
+                PyMem_Free(src);
+                Py_RETURN_FALSE;
+            }
             last_base = (char *)PyLong_AsVoidPtr(b);
-            if (last_base == NULL && PyErr_Occurred()) return NULL;
+            if (last_base == NULL && PyErr_Occurred()) goto fail;
             last_key = key;
         }
-        memcpy(dst + i * nbytes, last_base + (slot & 0xFFFFFF) * nbytes, (size_t)nbytes);
+        src[i] = last_base + (slot & 0xFFFFFF) * nbytes;
     }
+    for (Py_ssize_t i = 0; i < m; i++) memcpy(dst + i * nbytes, src[i], (size_t)nbytes);
+    PyMem_Free(src);
     Py_RETURN_TRUE;
+fail:
+    PyMem_Free(src);
+    return NULL;
 }
 
 /* ---- module ---------------------------------------------------------------------- */
@@ -1267,8 +1301,8 @@ static PyMethodDef methods[] = {
     {"heights", (PyCFunction)heights, METH_O,
      "heights(batches): scheduler.relevel's longest-path pass"},
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
-     "copy_rows(dst, slots, bases, nbytes) -> True | [first row of each source missing "
-     "from bases] | None (a source that cannot be read by address)"},
+     "copy_rows(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (a source "
+     "that cannot be read by address; nothing copied)"},
     {"record_data", (PyCFunction)(void (*)(void))record_data, METH_FASTCALL,
      "record_data(rt, op, sig, data, shape, dtype, deferred) -> LazyTensor | None"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
@@ -1293,6 +1327,13 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
 #define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return NULL
+    INTERN(s_device, "device");
+    INTERN(s_type, "type");
+    INTERN(s_cpu, "cpu");
+    INTERN(s_is_contiguous, "is_contiguous");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_shape, "shape");
+    INTERN(s_data_ptr, "data_ptr");
     INTERN(s_fiber, "fiber");
     INTERN(s_phase, "phase");
     INTERN(s_instance, "instance");

@@ -148,12 +148,11 @@ def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
     shape, dtype = t0.shape, t0.dtype
     nbytes = shape.numel() * dtype.itemsize
     bases = _bases
-    if _native is not None:  # addresses and copies in one C loop
+    if _native is not None:  # addresses (new sources entered) and copies in one C call
         out = torch.empty((len(slots), *shape), dtype=dtype)
-        done = _native.copy_rows(out.data_ptr(), slots, bases, nbytes)
-        if type(done) is list:  # the first row of each source read for the first time
-            _note_bases([ts[i] for i in done], [slots[i] for i in done], shape, dtype)
-            done = _native.copy_rows(out.data_ptr(), slots, bases, nbytes)
+        if type(ts) is not list:
+            ts = list(ts)
+        done = _native.copy_rows(out.data_ptr(), slots, bases, nbytes, ts, shape, dtype)
         return out if done else None  # None: a source torch must read
     try:
         addresses = array("q", [bases[s >> _ROW_BITS] + (s & _ROW_MASK) * nbytes for s in slots])

@@ -174,33 +174,63 @@ def test_a_column_reading_the_same_rows_again_reuses_its_gather(monkeypatch):
 _native = acrobat.tensor._native
 
 
+def _lazy_rows(sources, chosen, shape, dtype):
+    """A computed LazyTensor per chosen (source, row): source s is output 0 of a node."""
+    from acrobat.graph import Info, LazyTensor, Node
+    from acrobat.ops import INPUT
+
+    info = Info(((torch.Size(shape), dtype),), True, None)
+    nodes = []
+    for src in sources:
+        node = Node(INPUT, None, (), None, [], info, None, 0, 0, -1, None)
+        node.outs = (src,)
+        nodes.append(node)
+    return [LazyTensor(nodes[s], 0, torch.Size(shape), dtype, None) for s, _ in chosen]
+
+
 @pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
 @settings(max_examples=60, deadline=None)
 @_ROW_CASES
 def test_native_copy_rows_copies_the_rows_its_slots_name(shape, dtype, heights, data):
     """The C row copy (executor._fast_gather with acrobat._native): slots name (source,
-    row) as the executor packs them, sources by their first row's address."""
+    row) as the executor packs them, sources by their first row's address, entered into
+    ``bases`` from the LazyTensors the first time a source is read."""
     sources, chosen, want = _sources_and_rows(shape, dtype, heights, data)
-    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    size = torch.Size(shape)
+    nbytes = size.numel() * dtype.itemsize
     keys = [(7 + s) << 20 for s in range(len(sources))]  # batch/output part of a slot
-    bases = {k: src.data_ptr() for k, src in zip(keys, sources)}
     slots = [(keys[s] << executor._ROW_BITS) + r for s, r in chosen]
-    got = torch.empty((len(chosen), *shape), dtype=dtype)
-    assert _native.copy_rows(got.data_ptr(), slots, bases, nbytes) is True
-    assert torch.equal(got, want)
-    if chosen:
+    ts = _lazy_rows(sources, chosen, shape, dtype)
+
+    def copy(bases):
+        got = torch.zeros((len(chosen), *shape), dtype=dtype)
+        return _native.copy_rows(got.data_ptr(), slots, bases, nbytes, ts, size, dtype), got
+
+    full = {k: src.data_ptr() for k, src in zip(keys, sources)}
+    done, got = copy(dict(full))
+    assert done is True and torch.equal(got, want)
+    # sources not in bases yet: entered (row 0's address) and copied in the same call
+    bases: dict = {}
+    done, got = copy(bases)
+    assert done is True and torch.equal(got, want)
+    assert bases == {keys[s]: sources[s].data_ptr() for s, _ in chosen}
+    if chosen and size.numel():
         s0 = chosen[0][0]
-        missing = {k: v for k, v in bases.items() if k != keys[s0]}
-        # the answer names the first row of the missing source, nothing else
-        assert _native.copy_rows(got.data_ptr(), slots, missing, nbytes) == [0]
-        absent = {keys[s] for s, _ in chosen[1:]} - {keys[s0]}
-        few = {k: v for k, v in bases.items() if k not in absent}
-        first = {}
-        for i, (s, _) in enumerate(chosen):
-            if keys[s] in absent:
-                first.setdefault(keys[s], i)
-        assert _native.copy_rows(got.data_ptr(), slots, few, nbytes) == (
-            sorted(first.values()) or True
-        )
-        unreadable = {**bases, keys[s0]: None}
-        assert _native.copy_rows(got.data_ptr(), slots, unreadable, nbytes) is None
+        # a source a byte copy cannot read (None): False, and no row written
+        done, got = copy({**full, keys[s0]: None})
+        assert done is False and not got.any()
+        # entered as None when its buffer is not a contiguous tensor of such rows
+        wide = torch.zeros((sources[s0].shape[0], *shape, 2), dtype=dtype)[..., 0]
+        other = [sources[s0].to(torch.float64 if dtype != torch.float64 else torch.int32)]
+        if not wide.is_contiguous():  # (one row, or empty rows: contiguous whatever the stride)
+            other.append(wide)
+        for odd in other:
+            for t in ts:
+                if t.node.outs[0] is sources[s0]:
+                    t.node.outs = (odd,)
+            bases = {}
+            done, got = copy(bases)
+            assert done is False and bases[keys[s0]] is None and not got.any()
+            for t in ts:
+                if t.node.outs[0] is odd:
+                    t.node.outs = (sources[s0],)
