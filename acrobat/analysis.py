@@ -44,7 +44,7 @@ import torch
 from acrobat import config, executor, graph
 from acrobat.block import Block
 from acrobat.errors import LazyValueError
-from acrobat.ops import SCALAR_DTYPES, scalar_data
+from acrobat.ops import SCALAR_DTYPES, lookup_call, scalar_data
 from acrobat.scan import Scan
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
@@ -548,6 +548,8 @@ _DEMANDS = {"int", "float", "bool", "complex"}  # builtins that read a tensor's 
 _DEMAND_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"}
 _FUTURE_FLAGS = 0x1FE0000  # co_flags bits of __future__ features (compile() flags)
 _REGION_ARGS = (int, float, bool, str, type(None))
+LOOKUP_CALLS = True  # f(torch.tensor(x)) outside runs -> ops.lookup_call (read when outlining)
+_LOOKUP_PLACEHOLDER = _REGION_BASE * 2  # the call's constant: regions use k + 3 >= 3
 
 
 class Outlined:
@@ -804,11 +806,12 @@ def _outline(fn) -> Outlined | None:
     imports, flags = context
     rewriter = _Rewriter(fn, set(code.co_varnames))
     rewriter.rewrite(node)
-    if not rewriter.regions:
+    lookups = _rewrite_lookups(node) if LOOKUP_CALLS else 0
+    if not rewriter.regions and not lookups:
         return None
     body = [*imports, node, *(r.definition for r in rewriter.regions)]
     codes = _functions(_compiled(body, code, flags))
-    dispatchers = {}
+    dispatchers: dict = {_LOOKUP_PLACEHOLDER: lookup_call}
     regions = []
     for r in rewriter.regions:
         lines = f"line {r.first}" if r.first == r.last else f"lines {r.first}-{r.last}"
@@ -835,6 +838,62 @@ def _outline(fn) -> Outlined | None:
     if new.co_freevars:  # pragma: no cover - no nested scopes, so none
         return None
     return Outlined(new, regions)
+
+
+class _Lookups(ast.NodeTransformer):
+    """``f(torch.tensor(x))`` -> ``<lookup_call>(f, torch.tensor, x)`` (see _rewrite_lookups)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        if node.keywords or len(node.args) != 1 or not _callee(node.func):
+            return node
+        inner = node.args[0]
+        if not (
+            isinstance(inner, ast.Call)
+            and not inner.keywords
+            and len(inner.args) == 1
+            and not isinstance(inner.args[0], ast.Starred)
+            and isinstance(inner.func, ast.Attribute)
+            and inner.func.attr == "tensor"
+            and isinstance(inner.func.value, ast.Name)
+        ):
+            return node
+        self.count += 1
+        call = ast.Call(
+            func=ast.Constant(_LOOKUP_PLACEHOLDER),
+            args=[node.func, inner.func, inner.args[0]],
+            keywords=[],
+        )
+        return _located(call, node)
+
+    def _scope(self, node):  # another code object: its constants are not the function's
+        return node
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
+    visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+
+
+def _callee(func) -> bool:
+    """A callee worth routing: a name or attribute chain (``model.emb``, ``emb``) not
+    rooted at ``torch`` (whose functions are never an embedding)."""
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return isinstance(func, ast.Name) and func.id != "torch"
+
+
+def _rewrite_lookups(node: ast.FunctionDef) -> int:
+    """Rewrite ``f(torch.tensor(x))`` in ``node``'s own code (not in outlined runs, whose
+    calls are traced as blocks, nor in comprehensions) to ``ops.lookup_call(f,
+    torch.tensor, x)``: an embedding lookup of a Python number recorded in one call (a
+    TreeLSTM leaf's ``model.emb(torch.tensor(tree.word_id))``). The evaluation order is
+    the same (``f``, ``torch.tensor``, ``x``), and anything but an ``nn.Embedding`` given
+    an int is called as written. Returns how many calls were rewritten."""
+    lookups = _Lookups()
+    node.body = [lookups.visit(stmt) for stmt in node.body]
+    return lookups.count
 
 
 def _recompilable(fn, node: ast.FunctionDef) -> tuple[list, int] | None:

@@ -2,6 +2,7 @@
 run as blocks inside f.map, with the same results, and fall back safely."""
 
 import random
+import sys
 
 import pytest
 import torch
@@ -301,3 +302,96 @@ def test_lookup_with_a_gradient_option_runs_its_program(monkeypatch):
     assert not in_place  # no Lookup was made for the block
     torch.testing.assert_close(padded.weight.grad, want)
     padded.weight.grad = None
+
+
+# ---- lookup calls: f(torch.tensor(x)) outside outlined runs --------------------------------
+
+table = nn.Embedding(VOCAB, DIM)
+features = nn.Linear(2, DIM)
+
+
+def leaf_sum(ids, k, emb):
+    """A recursive sum of word vectors; each lookup is a call argument or a return value,
+    so no outlined run holds it: analysis rewrites it to ops.lookup_call."""
+    if k == len(ids) - 1:
+        return emb(torch.tensor(ids[k]))
+    return torch.tanh(emb(torch.tensor(ids[k])) + leaf_sum(ids, k + 1, emb) * 0.5)
+
+
+@acrobat.autobatch
+def lookups(ids):
+    return leaf_sum(ids, 0, table)
+
+
+@acrobat.autobatch
+def lookups_of(instance):
+    ids, emb = instance
+    return leaf_sum(ids, 0, emb)
+
+
+def _callers_of_special_take(monkeypatch) -> list:
+    from acrobat import ops
+
+    callers = []
+    original = ops._special_take
+
+    def spy(*args):
+        callers.append(sys._getframe(1).f_code.co_name)
+        return original(*args)
+
+    monkeypatch.setattr(ops, "_special_take", spy)
+    return callers
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5), min_size=1, max_size=6)
+)
+def test_lookup_calls_match_eager_and_record_the_same_graph(ids):
+    with torch.no_grad():
+        on = check_map(lookups, ids)
+        analysis._OUTLINED.pop(leaf_sum.__code__, None)
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(analysis, "LOOKUP_CALLS", False)
+                off = check_map(lookups, ids)
+                assert analysis._OUTLINED[leaf_sum.__code__] is None  # nothing else to rewrite
+        finally:
+            analysis._OUTLINED.pop(leaf_sum.__code__, None)
+    assert on.nodes == off.nodes and on.by_op == off.by_op
+    assert on.by_op["take"][1] == sum(len(x) for x in ids)
+
+
+def test_lookup_calls_take_the_direct_path_and_train(monkeypatch):
+    callers = _callers_of_special_take(monkeypatch)
+    ids = [[1, 2, 3], [4], [10, 5, 1]]
+    for x in ids:
+        lookups.eager(x).sum().backward()
+    want = table.weight.grad.clone()
+    table.weight.grad = None
+    torch.stack(lookups.map(ids)).sum().backward()
+    assert callers == ["lookup_call"] * 7  # every lookup, none through nn.Embedding.forward
+    torch.testing.assert_close(table.weight.grad, want)
+    table.weight.grad = None
+
+
+def test_lookup_calls_keep_hooks_and_options(monkeypatch):
+    """A hook, a gradient option or a module that is not an embedding: called as written."""
+    callers = _callers_of_special_take(monkeypatch)
+    hooked = nn.Embedding(VOCAB, DIM)
+    seen = []
+    hooked.register_forward_hook(lambda m, args, out: seen.append(1))
+    padded = nn.Embedding(VOCAB, DIM, padding_idx=0)
+    with torch.no_grad():
+        check_map(lookups_of, [([1, 2], hooked), ([3], hooked)])
+        assert len(seen) == 2 * 3  # map and eager: each lookup ran the module's hook
+        check_map(lookups_of, [([0, 2], padded), ([3, 0], padded)])
+        check_map(lookups_of, [([[1.0, 2.0], [0.5, 1.0]], features), ([[3.0, 4.0]], features)])
+    assert "lookup_call" not in callers
+
+
+def test_bad_lookup_call_names_the_instance_and_line():
+    with pytest.raises(IndexError, match="instance 1") as info:
+        lookups.map([[1], [VOCAB + 3], [2]])
+    assert "test_analysis.py" in str(info.value) and "leaf_sum" in str(info.value)
+    assert lookups.map([[1], [2]])[1].shape == (DIM,)  # usable again
