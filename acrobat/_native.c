@@ -1170,12 +1170,6 @@ static PyObject *heights(PyObject *mod, PyObject *batches) {
     Py_RETURN_NONE;
 }
 
-/* copy_rows(dst, slots, bases, nbytes): row i of the buffer at address ``dst`` gets the
- * ``nbytes`` bytes of the row that slot i names: ``bases[slot >> 24] + (slot & 0xFFFFFF)
- * * nbytes`` (executor._fast_gather). True when copied; False when a source is not in
- * ``bases`` yet (nothing to trust in dst); None when a source is marked None (not
- * readable as bytes: torch must gather). The caller guarantees every base is the address
- * of a live contiguous CPU buffer of rows of ``nbytes`` and dst holds len(slots) rows. */
 /* What ``bases`` holds for the buffer LazyTensor ``t`` reads (executor._note_bases):
  * row 0's address when a byte copy reads its rows (a contiguous CPU tensor of rows of
  * ``dtype`` and ``shape``), else None. A new reference. */
@@ -1183,7 +1177,9 @@ static PyObject *s_device, *s_type, *s_cpu, *s_is_contiguous, *s_dtype, *s_shape
 
 static PyObject *source_base(PyObject *t, PyObject *shape, PyObject *dtype) {
     NodeObject *node = (NodeObject *)((LazyObject *)t)->node;
-    PyObject *buf = PySequence_GetItem(node->outs, PyLong_AsSsize_t(((LazyObject *)t)->idx));
+    Py_ssize_t idx = PyLong_AsSsize_t(((LazyObject *)t)->idx);
+    if (idx == -1 && PyErr_Occurred()) return NULL;
+    PyObject *buf = PySequence_GetItem(node->outs, idx);
     if (buf == NULL) return NULL;
     PyObject *result = NULL, *device = NULL, *kind = NULL, *dt = NULL, *shp = NULL;
     int ok = 1;
@@ -1225,8 +1221,11 @@ done:
     return result;
 }
 
-/* Rows of LazyTensors ``ts`` (computed, all of ``shape`` and ``dtype``) copied into
- * ``dst`` by address (executor._fast_gather): ``slots`` are their executor._slots, and
+/* copy_rows(dst, slots, bases, nbytes, ts, shape, dtype): row i of the buffer at address
+ * ``dst`` (len(slots) rows) gets the ``nbytes`` bytes of the row slot i names,
+ * ``bases[slot >> 24] + (slot & 0xFFFFFF) * nbytes``: the rows of LazyTensors ``ts``
+ * (computed, all of ``shape`` and ``dtype``; executor._fast_gather). ``slots`` are their
+ * executor._slots, and
  * ``bases`` caches each source buffer's row-0 address (source_base), entered here the
  * first time a source is read. Every row's address is found before any is copied: a
  * source that a byte copy cannot read (None) makes the answer False, nothing copied. */

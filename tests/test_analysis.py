@@ -204,17 +204,23 @@ def test_value_parameters_match_eager_with_one_node_per_call(ids, amounts):
     assert shifts.by_op["block:shifted"][1] == len(amounts)  # not a lookup: its program ran
 
 
-def test_lookup_blocks_copy_nothing_and_train(monkeypatch):
+def _in_place_answers(monkeypatch) -> list:
+    """executor._lookup_in_place's answers during the test (True: a batch ran in place)."""
     from acrobat import executor
 
-    in_place = []
+    answers = []
     original = executor._lookup_in_place
 
     def spy(*args):
-        in_place.append(original(*args))
-        return in_place[-1]
+        answers.append(original(*args))
+        return answers[-1]
 
     monkeypatch.setattr(executor, "_lookup_in_place", spy)
+    return answers
+
+
+def test_lookup_blocks_copy_nothing_and_train(monkeypatch):
+    in_place = _in_place_answers(monkeypatch)
     ids = [[1, 2, 3], [4], [10, 5, 1]]
     params = (vectors.weight, matrices.weight)
     for p in params:
@@ -282,16 +288,7 @@ def padded_sum(ids):
 
 
 def test_lookup_with_a_gradient_option_runs_its_program(monkeypatch):
-    from acrobat import executor
-
-    in_place = []
-    original = executor._lookup_in_place
-
-    def spy(*args):
-        in_place.append(original(*args))
-        return in_place[-1]
-
-    monkeypatch.setattr(executor, "_lookup_in_place", spy)
+    in_place = _in_place_answers(monkeypatch)
     ids = [[0, 2], [3], [0]]
     for x in ids:
         padded_sum.eager(x).sum().backward()
