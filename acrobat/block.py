@@ -30,6 +30,7 @@ from acrobat.graph import (
     add_node,
     infer,
     signature,
+    type_key,
     wrap_outputs,
 )
 from acrobat.ops import ROW_VIEWS, Op, lookup_table, vmap_rule
@@ -356,6 +357,8 @@ class Block:
         trace = self.cache.get(key)
         if trace is None or (trace.run_id != rt.id and not trace.valid_for(rt)):
             trace = self._trace(rt, args, kwargs or {}, inputs, _kept(args, kwargs))
+            if not kwargs:
+                _note_lift(self, trace, args, parts, made)
             if self.traces_run != rt.id:
                 self.traces_run, self.run_traces = rt.id, 0
             self.run_traces += 1
@@ -432,6 +435,29 @@ class Block:
             trace.op.extra["lookup"] = lookup
         trace.run_id = rt.id
         return trace
+
+
+def _note_lift(block: Block, trace: Trace, args: tuple, parts: list, made: dict) -> None:
+    """If the call passes constants made by a pure factory (``torch.zeros(h)``) as
+    top-level arguments, note on its op how the same call reads with those constants as
+    per-instance operands: the cache key of that trace and where each constant goes among
+    its inputs. The scheduler merges a batch of this trace into one of that trace at the
+    same level, if there is one (:func:`acrobat.scheduler.family`)."""
+    inserts: list[tuple] = []
+    lazy_key = list(parts)
+    n_inputs = 0
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is LazyTensor:
+            n_inputs += 1
+        elif t is tuple or t is list or t is dict:
+            return  # a container's lazies: positions would need its walk
+        elif id(a) in made:
+            with torch._C.DisableTorchFunction():  # (attribute reads dispatch to the mode)
+                lazy_key[i] = type_key(a.shape, a.dtype)
+            inserts.append((n_inputs + len(inserts), made[id(a)]))
+    if inserts:
+        trace.op.extra["lift"] = (block, tuple(lazy_key), tuple(inserts))
 
 
 def finish_trace(trace: Trace, name: str, tracer: Tracer, doc: str) -> None:

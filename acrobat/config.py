@@ -66,6 +66,12 @@ FAST_MODULES: bool = bool(_env_int("ACROBAT_FAST_MODULES", 1))
 #: pass over the flush's nodes; the flush at the end of a map keeps depth levelling.
 RELEVEL: bool = bool(_env_int("ACROBAT_RELEVEL", 1))
 
+#: A batch of a block whose trace folded in a shared constant (``cell(x, torch.zeros(h))``)
+#: joins a batch of the same block given a per-instance tensor there at the same level,
+#: the constant read as a row (scheduler.family): a parser's reduce steps on an
+#: empty buffer run with the other instances' steps instead of as a batch of their own.
+MERGE_LIFTED: bool = bool(_env_int("ACROBAT_MERGE_LIFTED", 1))
+
 #: Batched ``tanh`` runs a vectorised numba kernel (acrobat_kernels/unary.py) for float32
 #: CPU tensors of at least 1024 elements: 3-4x faster than ``torch.tanh``, which this
 #: CPU build of torch evaluates one element at a time; within 2 ulp of float64 (torch:

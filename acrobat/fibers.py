@@ -354,9 +354,7 @@ def _copy(row):
 def _flush(rt: Runtime, max_phase=float("inf"), demand: bool = False) -> None:
     t0 = time.perf_counter()
     rt.py_rows = {}  # ids of this flush's outputs: a new flush makes new ones
-    batches = schedule(rt, max_phase)
-    if demand and config.RELEVEL:
-        batches = relevel(batches)
+    batches = relevel(rt, schedule(rt, max_phase), late=demand and config.RELEVEL)
     rt.stats.t_schedule += time.perf_counter() - t0
     rt.stats.flushes += 1
     if config.VERIFY or config.DEBUG >= 1:

@@ -9,7 +9,7 @@ flush forced by one instance's value demand does not split the next phase's batc
 
 from __future__ import annotations
 
-from acrobat import config
+from acrobat import config, executor
 from acrobat.graph import Runtime, lint
 from acrobat.tensor import _native
 
@@ -33,16 +33,24 @@ def schedule(rt: Runtime, max_phase: float = float("inf")) -> list[list]:
     return batches
 
 
-def relevel(batches: list[list]) -> list[list]:
-    """The same nodes levelled as late as possible, if that makes fewer batches.
+def relevel(rt: Runtime, batches: list[list], late: bool = True) -> list[list]:
+    """The same nodes levelled as late as possible, if that makes fewer batches, with
+    lifted constants' batches merged (:func:`family`) at either levelling.
 
     A node's height is the longest path from it to a node nothing in this flush reads;
     within a phase, batches run by decreasing height (a topological order: a producer
     is higher than its consumers). Depth levelling aligns where instances' work starts,
     height levelling where it ends, which is the value each instance demands; the one
-    with fewer (phase, level, signature) groups wins, depth levelling on a tie."""
-    if len({(nodes[0].phase, nodes[0].sig) for nodes in batches}) == len(batches):
-        return batches  # no signature at two depths: nothing to merge (DRNN, Berxit)
+    with fewer (phase, level, family) groups wins, depth levelling on a tie. ``late``
+    False: depth levelling only (the map's last flush: nothing is demanded)."""
+    families = [family(nodes) for nodes in batches]
+    by_depth = {(nodes[0].phase, nodes[0].depth, f) for nodes, f in zip(batches, families)}
+    if not late or len({(nodes[0].phase, f) for nodes, f in zip(batches, families)}) == len(
+        by_depth
+    ):  # no family at two depths: nothing for late levelling to merge (DRNN, Berxit)
+        if len(by_depth) == len(batches):
+            return batches
+        return _merged(rt, batches, families, lambda nodes: nodes[0].depth)
     if _native is not None and type(batches) is list:
         _native.heights(batches)  # the loop below, in C
     else:
@@ -54,16 +62,64 @@ def relevel(batches: list[list]) -> list[list]:
                     if p.height < h and p.outs is None:
                         p.height = h
     groups: dict = {}
-    for nodes in batches:  # a depth bucket: one phase and signature, mostly one height
+    for nodes, f in zip(batches, families):  # a depth bucket: mostly one height
         n0 = nodes[0]
         if len({nd.height for nd in nodes}) == 1:
-            groups.setdefault((n0.phase, -n0.height, n0.sig), []).extend(nodes)
+            groups.setdefault((n0.phase, -n0.height, f), []).append(nodes)
         else:
+            split: dict = {}
             for nd in nodes:
-                groups.setdefault((n0.phase, -nd.height, n0.sig), []).append(nd)
-    if len(groups) >= len(batches):
-        return batches
-    return [groups[k] for k in sorted(groups, key=_order)]
+                split.setdefault(nd.height, []).append(nd)
+            for h, part in split.items():
+                groups.setdefault((n0.phase, -h, f), []).append(part)
+    if len(groups) >= len(by_depth):
+        return _merged(rt, batches, families, lambda nodes: nodes[0].depth)
+    return [_join(rt, groups[k], k[2]) for k in sorted(groups, key=_order)]
+
+
+def family(nodes: list):
+    """The signature a batch merges under: its own, or for a block called with a shared
+    constant (``cell(x, torch.zeros(h))``, a trace with the constant folded in) that of
+    the same block given a per-instance tensor there, if that trace exists
+    (block._note_lift). Where both kinds sit at one level they run as one batch, the
+    constant read as a row (``executor.constant``): a parser's reduce steps on an empty
+    buffer with the other instances' steps. Where they do not (a loop's first step), the
+    folded trace skips the work on zeros."""
+    n0 = nodes[0]
+    lift = n0.op.extra.get("lift") if config.MERGE_LIFTED else None
+    if lift is None:
+        return n0.sig
+    trace = lift[0].cache.get(lift[1])
+    return n0.sig if trace is None else trace.sig
+
+
+def _merged(rt: Runtime, batches: list[list], families: list, level) -> list[list]:
+    """``batches`` with those of one (phase, level, family) joined, in order."""
+    groups: dict = {}
+    for nodes, f in zip(batches, families):
+        groups.setdefault((nodes[0].phase, level(nodes), f), []).append(nodes)
+    return [_join(rt, parts, k[2]) for k, parts in groups.items()]
+
+
+def _join(rt: Runtime, parts: list[list], sig) -> list:
+    """One batch of ``parts`` (node lists of one level), each node of a lifted trace
+    rewritten as a call of the trace whose signature is ``sig``."""
+    for nodes in parts:
+        n0 = nodes[0]
+        if n0.sig is sig or n0.sig == sig:
+            continue
+        block, key, inserts = n0.op.extra["lift"]
+        trace = block.cache[key]
+        consts = [(pos, executor.constant(rt, rt.hoisted[made])) for pos, made in inserts]
+        op, info = trace.op, trace.info
+        for nd in nodes:
+            inputs = list(nd.inputs)
+            for pos, c in consts:
+                inputs.insert(pos, c)
+            nd.inputs, nd.op, nd.sig, nd.info = inputs, op, sig, info
+    if len(parts) == 1:
+        return parts[0]
+    return [nd for nodes in parts for nd in nodes]
 
 
 def lower_bound(batches: list[list]) -> int:

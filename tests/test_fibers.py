@@ -3,7 +3,7 @@ graph runs batched across all suspended instances, fork-join runs children concu
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import acrobat
@@ -177,6 +177,70 @@ def test_demand_flushes_level_late_so_branches_line_up(relevel):
     # late levelling only in the last round (it runs in the map's final flush, by depth)
     expected = 6 + (mixed[5] if relevel else sum(mixed))
     assert stats.batches_of("sigmoid") == expected
+
+
+@acrobat.block
+def context_cell(h, context):
+    return torch.tanh(h @ W + context @ U)
+
+
+@acrobat.autobatch
+def empty_or_not(x, steps):
+    """Each round reads either a per-instance context or a shared ``torch.zeros``, chosen by
+    a value (a parser's step on a full vs. an empty buffer): two traces of one block."""
+    empty = torch.zeros(6)
+    h, taken = x, []
+    for _ in range(steps):
+        full = bool(h.sum() > 0)
+        taken.append(full)
+        h = context_cell(h, torch.sigmoid(h) if full else empty)
+    return h, taken
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_a_block_given_a_shared_constant_joins_the_batch_given_tensors(merge):
+    xs = [torch.randn(6, generator=torch.Generator().manual_seed(s)) for s in range(8)]
+    with torch.no_grad(), acrobat.config.override(MERGE_LIFTED=merge):
+        stats = check_map(empty_or_not, xs, steps=6)
+    decisions = [empty_or_not.eager(x, steps=6)[1] for x in xs]
+    mixed = sum(len({d[i] for d in decisions}) > 1 for i in range(6))
+    assert mixed >= 2  # rounds with both kinds of step, else nothing to show
+    # merged: one batch per round; apart, a second one in every mixed round but the last
+    # (it runs in the map's final flush, levelled by depth, where the two are not level)
+    last_mixed = len({d[5] for d in decisions}) > 1
+    assert stats.batches_of("block:context_cell") == (6 + last_mixed if merge else 6 + mixed)
+
+
+def test_merged_constant_batches_train_like_eager():
+    w, u = W.clone().requires_grad_(), U.clone().requires_grad_()
+
+    @acrobat.block
+    def cell(h, context):
+        return torch.tanh(h @ w + context @ u)
+
+    @acrobat.autobatch
+    def f(x):
+        empty = torch.zeros(6)
+        h = x
+        for _ in range(5):
+            h = cell(h, torch.sigmoid(h) if bool(h.sum() > 0) else empty)
+        return h
+
+    xs = [torch.randn(6, generator=torch.Generator().manual_seed(s)) for s in range(8)]
+    xs = [x.requires_grad_() for x in xs]
+    hs, stats = f.map(xs, stats=True)
+    assert stats.batches_of("block:cell") <= 6  # merged: a round's steps in one batch
+    got = torch.autograd.grad(sum(h.sum() for h in hs), [w, u, *xs])
+    want = torch.autograd.grad(sum(f.eager(x).sum() for x in xs), [w, u, *xs])
+    assert_close_tree(list(got), list(want))
+
+
+@settings(max_examples=15, deadline=None)
+@given(seeds=st.lists(st.integers(0, 2**16), min_size=1, max_size=6), steps=st.integers(1, 5))
+def test_merged_constant_batches_match_eager(seeds, steps):
+    xs = [torch.randn(6, generator=torch.Generator().manual_seed(s)) for s in seeds]
+    with torch.no_grad():
+        check_map(empty_or_not, xs, steps=steps)
 
 
 # ---- hypothesis: random branching programs ------------------------------------------
