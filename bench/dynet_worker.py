@@ -5,15 +5,19 @@ Run by :mod:`bench.run`, one process per (task, autobatch strategy)::
     python -m bench.dynet_worker --model treelstm --size small --batch 8 \\
         --strategy 1 --reps 10 --out /tmp/result.npz
 
-The task is rebuilt from (model, size, batch, seed), so its weights and inputs are
-those of the parent's task. The ``.npz`` holds ``times_ms`` and the outputs of the
-last timed run, flattened: ``out_<instance>_<leaf>``.
+With ``--serve`` the worker times one run per ``go`` line on stdin and prints each
+time, so the parent can interleave DyNet's runs with the other systems' (the machine's
+speed drifts; systems timed in turn see the same drift). The task is rebuilt from
+(model, size, batch, seed), so its weights and inputs are those of the parent's task.
+The ``.npz`` holds ``times_ms`` and the outputs of the last timed run, flattened:
+``out_<instance>_<leaf>``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 import time
 
 import numpy as np
@@ -36,6 +40,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (model setup)")
     parser.add_argument("--mem", default=DEFAULT_MEM, help="DyNet memory, MB")
     parser.add_argument("--out", required=True, help="path of the .npz to write")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="after the warm-up print 'ready', then time one run per 'go' line on stdin "
+        "(printing its ms) until 'done' or end of input; --reps is ignored",
+    )
     args = parser.parse_args(argv)
 
     configure(autobatch=args.strategy, mem=args.mem)
@@ -47,11 +57,26 @@ def main(argv: list[str] | None = None) -> None:
 
     for _ in range(args.warmup):
         dynet_model.forward(net, task.inputs)
-    times_ms = []
-    for _ in range(args.reps):
+
+    def once() -> tuple[float, list]:
         start = time.perf_counter()
         outputs = dynet_model.forward(net, task.inputs)
-        times_ms.append((time.perf_counter() - start) * 1e3)
+        return (time.perf_counter() - start) * 1e3, outputs
+
+    times_ms: list[float] = []
+    outputs: list = []
+    if args.serve:  # one timed run per "go" line, so the parent can interleave systems
+        print("ready", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "go":
+                break
+            ms, outputs = once()
+            times_ms.append(ms)
+            print(f"{ms!r}", flush=True)
+    else:
+        for _ in range(args.reps):
+            ms, outputs = once()
+            times_ms.append(ms)
 
     arrays = {
         f"out_{i}_{j}": np.asarray(leaf)

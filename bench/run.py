@@ -17,6 +17,10 @@ Example::
     python -m bench.run --models treelstm,birnn --sizes small --batches 8,64 --reps 10
     python -m bench.run --quick          # smoke test: small, batch 8, 3 reps
 
+Systems are timed in turn, one run each per round (DyNet's runs served by worker
+processes), so the machine's slow and fast spells reach every system alike and the
+ratios are side by side in time, not only in one report.
+
 Writes ``<out>.md`` (also printed) and ``<out>.json``.
 """
 
@@ -38,6 +42,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,20 +84,6 @@ class Measurement:
         return min(self.times_ms) if self.times_ms else math.nan
 
 
-def time_calls(fn: Callable[[], list], reps: int, warmup: int) -> tuple[list[float], list]:
-    """Runs ``fn`` ``warmup`` times untimed, then ``reps`` times timed; times and last outputs."""
-    for _ in range(warmup):
-        fn()
-    acrobat.fusion.wait_compiled()  # kernels compiled in the background are not timed
-    gc.collect()
-    times_ms, outputs = [], []
-    for _ in range(reps):
-        start = time.perf_counter()
-        outputs = fn()
-        times_ms.append((time.perf_counter() - start) * 1e3)
-    return times_ms, outputs
-
-
 def acrobat_stats() -> dict | None:
     """``acrobat.stats()`` as a dict, or None where the runtime has no stats (yet)."""
     stats_fn = getattr(acrobat, "stats", None)
@@ -128,64 +119,153 @@ def torch_systems(name: str, task: Task, plain_task: Task) -> dict[str, Callable
     return systems
 
 
-def run_dynet(task: Task, strategy: int, args: argparse.Namespace) -> tuple[list[float], list]:
-    """Times DyNet with one autobatch strategy in a subprocess; times and outputs."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.npz"
+class DynetWorker:
+    """DyNet with one autobatch strategy, served by a process of its own
+    (``bench.dynet_worker --serve``): started (and warmed up) once, then timed one run at
+    a time, in turn with the other systems."""
+
+    def __init__(self, task: Task, strategy: int, args: argparse.Namespace):
+        self.task = task
+        self.tmp = tempfile.TemporaryDirectory()
+        self.out = Path(self.tmp.name) / "result.npz"
         command = [
-            sys.executable, "-m", "bench.dynet_worker",
+            sys.executable, "-m", "bench.dynet_worker", "--serve",
             "--model", task.name, "--size", task.size, "--batch", str(task.batch),
             "--seed", str(task.seed), "--strategy", str(strategy),
-            "--reps", str(args.reps), "--warmup", str(args.warmup), "--out", str(out),
+            "--warmup", str(args.warmup), "--out", str(self.out),
         ]  # fmt: skip
         if args.threads:
             command += ["--threads", str(args.threads)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=DYNET_TIMEOUT_S)
-        if done.returncode != 0:
-            raise RuntimeError(f"DyNet worker failed:\n{done.stderr[-2000:]}")
-        with np.load(out) as result:
-            times_ms = result["times_ms"].tolist()
-            outputs: list[list[np.ndarray]] = [[] for _ in task.inputs]
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        self._expect("ready")
+
+    def _expect(self, what: str) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line or (what == "ready" and line != "ready"):
+            self.close()
+            assert self.proc.stderr is not None
+            raise RuntimeError(f"DyNet worker failed:\n{self.proc.stderr.read()[-2000:]}")
+        return line
+
+    def once(self) -> float:
+        """Time one run (ms, as measured in the worker)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return float(self._expect("time"))
+
+    def outputs(self) -> list:
+        """End the worker; the outputs of its last run."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("done\n")
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=DYNET_TIMEOUT_S)
+        if self.proc.returncode != 0:
+            assert self.proc.stderr is not None
+            raise RuntimeError(f"DyNet worker failed:\n{self.proc.stderr.read()[-2000:]}")
+        with np.load(self.out) as result:
+            outputs: list[list[np.ndarray]] = [[] for _ in self.task.inputs]
             # Keys are out_<instance>_<leaf>; leaves were saved in order.
             for key in sorted(k for k in result.files if k.startswith("out_")):
                 _, instance, leaf = key.split("_")
                 outputs[int(instance)].append((int(leaf), result[key]))
-    return times_ms, [[array for _, array in sorted(leaves)] for leaves in outputs]
+        self.close()
+        return [[array for _, array in sorted(leaves)] for leaves in outputs]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.tmp.cleanup()
 
 
 def bench_case(
     module, name: str, size: str, batch: int, args: argparse.Namespace
 ) -> list[Measurement]:
-    """Every system on one (model, size, batch)."""
+    """Every system on one (model, size, batch), timed in turn: round r times each system
+    once, starting one further along the list each round, so a drift in the machine's
+    speed (this one has slow and fast spells lasting seconds) reaches every system alike."""
     task = module.make_task(size, batch, seed=args.seed, blocks=True)
     plain_task = module.make_task(size, batch, seed=args.seed, blocks=False)
     with torch.no_grad():
         reference = run_eager(task)
 
-    runners: dict[str, Callable[[], tuple[list[float], list]]] = {}
-    for system, fn in torch_systems(name, task, plain_task).items():
-        runners[system] = lambda fn=fn: time_calls(fn, args.reps, args.warmup)
-    if args.dynet and dynet_available() and importlib.util.find_spec(f"bench.dynet_models.{name}"):
-        for strategy in STRATEGIES:
-            runners[f"dynet-{strategy}"] = lambda s=strategy: run_dynet(task, s, args)
+    measurements: dict[str, Measurement] = {}
+    runs: dict[str, Callable[[], float]] = {}
+    outputs: dict[str, Any] = {}
+    workers: dict[str, DynetWorker] = {}
 
-    results = []
-    for system, runner in runners.items():
-        measurement = Measurement(name, size, batch, system, [])
+    def fail(system: str, error: Exception) -> None:
+        measurements[system].error = f"{type(error).__name__}: {error}"
+        runs.pop(system, None)
+        if args.verbose:
+            traceback.print_exc()
+
+    def timed(system: str, fn: Callable[[], list]) -> Callable[[], float]:
+        def run() -> float:
+            start = time.perf_counter()
+            outputs[system] = fn()
+            ms = (time.perf_counter() - start) * 1e3
+            if system.startswith("acrobat"):  # the stats of this system's own last run
+                measurements[system].stats = acrobat_stats()
+            return ms
+
+        return run
+
+    with torch.no_grad():
+        for system, fn in torch_systems(name, task, plain_task).items():
+            measurements[system] = Measurement(name, size, batch, system, [])
+            try:
+                for _ in range(args.warmup):
+                    fn()
+                runs[system] = timed(system, fn)
+            except Exception as error:  # one failing system must not stop the benchmark
+                fail(system, error)
+        acrobat.fusion.wait_compiled()  # kernels compiled in the background are not timed
+        if (
+            args.dynet
+            and dynet_available()
+            and importlib.util.find_spec(f"bench.dynet_models.{name}")
+        ):
+            for strategy in STRATEGIES:
+                system = f"dynet-{strategy}"
+                measurements[system] = Measurement(name, size, batch, system, [])
+                try:
+                    workers[system] = DynetWorker(task, strategy, args)
+                    runs[system] = workers[system].once
+                except Exception as error:
+                    fail(system, error)
+        gc.collect()
         try:
-            with torch.no_grad():
-                measurement.times_ms, outputs = runner()
-                if system.startswith("acrobat"):
-                    measurement.stats = acrobat_stats()
-            check = outputs_close(outputs, reference, atol=args.atol, rtol=args.rtol)
+            for r in range(args.reps):
+                order = list(runs)
+                for system in order[r % len(order) :] + order[: r % len(order)]:
+                    if system not in runs:
+                        continue  # failed earlier in this round
+                    try:
+                        measurements[system].times_ms.append(runs[system]())
+                    except Exception as error:
+                        fail(system, error)
+            for system, worker in workers.items():
+                if system in runs:
+                    try:
+                        outputs[system] = worker.outputs()
+                    except Exception as error:
+                        fail(system, error)
+        finally:
+            for worker in workers.values():
+                worker.close()
+
+    for system, measurement in measurements.items():
+        if measurement.error is None:
+            check = outputs_close(outputs[system], reference, atol=args.atol, rtol=args.rtol)
             measurement.ok, measurement.max_abs_diff = check.ok, check.max_abs_diff
-        except Exception as error:  # one failing system must not stop the benchmark
-            measurement.error = f"{type(error).__name__}: {error}"
-            if args.verbose:
-                traceback.print_exc()
-        results.append(measurement)
         log(f"  {system:14s} {format_measurement(measurement)}")
-    return results
+    return list(measurements.values())
 
 
 def format_measurement(m: Measurement) -> str:
@@ -277,7 +357,8 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
         f"torch {config['torch']}, {config['threads']} torch threads, {config['machine']}, "
         f"{config['record_path']} record path, "
         f"malloc {'holding freed memory' if config.get('malloc_held') else 'as is'}; "
-        f"{config['reps']} timed reps after {config['warmup']} warm-up. Correct: every output "
+        f"{config['reps']} timed rounds after {config['warmup']} warm-up runs; each round times "
+        "every system once, in turn (DyNet in worker processes). Correct: every output "
         f"within atol {config['atol']:g} + rtol {config['rtol']:g} of eager.",
         "",
         "## Times",
