@@ -44,7 +44,7 @@ import torch
 from acrobat import config, executor, graph
 from acrobat.block import Block
 from acrobat.errors import LazyValueError
-from acrobat.ops import SCALAR_DTYPES, lookup_call, scalar_data
+from acrobat.ops import SCALAR_DTYPES, lookup_call, scalar_data, value_data
 from acrobat.scan import Scan
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
@@ -583,16 +583,20 @@ class RegionBlock(AutoBlock):
     """Dispatcher of one outlined run: a block when it gets a lazy tensor and only
     tensors, modules and scalars; the run's own code otherwise."""
 
-    def __init__(self, fn: types.FunctionType):
+    def __init__(self, fn: types.FunctionType, tensor_args: tuple[int, ...] = ()):
         super().__init__(fn)
         self.hits = 0
         self.misses = 0
+        # positions where the call passes x for the run's torch.tensor(x) (_FactoryHoister)
+        self.tensor_args = tensor_args
         # id -> object of arguments found _code_like (modules, cell tuples): they stay so,
         # and the entry keeps the object alive so its id is not reused
         self.code_like: dict[int, object] = {}
 
     def __call__(self, *args):
         rt = graph.RT
+        if self.tensor_args:
+            args = self._tensors(rt, args)
         if self.disabled or rt is None or rt.fiber is None or rt.tracer is not None:
             return self.impl(*args)
         lazy = False
@@ -617,6 +621,23 @@ class RegionBlock(AutoBlock):
         out = AutoBlock.__call__(self, *args)
         if _retraces(self.block):
             self.disabled = True  # a new trace per call: scalars that change every time
+        return out
+
+    def _tensors(self, rt, args: tuple) -> list:
+        """``args`` with ``torch.tensor(x)`` made of each x at ``tensor_args``: inside a map
+        a data node recorded directly where x is a number or a flat list of them
+        (:func:`acrobat.ops.value_data`, what the recording mode would make, without its
+        dispatch: ~1 µs a call), else through ``torch.tensor`` as the source wrote it."""
+        out = list(args)
+        direct = (
+            rt is not None
+            and rt.fiber is not None
+            and rt.tracer is None
+            and rt.thread == threading.get_ident()
+        )
+        for i in self.tensor_args:
+            made = value_data(out[i]) if direct else None
+            out[i] = torch.tensor(out[i]) if made is None else made
         return out
 
 
@@ -824,7 +845,7 @@ def _outline(fn) -> Outlined | None:
                 region_fn, r.carried, r.appends, r.sequences, r.reverse, r.values
             )
         else:
-            dispatcher = RegionBlock(region_fn)
+            dispatcher = RegionBlock(region_fn, r.tensor_args)
         dispatchers[r.placeholder] = dispatcher
         regions.append(dispatcher)
     main = codes[node.name]
@@ -954,6 +975,7 @@ class _Region:
         self.zipped = False  # a loop over zip(<sequence>, ...): one element of each per step
         self.sequences = 0  # elements per step: 0 (counted), 1, or zip's sequences
         self.values: tuple[int, ...] = ()  # sequences of numbers the body reads as tensors
+        self.tensor_args: tuple[int, ...] = ()  # parameters the call passes x of torch.tensor(x)
         self.name = f"_acrobat_region_{k}"
         self.placeholder = _REGION_BASE * (k + 3)
         self.first = stmts[0].lineno
@@ -1344,8 +1366,13 @@ class _Rewriter:
                     if isinstance(sub, ast.Name) and sub.id not in assigned:
                         assigned.append(sub.id)
         names = [p for p, _ in hoisted] + params
-        values = [e for _, e in hoisted] + [ast.Name(p, ast.Load()) for p in params]
+        # torch.tensor(x) moved out of the run: the call passes x, and the dispatcher
+        # makes the tensor (inside a map, a data node without torch's dispatch)
+        made = tuple(i for i, (_, e) in enumerate(hoisted) if _plain_tensor_call(e))
+        values = [e.args[0] if i in made else e for i, (_, e) in enumerate(hoisted)]
+        values += [ast.Name(p, ast.Load()) for p in params]
         region = _Region(len(self.regions), run, names, values, assigned)
+        region.tensor_args = made
         self.regions.append(region)
         return [region.call]
 
@@ -1591,6 +1618,19 @@ class _AttributeHoister(ast.NodeTransformer):
 _FACTORIES = {"tensor", "as_tensor"}
 _SIMPLE = (ast.Name, ast.Attribute, ast.Constant, ast.Subscript, ast.Load, ast.Slice,
            ast.Tuple, ast.List, ast.UnaryOp, ast.USub, ast.keyword)  # fmt: skip
+
+
+def _plain_tensor_call(expr) -> bool:
+    """``torch.tensor(x)``: one positional argument, no keywords (not ``as_tensor``, which
+    keeps a tensor it is given)."""
+    return (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Attribute)
+        and expr.func.attr == "tensor"
+        and len(expr.args) == 1
+        and not expr.keywords
+        and not isinstance(expr.args[0], ast.Starred)
+    )
 
 
 class _FactoryHoister(ast.NodeTransformer):

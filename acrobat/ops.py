@@ -560,18 +560,11 @@ def _special_tensor(func, args, kwargs):
     the Python values of all instances into one tensor (depth 0)."""
     rt = graph.RT
     data = args[0] if args else kwargs.get("data")
-    kind = type(data)
     simple = not kwargs or set(kwargs) <= {"dtype"}
-    if rt.tracer is None and len(args) == 1 and kind in SCALAR_DTYPES and simple:
-        # the common case, torch.tensor(word_id): no need to build the tensor to know it
-        return scalar_data(data, kwargs.get("dtype"), deferred=kind is int)
-    if rt.tracer is None and len(args) == 1 and (kind is list or kind is tuple) and data:
-        # a flat list of Python numbers (a mask, a few ids): the same, without building it
-        kinds = frozenset(map(type, data))
-        if kinds in _LIST_DTYPES and (not kwargs or set(kwargs) <= {"dtype"}):
-            dtype = kwargs.get("dtype") or _LIST_DTYPES[kinds] or torch.get_default_dtype()
-            shape = torch.Size([len(data)])
-            return record_data(TENSOR, (TENSOR, shape, dtype), list(data), shape, dtype)
+    if rt.tracer is None and len(args) == 1 and simple:
+        made = value_data(data, kwargs.get("dtype"))
+        if made is not None:
+            return made
     if has_lazy(data):
         raise UnsupportedOpError(
             f"torch.tensor() of lazy tensors (at {user_line(3)}): use torch.stack / torch.cat"
@@ -586,6 +579,22 @@ def _special_tensor(func, args, kwargs):
     return record_data(
         TENSOR, sig, data if value.ndim == 0 else list(data), value.shape, value.dtype
     )
+
+
+def value_data(data, dtype=None):
+    """``torch.tensor(data)`` inside an instance, outside a block trace, as a data node
+    without building the tensor, for a Python number (``torch.tensor(word_id)``) or a flat
+    list of them (a mask, a few ids); None for anything else."""
+    kind = type(data)
+    if kind in SCALAR_DTYPES:
+        return scalar_data(data, dtype, deferred=kind is int)
+    if (kind is list or kind is tuple) and data:
+        kinds = frozenset(map(type, data))
+        if kinds in _LIST_DTYPES:
+            dtype = dtype or _LIST_DTYPES[kinds] or torch.get_default_dtype()
+            shape = torch.Size([len(data)])
+            return record_data(TENSOR, (TENSOR, shape, dtype), list(data), shape, dtype)
+    return None
 
 
 def scalar_data(value, dtype=None, deferred: bool = False):

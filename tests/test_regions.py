@@ -10,6 +10,7 @@ import linecache
 import os
 import random
 import sys
+import warnings
 
 import pytest
 import torch
@@ -561,3 +562,61 @@ def test_split_value_reads_take_the_eager_decisions(seed, lengths):
         analysis._OUTLINED.pop(picks.__code__, None)
     if max(lengths) > 0:
         assert "argmax" in off.by_op and stats.nodes < off.nodes
+
+
+# ---- torch.tensor(x) moved out of a run: the dispatcher makes it ------------------------
+
+
+def weighted(x, n: int, weights: list):
+    steps = 0
+    while steps < n:
+        w = weights[steps % len(weights)]
+        k = int(x.sum() > 0)
+        x = torch.tanh(x) * torch.tensor(w) + k
+        steps += 1
+    return x
+
+
+def test_a_run_is_passed_x_and_makes_torch_tensor_of_it(monkeypatch):
+    fn = analysis.outline(picks)
+    assert fn is not None
+    argmax_run = fn.regions[0]
+    assert argmax_run.tensor_args == (0,)  # torch.tensor(mask): the call passes mask
+    mask = [0.0, -1e9, 0.0, -1e9, 0.0, -1e9]
+    x = torch.randn(DIM)
+    # outside a map the dispatcher is the run's code, given torch.tensor(mask)
+    torch.testing.assert_close(argmax_run(mask, x), argmax_run.impl(torch.tensor(mask), x))
+    made: list = []
+    real = analysis.value_data
+    monkeypatch.setattr(analysis, "value_data", lambda v: made.append(v) or real(v))
+    lengths = [3, 0, 5]
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(DIM, generator=gen) for _ in lengths]
+    with torch.no_grad():
+        got = acrobat.autobatch(picks).map(xs, lengths)
+    assert_close_tree(got, [picks(x, n) for x, n in zip(xs, lengths)])
+    assert len(made) == sum(lengths)  # every step's mask a data node made directly
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    kind=st.sampled_from(["int", "float", "flat", "nested", "tensor"]),
+    seed=st.integers(0, 1000),
+    lengths=st.lists(st.integers(0, 4), min_size=1, max_size=5),
+)
+def test_tensors_made_by_a_run_dispatcher_match_eager(kind, seed, lengths):
+    """Numbers and flat lists become data nodes; a nested list or a tensor goes through
+    torch.tensor as written (a real constant), and every kind matches eager."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(DIM, generator=gen) for _ in lengths]
+    values = torch.randn(3, DIM, generator=gen)
+    weights = {
+        "int": [2, -1, 3],
+        "float": [0.5, -1.5, 2.0],
+        "flat": values.tolist(),
+        "nested": [[row] for row in values.tolist()],
+        "tensor": list(values),
+    }[kind]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch.tensor(tensor) advises clone
+        _map_matches_eager(acrobat.autobatch(weighted), xs, lengths, weights=weights)
