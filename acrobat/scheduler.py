@@ -48,9 +48,7 @@ def relevel(rt: Runtime, batches: list[list], late: bool = True) -> list[list]:
     if not late or len({(nodes[0].phase, f) for nodes, f in zip(batches, families)}) == len(
         by_depth
     ):  # no family at two depths: nothing for late levelling to merge (DRNN, Berxit)
-        if len(by_depth) == len(batches):
-            return batches
-        return _merged(rt, batches, families, lambda nodes: nodes[0].depth)
+        return _by_depth(rt, batches, families, by_depth)
     if _native is not None and type(batches) is list:
         _native.heights(batches)  # the loop below, in C
     else:
@@ -73,7 +71,7 @@ def relevel(rt: Runtime, batches: list[list], late: bool = True) -> list[list]:
             for h, part in split.items():
                 groups.setdefault((n0.phase, -h, f), []).append(part)
     if len(groups) >= len(by_depth):
-        return _merged(rt, batches, families, lambda nodes: nodes[0].depth)
+        return _by_depth(rt, batches, families, by_depth)
     return [_join(rt, groups[k], k[2]) for k in sorted(groups, key=_order)]
 
 
@@ -93,11 +91,14 @@ def family(nodes: list):
     return n0.sig if trace is None else trace.sig
 
 
-def _merged(rt: Runtime, batches: list[list], families: list, level) -> list[list]:
-    """``batches`` with those of one (phase, level, family) joined, in order."""
+def _by_depth(rt: Runtime, batches: list[list], families: list, keys: set) -> list[list]:
+    """The depth buckets ``batches`` with those of one (phase, depth, family) joined, in
+    order; ``keys`` holds those triples (as many as ``batches``: nothing to join)."""
+    if len(keys) == len(batches):
+        return batches
     groups: dict = {}
     for nodes, f in zip(batches, families):
-        groups.setdefault((nodes[0].phase, level(nodes), f), []).append(nodes)
+        groups.setdefault((nodes[0].phase, nodes[0].depth, f), []).append(nodes)
     return [_join(rt, parts, k[2]) for k, parts in groups.items()]
 
 
