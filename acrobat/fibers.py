@@ -118,7 +118,7 @@ class Fiber:
         "task",
     )
 
-    def __init__(self, instance: int, phase: int):
+    def __init__(self, instance: int, phase: int, task: tuple | None = None):
         self.instance = instance
         self.phase = phase
         self.glet: Any = None
@@ -126,35 +126,34 @@ class Fiber:
         self.error: BaseException | None = None
         self.done = False
         self.waiting: Any = None  # the LazyTensor or Fiber this fiber waits for
-        self.joiners: list[Fiber] = []
+        self.joiners: list[Fiber] | None = None  # made by the first join: most have none
         self.host = None  # the demanded value, copied to the host after a flush
         self.where = None
-        self.task: tuple | None = None  # (fn, args, kwargs, wrap_inputs) until it starts
+        self.task = task  # (fn, args, kwargs, wrap_inputs) until it starts
 
 
 class Future:
     """The result of :func:`acrobat.fork`; ``result()`` joins the child fiber."""
 
-    __slots__ = ("fiber", "_value", "_eager")
+    __slots__ = ("fiber",)
 
-    def __init__(self, fiber=None, value=None, eager=False):
+    def __init__(self, fiber: Fiber):
         self.fiber = fiber
-        self._value = value
-        self._eager = eager
 
     def done(self) -> bool:
-        return self._eager or self.fiber.done
+        return self.fiber.done
 
     def result(self):
-        if self._eager:
-            return self._value
         child = self.fiber
         if not child.done:
             rt = graph.RT
-            me = rt.fiber
+            me = rt.fiber if rt is not None else None
             if me is None or rt.tracer is not None:
                 raise AcrobatError("Future.result() must be called from instance code in f.map")
-            child.joiners.append(me)
+            if child.joiners is None:
+                child.joiners = [me]
+            else:
+                child.joiners.append(me)
             me.waiting = child
             me.where = sys._getframe(1)
             rt.stats.suspensions += 1
@@ -165,6 +164,24 @@ class Future:
         return child.value
 
 
+class _Resolved(Future):
+    """What :func:`acrobat.fork` returns outside ``f.map``: the value, computed already."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value):
+        self._value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        return self._value
+
+
+_PLAIN = frozenset({int, float, bool, str, complex, type(None)})  # leaves _wrap_inputs keeps
+
+
 def _wrap_inputs(a):
     """Per-instance tensor arguments become lazy input nodes so their ops batch."""
     t = type(a)
@@ -173,6 +190,8 @@ def _wrap_inputs(a):
             shape, dtype, device = a.shape, a.dtype, a.device
         return record_data(INPUT, (INPUT, shape, dtype, device), a, shape, dtype)
     if t is tuple or t is list:
+        if _PLAIN.issuperset(map(type, a)):  # a sentence's word ids: nothing to wrap
+            return t(a)
         return t([_wrap_inputs(x) for x in a])
     if isinstance(a, tuple) and hasattr(a, "_fields"):  # namedtuple
         return t(*(_wrap_inputs(x) for x in a))
@@ -182,8 +201,7 @@ def _wrap_inputs(a):
 
 
 def _fiber_main(rt: Runtime, fiber: Fiber) -> None:
-    assert fiber.task is not None
-    fn, args, kwargs, wrap = fiber.task
+    fn, args, kwargs, wrap = fiber.task  # type: ignore[misc]  # set until it starts
     fiber.task = None
     try:
         if wrap:
@@ -193,8 +211,8 @@ def _fiber_main(rt: Runtime, fiber: Fiber) -> None:
         fiber.error = exc
     fiber.done = True
     fiber.glet = None  # the worker greenlet goes back to the pool
-    for j in fiber.joiners:
-        rt.ready.append(j)
+    if fiber.joiners is not None:
+        rt.ready.extend(fiber.joiners)
 
 
 # Creating a greenlet costs ~9 us (a fresh frame stack), switching to a parked one ~0.3 us:
@@ -216,20 +234,19 @@ def _worker() -> None:
     greenlet's run stays alive as long as the greenlet (pooled: for good), and with it
     that fiber's whole graph."""
     me = greenlet.getcurrent()
+    pool = _pool()  # a greenlet never leaves its thread
     fiber = _LOCAL.handoff
     _LOCAL.handoff = None
     while True:
         _fiber_main(graph.RT, fiber)  # type: ignore[arg-type]  # set while fibers run
         fiber = None  # type: ignore[assignment]  # hold nothing of a finished run
-        pool = _pool()
         if len(pool) >= _POOL_MAX:
             return
         pool.append(me)
         fiber = me.parent.switch()
 
 
-def _start(rt: Runtime, fiber: Fiber) -> None:
-    pool = _pool()
+def _start(rt: Runtime, fiber: Fiber, pool: list) -> None:
     if pool:
         g = pool.pop()
         if g.parent is not rt.main:
@@ -255,10 +272,9 @@ def fork(fn, *args, **kwargs) -> Future:
     """
     rt = graph.RT
     if rt is None or rt.fiber is None or rt.tracer is not None:
-        return Future(value=fn(*args, **kwargs), eager=True)
+        return _Resolved(fn(*args, **kwargs))
     parent = rt.fiber
-    child = Fiber(parent.instance, parent.phase)
-    child.task = (fn, args, kwargs, False)
+    child = Fiber(parent.instance, parent.phase, (fn, args, kwargs, False))
     rt.all_fibers.append(child)
     rt.live.append(child)
     rt.ready.append(child)
@@ -404,16 +420,19 @@ def _raise_fiber_error(fiber: Fiber, fn_name: str):
 
 def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
     stats = rt.stats
+    ready = rt.ready
+    pool = _pool()
     while True:
         t0 = time.perf_counter()
         with mode:
-            while rt.ready:
-                fiber = rt.ready.popleft()
+            while ready:
+                fiber = ready.popleft()
                 rt.fiber = fiber
-                if fiber.glet is None:
-                    _start(rt, fiber)
+                g = fiber.glet
+                if g is None:
+                    _start(rt, fiber, pool)
                 else:
-                    fiber.glet.switch()
+                    g.switch()
                 if fiber.error is not None:
                     _raise_fiber_error(fiber, fn_name)
         rt.fiber = None
@@ -508,8 +527,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     rt.main = greenlet.getcurrent()
     rt.all_fibers = []
     for i, args in enumerate(arg_tuples):
-        fiber = Fiber(i, 0)
-        fiber.task = (fn, args, kwargs, True)
+        fiber = Fiber(i, 0, (fn, args, kwargs, True))
         rt.all_fibers.append(fiber)
     rt.ready.extend(rt.all_fibers)
     rt.live = list(rt.all_fibers)

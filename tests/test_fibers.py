@@ -98,6 +98,22 @@ def test_fork_eager_outside_map():
     assert fut.done() and fut.result() == 2
 
 
+def test_several_fibers_join_one_future():
+    """A future joined by its parent and by a sibling fiber wakes both, in order, with the
+    child's value; done() once the child has returned."""
+
+    @acrobat.autobatch
+    def f(x):
+        shared = acrobat.fork(lambda: torch.tanh(x).sum().item())  # suspends on a value
+        other = acrobat.fork(lambda: shared.result() * 2)  # a second joiner
+        v = shared.result()
+        assert shared.done()
+        return x * v, other.result()
+
+    with torch.no_grad():
+        check_map(f, [torch.randn(4) for _ in range(5)])
+
+
 def test_deadlock_through_fork_is_detected():
     @acrobat.autobatch
     def f(x):
