@@ -44,7 +44,7 @@ import torch
 from acrobat import config, executor, graph
 from acrobat.block import Block
 from acrobat.errors import LazyValueError
-from acrobat.ops import SCALAR_DTYPES, lookup_call, scalar_data, value_data
+from acrobat.ops import SCALAR_DTYPES, factory_call, lookup_call, scalar_data, value_data
 from acrobat.scan import Scan
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
@@ -550,6 +550,10 @@ _FUTURE_FLAGS = 0x1FE0000  # co_flags bits of __future__ features (compile() fla
 _REGION_ARGS = (int, float, bool, str, type(None))
 LOOKUP_CALLS = True  # f(torch.tensor(x)) outside runs -> ops.lookup_call (read when outlining)
 _LOOKUP_PLACEHOLDER = _REGION_BASE * 2  # the call's constant: regions use k + 3 >= 3
+# torch.zeros(n) / torch.ones(n) outside runs -> ops.factory_call (read when outlining)
+FACTORY_CALLS = True
+_FACTORY_PLACEHOLDER = _REGION_BASE * 1
+_SIZE_FACTORIES = {"zeros", "ones"}  # torch.<name>(size) with one positional size
 
 
 class Outlined:
@@ -827,12 +831,12 @@ def _outline(fn) -> Outlined | None:
     imports, flags = context
     rewriter = _Rewriter(fn, set(code.co_varnames))
     rewriter.rewrite(node)
-    lookups = _rewrite_lookups(node) if LOOKUP_CALLS else 0
+    lookups = _rewrite_lookups(node) if LOOKUP_CALLS or FACTORY_CALLS else 0
     if not rewriter.regions and not lookups:
         return None
     body = [*imports, node, *(r.definition for r in rewriter.regions)]
     codes = _functions(_compiled(body, code, flags))
-    dispatchers: dict = {_LOOKUP_PLACEHOLDER: lookup_call}
+    dispatchers: dict = {_LOOKUP_PLACEHOLDER: lookup_call, _FACTORY_PLACEHOLDER: factory_call}
     regions = []
     for r in rewriter.regions:
         lines = f"line {r.first}" if r.first == r.last else f"lines {r.first}-{r.last}"
@@ -862,14 +866,23 @@ def _outline(fn) -> Outlined | None:
 
 
 class _Lookups(ast.NodeTransformer):
-    """``f(torch.tensor(x))`` -> ``<lookup_call>(f, torch.tensor, x)`` (see _rewrite_lookups)."""
+    """``f(torch.tensor(x))`` -> ``<lookup_call>(f, torch.tensor, x)`` and ``torch.zeros(n)``
+    -> ``<factory_call>(torch.zeros, n)`` (see _rewrite_lookups)."""
 
     def __init__(self):
         self.count = 0
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
-        if node.keywords or len(node.args) != 1 or not _callee(node.func):
+        if node.keywords or len(node.args) != 1 or isinstance(node.args[0], ast.Starred):
+            return node
+        if FACTORY_CALLS and _torch_attr(node.func) in _SIZE_FACTORIES:
+            self.count += 1
+            call = ast.Call(
+                func=ast.Constant(_FACTORY_PLACEHOLDER), args=[node.func, node.args[0]], keywords=[]
+            )
+            return _located(call, node)
+        if not LOOKUP_CALLS or not _callee(node.func):
             return node
         inner = node.args[0]
         if not (
@@ -897,6 +910,13 @@ class _Lookups(ast.NodeTransformer):
     visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
 
 
+def _torch_attr(func) -> str | None:
+    """``name`` where ``func`` is written ``torch.name``, else None."""
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return func.attr if func.value.id == "torch" else None
+    return None
+
+
 def _callee(func) -> bool:
     """A callee worth routing: a name or attribute chain (``model.emb``, ``emb``) not
     rooted at ``torch`` (whose functions are never an embedding)."""
@@ -911,7 +931,10 @@ def _rewrite_lookups(node: ast.FunctionDef) -> int:
     torch.tensor, x)``: an embedding lookup of a Python number recorded in one call (a
     TreeLSTM leaf's ``model.emb(torch.tensor(tree.word_id))``). The evaluation order is
     the same (``f``, ``torch.tensor``, ``x``), and anything but an ``nn.Embedding`` given
-    an int is called as written. Returns how many calls were rewritten."""
+    an int is called as written. Likewise ``torch.zeros(n)`` / ``torch.ones(n)`` become
+    ``ops.factory_call(torch.zeros, n)``, which reads the map's shared constant without
+    the mode's dispatch (a tree generator's ``h_f = torch.zeros(h)`` per sibling chain).
+    Returns how many calls were rewritten."""
     lookups = _Lookups()
     node.body = [lookups.visit(stmt) for stmt in node.body]
     return lookups.count

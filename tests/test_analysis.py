@@ -392,3 +392,86 @@ def test_bad_lookup_call_names_the_instance_and_line():
         lookups.map([[1], [VOCAB + 3], [2]])
     assert "test_analysis.py" in str(info.value) and "leaf_sum" in str(info.value)
     assert lookups.map([[1], [2]])[1].shape == (DIM,)  # usable again
+
+
+# ---- factory calls: torch.zeros(n) / torch.ones(n) outside runs -------------------------
+
+
+def chain_of(instance):
+    """A loop whose state restarts from a constant made inside the instance each step."""
+    x, steps = instance
+    out = torch.ones(x.shape[0])
+    for k in range(steps):
+        h = torch.zeros(x.shape[0])
+        if k % 2:
+            h = h + x
+        out = out * 0.5 + torch.tanh(h + out)
+    return out
+
+
+chains = acrobat.autobatch(chain_of)
+
+
+def _callers_of_hoist(monkeypatch) -> list:
+    from acrobat import graph
+
+    callers = []
+    original = graph.hoist
+
+    def spy(func, args, kwargs):
+        callers.append(getattr(func, "__name__", func))
+        return original(func, args, kwargs)
+
+    monkeypatch.setattr(graph, "hoist", spy)
+    monkeypatch.setattr(acrobat.fibers, "hoist", spy)
+    return callers
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.integers(1, 6))
+def test_factory_calls_match_eager_and_record_the_same_graph(steps, dim):
+    xs = [torch.randn(dim) for _ in steps]
+    with torch.no_grad():
+        on = check_map(chains, list(zip(xs, steps)))
+        analysis._OUTLINED.pop(chain_of.__code__, None)
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(analysis, "FACTORY_CALLS", False)
+                off = check_map(chains, list(zip(xs, steps)))
+                assert analysis._OUTLINED[chain_of.__code__] is None  # nothing else to rewrite
+        finally:
+            analysis._OUTLINED.pop(chain_of.__code__, None)
+    assert on.nodes == off.nodes and on.by_op == off.by_op
+
+
+def test_factory_calls_hoist_once_per_map_and_share_the_constant(monkeypatch):
+    assert analysis.outline(chain_of) is not None
+    callers = _callers_of_hoist(monkeypatch)
+    xs = [torch.randn(3) for _ in range(4)]
+    with torch.no_grad():
+        check_map(chains, [(x, 5) for x in xs])
+    # the mode's handler hoisted each constant once: one zeros and one ones for the map
+    assert callers.count("zeros") == 1 and callers.count("ones") == 1
+
+
+def test_factory_calls_outside_a_map_make_fresh_tensors():
+    a = acrobat.ops.factory_call(torch.zeros, 3)
+    b = acrobat.ops.factory_call(torch.zeros, 3)
+    assert a is not b and torch.equal(a, torch.zeros(3))
+    a[0] = 1  # a real tensor of its own, as torch.zeros gives
+    assert torch.equal(b, torch.zeros(3))
+    assert acrobat.ops.factory_call(torch.ones, (2, 2)).shape == (2, 2)  # sizes as written
+
+
+def write_into_constant(x):
+    for _ in range(2):
+        m = torch.zeros(3)
+        m[0] = 1.0  # in place into the map's shared constant
+    return x + m
+
+
+def test_factory_calls_keep_the_in_place_write_check():
+    f = acrobat.autobatch(write_into_constant)
+    assert analysis.outline(write_into_constant) is not None
+    with pytest.raises(acrobat.AcrobatError, match="modified in place"):
+        f.map([torch.randn(3), torch.randn(3)])
