@@ -714,9 +714,12 @@ class ScanBlock:
                     return None  # numbers where the body reads torch.tensor(x), else lazies
             if self.reverse:
                 seqs = [seqs[0][::-1]]
-            count = min(map(len, seqs))
-            if any(len(seq) != count for seq in seqs):
-                seqs = [seq[:count] for seq in seqs]  # zip stops at the shortest
+            if len(seqs) == 1:
+                count = len(seqs[0])
+            else:
+                count = min(map(len, seqs))
+                if any(len(seq) != count for seq in seqs):
+                    seqs = [seq[:count] for seq in seqs]  # zip stops at the shortest
         if count < 2:
             return None
         k = self.carried
@@ -727,20 +730,21 @@ class ScanBlock:
             if not _code_like(a):
                 return None  # an object whose state a trace would fix
             _remember(known, a)
-        if config.CONSTANT_STATES and not all(type(v) is graph.LazyTensor for v in values[:k]):
-            # a state that starts as a shared constant (torch.zeros(h)): read as a row
-            made = rt.factory_keys
-            values = tuple(
-                executor.constant(rt, v) if i < k and id(v) in made else v
-                for i, v in enumerate(values)
-            )
-        if not all(type(v) is graph.LazyTensor for v in values[:k]):
-            # a state that starts as another real tensor: the first step alone
-            values = (*self._finish(1, seqs, lists, values), *values[k:])
-            seqs = [seq[1:] for seq in seqs]
-            count -= 1
-            if count < 2 or not all(type(v) is graph.LazyTensor for v in values[:k]):
-                return self._finish(count, seqs, lists, values)
+        if k and not _all_lazy(values[:k]):
+            if config.CONSTANT_STATES:
+                # a state that starts as a shared constant (torch.zeros(h)): read as a row
+                made = rt.factory_keys
+                values = tuple(
+                    executor.constant(rt, v) if i < k and id(v) in made else v
+                    for i, v in enumerate(values)
+                )
+            if not _all_lazy(values[:k]):
+                # a state that starts as another real tensor: the first step alone
+                values = (*self._finish(1, seqs, lists, values), *values[k:])
+                seqs = [seq[1:] for seq in seqs]
+                count -= 1
+                if count < 2 or not _all_lazy(values[:k]):
+                    return self._finish(count, seqs, lists, values)
         heads = [seq[0] for seq in seqs]
         for j in self.values:  # the tensor the body gets: a constant no node reads
             heads[j] = scalar_data(heads[j], deferred=True)
@@ -760,10 +764,8 @@ class ScanBlock:
         if scan is None:
             scan = Scan.make(trace, k, self.appends, self.sequences, first, inputs, self.values)
             trace.scan = scan = scan or False
-        if scan is False or any(
-            len(set(map(_KEY, seq))) != 1 for j, seq in enumerate(seqs) if j not in self.values
-        ):  # elements of different shapes: each step its own trace
-            return self._finish(count, seqs, lists, values)
+        if scan is False or any(len(set(map(_KEY, seqs[j]))) != 1 for j in scan.lazy):
+            return self._finish(count, seqs, lists, values)  # elements of different shapes
         return scan.record(rt, inputs, seqs, count, lists)
 
     def _finish(self, count: int, seqs: list, lists: tuple, values: tuple) -> tuple:
@@ -785,6 +787,11 @@ class ScanBlock:
 
 
 _KEY = operator.attrgetter("key")
+
+
+def _all_lazy(values: tuple) -> bool:
+    """Whether every one of ``values`` is a LazyTensor."""
+    return all(type(v) is graph.LazyTensor for v in values)
 _CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
 _CODE_LIKE_KEPT = 64  # per region: the models pass one or two (the model, its cells)
 

@@ -136,14 +136,14 @@ class Scan:
         else:
             steps = zip(*[seqs[j] for j in lazy])
             node_inputs = inputs[s:] + [x for step in steps for x in step]
-        values = tuple(seqs[j] for j in self.values) or None
+        values = tuple([seqs[j] for j in self.values]) if self.values else None
         info = self.trace.info
         node = graph.add_node(rt, self.op, None, values, None, node_inputs, info, self.sig)
         node.data = count
         metas, keys = info.metas, info.keys
         k, m = self.carried, self.appends
         LazyTensor = graph.LazyTensor
-        if len({id(out) for out in lists}) == m:  # each output its own list
+        if m == 1 or len({id(out) for out in lists}) == m:  # each output its own list
             for j, out in enumerate(lists):
                 (shape, dtype), key = metas[k + j], keys[k + j]
                 if _native is not None:
