@@ -287,6 +287,8 @@ def _finish_call(trace: Trace, node: Node, inputs: list):
         if trace.out_spec[0] == "leaf":
             return out
         outs: tuple = (out,)
+        if trace.plain_tuple:
+            return outs
     else:
         outs = wrap_outputs(node, info)
         if trace.plain_tuple:
@@ -420,7 +422,7 @@ class Block:
         # outputs are exactly a tuple of the block's computed tensors, in order
         trace.plain_tuple = (
             spec[0] is tuple
-            and len(out_lazies) > 1
+            and len(out_lazies) >= 1  # a region's (x,): one output is a tuple too
             and all(s == ("out", k) for k, s in enumerate(out_sources))
             and all(sub == ("leaf", k) for k, sub in enumerate(spec[1]))
         )

@@ -620,3 +620,26 @@ def test_tensors_made_by_a_run_dispatcher_match_eager(kind, seed, lengths):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch.tensor(tensor) advises clone
         _map_matches_eager(acrobat.autobatch(weighted), xs, lengths, weights=weights)
+
+
+def gated_sum(xs):
+    """A loop whose body is a run assigning ONE name: the region returns a 1-tuple."""
+    total = xs[0]
+    for x in xs[1:]:
+        if len(xs) > 100:  # never: keeps the body a region, not a scan
+            break
+        total = total + torch.sigmoid(x) * torch.tanh(total)
+    return total
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=6), st.integers(0, 1000))
+def test_a_run_assigning_one_name_returns_its_output_as_a_plain_tuple(lengths, seed):
+    torch.manual_seed(seed)
+    xs = [[torch.randn(3) for _ in range(n)] for n in lengths]
+    _map_matches_eager(acrobat.autobatch(gated_sum), xs)
+    outlined = analysis.outline(gated_sum)
+    assert outlined is not None and len(outlined.regions) == 1
+    traces = list(outlined.regions[0].block.cache.values())
+    if any(n > 1 for n in lengths):
+        assert traces and all(t.plain_tuple and t.info.single for t in traces)
