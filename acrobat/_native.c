@@ -12,6 +12,8 @@
  *   record_data  graph.record_data once the signature's Info exists
  *   has_lazy     graph.has_lazy
  *   block_call   the fast path of block.Block.__call__: key, cache hit, node, output
+ *   BlockBase, AutoBase  C call slots of block.Block and analysis.AutoBlock: the checks
+ *                of their __call__ and block_call, the rest in their Python _call
  *   column, finish_rows, copy_rows, heights: the executor's and scheduler's per-row loops
  *
  * Semantics are those of the Python functions named above; keep them in step (the
@@ -782,12 +784,7 @@ done:
 
 /* block_call(block, args: tuple, rt): the call's node and outputs, or _MISS when the
  * call needs the Python path (no per-instance argument, a new or stale trace). */
-static PyObject *block_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (n != 3 || !PyTuple_Check(a[1])) {
-        PyErr_SetString(PyExc_TypeError, "block_call(block, args: tuple, rt)");
-        return NULL;
-    }
-    PyObject *blk = a[0], *args = a[1], *rt = a[2];
+static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt) {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
     PyObject *inputs = PyList_New(0), *key = NULL, *made = NULL, *cache = NULL,
              *trace = NULL, *out = NULL, *v = NULL, *tinfo = NULL, *top = NULL,
@@ -924,6 +921,137 @@ done:
     Py_XDECREF(key);
     Py_DECREF(inputs);
     return out;
+}
+
+static PyObject *block_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "block_call(block, args: tuple, rt)");
+        return NULL;
+    }
+    return block_call_impl(a[0], a[1], a[2]);
+}
+
+/* ---- call slots: block.Block and analysis.AutoBlock calls in C ------------------------
+ * A Python __call__ is a frame of its own behind slot_tp_call (~0.3 us a call); these
+ * bases give the classes a C tp_call that makes the fast path's checks and calls
+ * block_call_impl, and calls the class's Python ``_call`` for everything else. */
+
+static PyObject *graph_mod;  /* acrobat.graph: RT is the running map's runtime */
+static PyObject *s_RT, *s_tracer, *s_thread, *s_disabled, *s_values, *s_block, *s_call;
+
+/* graph.RT (a new reference) when instance code records on it: a map runs, no block is
+ * being traced, a fiber runs (and, with check_thread, on the map's thread). NULL
+ * without an exception when not; NULL with one on error. */
+static PyObject *recording_rt(int check_thread) {
+    if (graph_mod == NULL) return NULL;
+    PyObject *rt = PyObject_GetAttr(graph_mod, s_RT), *v;
+    if (rt == NULL) return NULL;
+    if (rt == Py_None) goto no;
+    v = PyObject_GetAttr(rt, s_tracer);
+    if (v == NULL) goto err;
+    Py_DECREF(v);
+    if (v != Py_None) goto no;
+    v = PyObject_GetAttr(rt, s_fiber);
+    if (v == NULL) goto err;
+    Py_DECREF(v);
+    if (v == Py_None) goto no;
+    if (check_thread) {
+        v = PyObject_GetAttr(rt, s_thread);
+        if (v == NULL) goto err;
+        unsigned long t = PyLong_AsUnsignedLong(v);
+        Py_DECREF(v);
+        if (t == (unsigned long)-1 && PyErr_Occurred()) goto err;
+        if (t != PyThread_get_thread_ident()) goto no;
+    }
+    return rt;
+no:
+    Py_DECREF(rt);
+    return NULL;
+err:
+    Py_DECREF(rt);
+    return NULL;
+}
+
+static PyObject *call_python(PyObject *self, PyObject *args, PyObject *kw) {
+    PyObject *meth = PyObject_GetAttr(self, s_call);
+    if (meth == NULL) return NULL;
+    PyObject *out = PyObject_Call(meth, args, kw);
+    Py_DECREF(meth);
+    return out;
+}
+
+/* block.Block.__call__: the trace cache's hit in C, the rest in Block._call */
+static PyObject *blockbase_call(PyObject *self, PyObject *args, PyObject *kw) {
+    if (miss != NULL && (kw == NULL || PyDict_GET_SIZE(kw) == 0)) {
+        PyObject *rt = recording_rt(0);
+        if (rt != NULL) {
+            PyObject *out = block_call_impl(self, args, rt);
+            Py_DECREF(rt);
+            if (out != miss) return out;  /* the outputs, or NULL on error */
+            Py_DECREF(out);
+        } else if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    return call_python(self, args, kw);
+}
+
+/* analysis.AutoBlock.__call__: an enabled dispatcher without value parameters, called
+ * positionally on the map's thread, calls its block's fast path; the rest AutoBlock._call */
+static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
+    if (miss != NULL && (kw == NULL || PyDict_GET_SIZE(kw) == 0)) {
+        PyObject *rt = recording_rt(1), *v, *out = NULL;
+        if (rt == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            return call_python(self, args, kw);
+        }
+        v = PyObject_GetAttr(self, s_disabled);
+        if (v == NULL) goto done;
+        int off = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (off) goto done;  /* (or an error: off < 0) */
+        v = PyObject_GetAttr(self, s_values);
+        if (v == NULL) goto done;
+        int plain = PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 0;
+        Py_DECREF(v);
+        if (!plain) goto done;
+        v = PyObject_GetAttr(self, s_block);
+        if (v == NULL) goto done;
+        out = block_call_impl(v, args, rt);
+        Py_DECREF(v);
+    done:
+        Py_DECREF(rt);
+        if (out == NULL && PyErr_Occurred()) return NULL;
+        if (out != NULL && out != miss) return out;
+        Py_XDECREF(out);
+    }
+    return call_python(self, args, kw);
+}
+
+static PyTypeObject BlockBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "acrobat._native.BlockBase",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "block.Block's call in C (see Block._call)",
+    .tp_call = blockbase_call,
+    .tp_new = PyType_GenericNew,
+};
+
+static PyTypeObject AutoBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "acrobat._native.AutoBase",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "analysis.AutoBlock's call in C (see AutoBlock._call)",
+    .tp_call = autobase_call,
+    .tp_new = PyType_GenericNew,
+};
+
+static PyObject *setup_calls(PyObject *mod, PyObject *g) {
+    Py_INCREF(g);
+    Py_XSETREF(graph_mod, g);
+    Py_RETURN_NONE;
 }
 
 static PyObject *setup_record(PyObject *mod, PyObject *args) {
@@ -1314,6 +1442,8 @@ static PyMethodDef methods[] = {
      "finish_rows(nodes, outs, base): outs, row and slot of each node of a batch"},
     {"setup_record", (PyCFunction)setup_record, METH_VARARGS,
      "setup_record(freeze, freeze_kwargs, infer, wrap_outputs)"},
+    {"setup_calls", (PyCFunction)setup_calls, METH_O,
+     "setup_calls(graph module): where BlockBase/AutoBase calls read RT"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,
      "setup_block(_key, _finish_call, split_call, _MISS)"},
     {NULL, NULL, 0, NULL}};
@@ -1322,7 +1452,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "acrobat._native",
                                     "The record hot path in C (see _native.c).", -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&NodeType) < 0 || PyType_Ready(&LazyType) < 0) return NULL;
+    if (PyType_Ready(&NodeType) < 0 || PyType_Ready(&LazyType) < 0 ||
+        PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&AutoBaseType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
 #define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return NULL
@@ -1361,6 +1493,13 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_var, "var");
     INTERN(s_struct, "struct");
     INTERN(s_plain_tuple, "plain_tuple");
+    INTERN(s_RT, "RT");
+    INTERN(s_tracer, "tracer");
+    INTERN(s_thread, "thread");
+    INTERN(s_disabled, "disabled");
+    INTERN(s_values, "values");
+    INTERN(s_block, "block");
+    INTERN(s_call, "_call");
 #undef INTERN
     zero = PyLong_FromLong(0);
     one = PyLong_FromLong(1);
@@ -1368,5 +1507,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyModule_AddObject(m, "NodeBase", (PyObject *)&NodeType) < 0) return NULL;
     Py_INCREF(&LazyType);
     if (PyModule_AddObject(m, "LazyBase", (PyObject *)&LazyType) < 0) return NULL;
+    Py_INCREF(&BlockBaseType);
+    if (PyModule_AddObject(m, "BlockBase", (PyObject *)&BlockBaseType) < 0) return NULL;
+    Py_INCREF(&AutoBaseType);
+    if (PyModule_AddObject(m, "AutoBase", (PyObject *)&AutoBaseType) < 0) return NULL;
     return m;
 }

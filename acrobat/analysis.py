@@ -46,6 +46,7 @@ from acrobat.block import Block
 from acrobat.errors import LazyValueError
 from acrobat.ops import SCALAR_DTYPES, factory_call, lookup_call, scalar_data, value_data
 from acrobat.scan import Scan
+from acrobat.tensor import _native
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
 # demand such as int(t) makes tracing fail, and the function falls back to per-op).
@@ -341,8 +342,11 @@ def _user_object(obj) -> bool:
 _PLACEHOLDER = 0.123456789e-300  # a constant replaced by the dispatcher in the code object
 
 
-class AutoBlock:
-    """Dispatcher behind a trampolined function: the block inside f.map, else the code."""
+class AutoBlock(_native.AutoBase if _native is not None else object):  # type: ignore[misc]
+    """Dispatcher behind a trampolined function: the block inside f.map, else the code.
+    With the C extension, its base's call slot takes a positional call of an enabled
+    dispatcher without value parameters straight to the block's fast path (no Python
+    frame), and calls ``_call`` for the rest."""
 
     def __init__(self, fn: types.FunctionType):
         self.impl = types.FunctionType(
@@ -358,7 +362,7 @@ class AutoBlock:
         self.values: tuple[int, ...] = ()
         self.value_block: Block | None = None
 
-    def __call__(self, *args, **kwargs):
+    def _call(self, *args, **kwargs):
         rt = graph.RT
         if (
             self.disabled
@@ -395,6 +399,10 @@ class AutoBlock:
             # reads a value, or computes nothing per-instance: per-op recording from now on
             self.disabled = True
             return self.impl(*args, **kwargs)
+
+
+if _native is None:
+    AutoBlock.__call__ = AutoBlock._call  # type: ignore[method-assign]
 
 
 def _trampoline_code(fn: types.FunctionType, dispatcher) -> types.CodeType:

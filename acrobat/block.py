@@ -304,7 +304,12 @@ _MISS = object()  # _native.block_call: "this call takes the Python path"
 _KWARGS = object()  # separates a call key's keyword part: never an argument's key
 
 
-class Block:
+# The call's fast path in C where the extension is built: a C tp_call makes __call__'s
+# checks and the trace cache's hit without a Python frame, and calls _call otherwise.
+_CallBase: type = _native.BlockBase if _native is not None else object
+
+
+class Block(_CallBase):  # type: ignore[valid-type, misc]
     """A function traced once per signature and recorded as one node per call."""
 
     def __init__(self, fn):
@@ -314,14 +319,12 @@ class Block:
         self.traces_run = 0
         functools.update_wrapper(self, fn)
 
-    def __call__(self, *args, **kwargs):
+    def _call(self, *args, **kwargs):
+        """The call (``__call__`` without the C extension; with it, what its fast path
+        leaves: no map, a new or stale trace, keyword arguments)."""
         rt = graph.RT
         if rt is None or rt.tracer is not None or rt.fiber is None:
             return self.fn(*args, **kwargs)  # eager, or inlined into an enclosing block
-        if _native is not None and not kwargs:  # the same steps in C, when the trace hits
-            out = _native.block_call(self, args, rt)
-            if out is not _MISS:
-                return out
         trace, inputs = self.trace_for(rt, args, kwargs)
         if trace is None:
             return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op
@@ -489,3 +492,6 @@ def block(fn):
 
 if _native is not None:
     _native.setup_block(_key, _finish_call, hoisting.split_call, _MISS)
+    _native.setup_calls(graph)
+else:
+    Block.__call__ = Block._call  # type: ignore[method-assign]

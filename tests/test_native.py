@@ -163,3 +163,70 @@ def test_the_c_helpers_are_built_where_a_compiler_is():
 
     module = importlib.import_module("acrobat._native")
     assert _native is module
+
+
+_W = torch.randn(4, 4) / 2
+
+
+@acrobat.block
+def _step_block(x, h):
+    return torch.tanh(x @ _W + h)
+
+
+def _step_plain(x, h):  # no decorator: an AutoBlock routes it for the map
+    return torch.tanh(x @ _W + h)
+
+
+@acrobat.autobatch
+def _chain_block(x, keywords):
+    h = x
+    for _ in range(5):
+        h = _step_block(x, h=h * 0.5) if keywords else _step_block(x, h)
+    return h
+
+
+@acrobat.autobatch
+def _chain_plain(x, keywords):
+    h = x
+    for _ in range(5):
+        h = _step_plain(x, h=h * 0.5) if keywords else _step_plain(x, h)
+    return h
+
+
+@needs_native
+@pytest.mark.parametrize("plain", [False, True])
+@pytest.mark.parametrize("keywords", [False, True])
+def test_block_calls_hit_the_c_slot_and_fall_back_to_call(monkeypatch, plain, keywords):
+    """Block and AutoBlock calls go through their C base's tp_call: a positional call whose
+    trace is cached never reaches the Python ``_call``; a keyword call of a Block always
+    does (it takes the Python path; a routed function's trampoline passes its arguments
+    positionally); every call is one block node, with eager's values."""
+    from acrobat.analysis import AutoBlock
+    from acrobat.block import Block
+
+    assert issubclass(Block, _native.BlockBase) and issubclass(AutoBlock, _native.AutoBase)
+    f = _chain_plain if plain else _chain_block
+    cls = AutoBlock if plain else Block
+    calls = []
+    original = cls._call
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "_call", spy)
+    xs = [torch.randn(4) for _ in range(6)]
+    with torch.no_grad(), acrobat.config.override(AUTO_SCANS=False, AUTO_REGIONS=False):
+        got, stats = f.map(xs, keywords=keywords, stats=True)
+        calls_in_map = len(calls)
+        for g, x in zip(got, xs):
+            torch.testing.assert_close(g, f.eager(x, keywords=keywords))
+    # routed: one block node per call (once a part is hoisted out, the rest's node)
+    blocks = sum(
+        n for op, (_, n) in stats.by_op.items() if op.startswith("block:") and "hoisted" not in op
+    )
+    assert blocks == 6 * 5
+    if keywords and not plain:
+        assert calls_in_map == 6 * 5  # every call of every instance
+    else:
+        assert calls_in_map <= 1  # the trace's first call at most: the rest hit in C
