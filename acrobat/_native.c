@@ -12,8 +12,9 @@
  *   record_data  graph.record_data once the signature's Info exists
  *   has_lazy     graph.has_lazy
  *   block_call   the fast path of block.Block.__call__: key, cache hit, node, output
- *   BlockBase, AutoBase  C call slots of block.Block and analysis.AutoBlock: the checks
- *                of their __call__ and block_call, the rest in their Python _call
+ *   BlockBase, AutoBase, RegionBase  C call slots of block.Block, analysis.AutoBlock and
+ *                analysis.RegionBlock: the checks of their __call__ and block_call, the
+ *                rest in Python (_call, _region_call)
  *   column, finish_rows, copy_rows, heights: the executor's and scheduler's per-row loops
  *
  * Semantics are those of the Python functions named above; keep them in step (the
@@ -1028,6 +1029,134 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
     return call_python(self, args, kw);
 }
 
+/* analysis.RegionBlock.__call__ (an outlined run's dispatcher): arguments that are lazy
+ * tensors, scalars or code-like objects seen before (self.code_like), the values at
+ * self.tensor_args made data nodes (ops.value_data, else torch.tensor as written), then
+ * the block's fast path; a miss there continues in RegionBlock._region_block with the
+ * converted arguments. Anything else, before anything is recorded: _region_call. */
+static PyObject *analysis_mod;  /* acrobat.analysis: its value_data, read per call */
+static PyObject *torch_mod;     /* torch: its tensor, likewise */
+static PyObject *s_tensor_args, *s_code_like, *s_hits, *s_region_call, *s_region_block,
+    *s_value_data, *s_tensor;
+
+static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
+    PyObject *rt = NULL, *targs = NULL, *known = NULL, *newargs = NULL, *blk = NULL,
+             *out = NULL, *v = NULL;
+    int python = 1;
+    if (miss == NULL || analysis_mod == NULL || (kw != NULL && PyDict_GET_SIZE(kw) != 0))
+        goto done;
+    rt = recording_rt(1);
+    if (rt == NULL) goto done;
+    v = PyObject_GetAttr(self, s_disabled);
+    if (v == NULL) goto done;
+    int off = PyObject_IsTrue(v);
+    Py_CLEAR(v);
+    if (off) goto done;
+    v = PyObject_GetAttr(self, s_values);
+    if (v == NULL) goto done;
+    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 0) goto done;
+    Py_CLEAR(v);
+    targs = PyObject_GetAttr(self, s_tensor_args);
+    if (targs == NULL || !PyTuple_Check(targs)) goto done;
+    known = PyObject_GetAttr(self, s_code_like);
+    if (known == NULL || !PyDict_Check(known)) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(args), nt = PyTuple_GET_SIZE(targs);
+    char made[64];
+    if (n > 64) goto done;
+    memset(made, 0, (size_t)n);
+    for (Py_ssize_t j = 0; j < nt; j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(targs, j));
+        if (i == -1 && PyErr_Occurred()) goto done;
+        if (i < 0 || i >= n) goto done;
+        made[i] = 1;
+    }
+    int lazy = nt > 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (made[i]) continue;
+        PyObject *a = PyTuple_GET_ITEM(args, i);
+        PyTypeObject *tp = Py_TYPE(a);
+        if (tp == lazy_cls) {
+            lazy = 1;
+        } else if (!(tp == &PyLong_Type || tp == &PyFloat_Type || tp == &PyBool_Type ||
+                     tp == &PyUnicode_Type || a == Py_None)) {
+            PyObject *ident = PyLong_FromVoidPtr(a);
+            if (ident == NULL) goto done;
+            int seen = PyDict_Contains(known, ident);
+            Py_DECREF(ident);
+            if (seen <= 0) goto done;  /* (or an error) the Python path looks at it */
+        }
+    }
+    if (!lazy) goto done;
+    python = 0;  /* from here on, nodes are recorded: no going back to _region_call */
+    newargs = PyTuple_New(n);
+    if (newargs == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i), *x;
+        if (made[i]) {  /* as RegionBlock._tensors: value_data(a), else torch.tensor(a) */
+            PyObject *f = PyObject_GetAttr(analysis_mod, s_value_data);
+            if (f == NULL) goto done;
+            x = PyObject_CallOneArg(f, a);
+            Py_DECREF(f);
+            if (x == NULL) goto done;
+            if (x == Py_None) {
+                Py_DECREF(x);
+                f = PyObject_GetAttr(torch_mod, s_tensor);
+                if (f == NULL) goto done;
+                x = PyObject_CallOneArg(f, a);
+                Py_DECREF(f);
+                if (x == NULL) goto done;
+            }
+        } else {
+            x = a;
+            Py_INCREF(x);
+        }
+        PyTuple_SET_ITEM(newargs, i, x);
+    }
+    v = PyObject_GetAttr(self, s_hits);
+    if (v == NULL) goto done;
+    {
+        PyObject *more = PyNumber_Add(v, one);
+        if (more == NULL) goto done;
+        int bad = PyObject_SetAttr(self, s_hits, more);
+        Py_DECREF(more);
+        if (bad < 0) goto done;
+    }
+    blk = PyObject_GetAttr(self, s_block);
+    if (blk == NULL) goto done;
+    out = block_call_impl(blk, newargs, rt);
+    if (out == miss) {
+        Py_CLEAR(out);
+        PyObject *meth = PyObject_GetAttr(self, s_region_block);
+        if (meth == NULL) goto done;
+        out = PyObject_Call(meth, newargs, NULL);
+        Py_DECREF(meth);
+    }
+done:
+    Py_XDECREF(rt);
+    Py_XDECREF(targs);
+    Py_XDECREF(known);
+    Py_XDECREF(newargs);
+    Py_XDECREF(blk);
+    Py_XDECREF(v);
+    if (out != NULL || PyErr_Occurred()) return out;
+    if (!python) return NULL;  /* pragma: no cover - an error is set on every such path */
+    PyObject *meth = PyObject_GetAttr(self, s_region_call);
+    if (meth == NULL) return NULL;
+    out = PyObject_Call(meth, args, kw);
+    Py_DECREF(meth);
+    return out;
+}
+
+static PyTypeObject RegionBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "acrobat._native.RegionBase",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "analysis.RegionBlock's call in C (see RegionBlock._region_call)",
+    .tp_call = regionbase_call,
+    .tp_new = PyType_GenericNew,
+};
+
 static PyTypeObject BlockBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "acrobat._native.BlockBase",
@@ -1048,9 +1177,12 @@ static PyTypeObject AutoBaseType = {
     .tp_new = PyType_GenericNew,
 };
 
-static PyObject *setup_calls(PyObject *mod, PyObject *g) {
-    Py_INCREF(g);
-    Py_XSETREF(graph_mod, g);
+static PyObject *setup_calls(PyObject *mod, PyObject *args) {
+    PyObject *g, *an, *tm;
+    if (!PyArg_ParseTuple(args, "OOO", &g, &an, &tm)) return NULL;
+    Py_INCREF(g); Py_XSETREF(graph_mod, g);
+    Py_INCREF(an); Py_XSETREF(analysis_mod, an);
+    Py_INCREF(tm); Py_XSETREF(torch_mod, tm);
     Py_RETURN_NONE;
 }
 
@@ -1442,8 +1574,8 @@ static PyMethodDef methods[] = {
      "finish_rows(nodes, outs, base): outs, row and slot of each node of a batch"},
     {"setup_record", (PyCFunction)setup_record, METH_VARARGS,
      "setup_record(freeze, freeze_kwargs, infer, wrap_outputs)"},
-    {"setup_calls", (PyCFunction)setup_calls, METH_O,
-     "setup_calls(graph module): where BlockBase/AutoBase calls read RT"},
+    {"setup_calls", (PyCFunction)setup_calls, METH_VARARGS,
+     "setup_calls(acrobat.graph, acrobat.analysis, torch): modules the call slots read"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,
      "setup_block(_key, _finish_call, split_call, _MISS)"},
     {NULL, NULL, 0, NULL}};
@@ -1453,7 +1585,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "acrobat._native",
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&NodeType) < 0 || PyType_Ready(&LazyType) < 0 ||
-        PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&AutoBaseType) < 0)
+        PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&AutoBaseType) < 0 ||
+        PyType_Ready(&RegionBaseType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
@@ -1500,6 +1633,13 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_values, "values");
     INTERN(s_block, "block");
     INTERN(s_call, "_call");
+    INTERN(s_tensor_args, "tensor_args");
+    INTERN(s_code_like, "code_like");
+    INTERN(s_hits, "hits");
+    INTERN(s_region_call, "_region_call");
+    INTERN(s_region_block, "_region_block");
+    INTERN(s_value_data, "value_data");
+    INTERN(s_tensor, "tensor");
 #undef INTERN
     zero = PyLong_FromLong(0);
     one = PyLong_FromLong(1);
@@ -1511,5 +1651,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyModule_AddObject(m, "BlockBase", (PyObject *)&BlockBaseType) < 0) return NULL;
     Py_INCREF(&AutoBaseType);
     if (PyModule_AddObject(m, "AutoBase", (PyObject *)&AutoBaseType) < 0) return NULL;
+    Py_INCREF(&RegionBaseType);
+    if (PyModule_AddObject(m, "RegionBase", (PyObject *)&RegionBaseType) < 0) return NULL;
     return m;
 }

@@ -32,6 +32,7 @@ import contextlib
 import copy
 import inspect
 import operator
+import sys
 import textwrap
 import threading
 import types
@@ -591,9 +592,15 @@ def outline(fn) -> Outlined | None:
     return result
 
 
-class RegionBlock(AutoBlock):
+_REGION_BASES: tuple = (AutoBlock,) if _native is None else (_native.RegionBase, AutoBlock)
+
+
+class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
     """Dispatcher of one outlined run: a block when it gets a lazy tensor and only
-    tensors, modules and scalars; the run's own code otherwise."""
+    tensors, modules and scalars; the run's own code otherwise. With the C extension its
+    base's call slot makes the common call (lazy tensors, scalars and code-like objects
+    seen before, the trace cached) without a Python frame; ``_region_call`` is the whole
+    call in Python."""
 
     def __init__(self, fn: types.FunctionType, tensor_args: tuple[int, ...] = ()):
         super().__init__(fn)
@@ -605,7 +612,7 @@ class RegionBlock(AutoBlock):
         # and the entry keeps the object alive so its id is not reused
         self.code_like: dict[int, object] = {}
 
-    def __call__(self, *args):
+    def _region_call(self, *args):
         rt = graph.RT
         if self.tensor_args:
             args = self._tensors(rt, args)
@@ -630,6 +637,10 @@ class RegionBlock(AutoBlock):
                 self.disabled = True  # never per-instance work: skip the check from now on
             return self.impl(*args)
         self.hits += 1
+        return self._region_block(*args)
+
+    def _region_block(self, *args):
+        """The block call of a hit (arguments converted, counted)."""
         out = AutoBlock.__call__(self, *args)
         if _retraces(self.block):
             self.disabled = True  # a new trace per call: scalars that change every time
@@ -651,6 +662,12 @@ class RegionBlock(AutoBlock):
             made = value_data(out[i]) if direct else None
             out[i] = torch.tensor(out[i]) if made is None else made
         return out
+
+
+if _native is None:
+    RegionBlock.__call__ = RegionBlock._region_call  # type: ignore[method-assign]
+else:
+    _native.setup_calls(graph, sys.modules[__name__], torch)
 
 
 def _retraces(block: Block) -> bool:

@@ -492,6 +492,6 @@ def block(fn):
 
 if _native is not None:
     _native.setup_block(_key, _finish_call, hoisting.split_call, _MISS)
-    _native.setup_calls(graph)
+    # (the region slot's ops.value_data and torch.tensor: set by acrobat.analysis)
 else:
     Block.__call__ = Block._call  # type: ignore[method-assign]

@@ -230,3 +230,41 @@ def test_block_calls_hit_the_c_slot_and_fall_back_to_call(monkeypatch, plain, ke
         assert calls_in_map == 6 * 5  # every call of every instance
     else:
         assert calls_in_map <= 1  # the trace's first call at most: the rest hit in C
+
+
+@acrobat.autobatch
+def _inline_steps(x, ids):
+    h = x
+    for i in ids:
+        if i < 0:  # a branch keeps the body a run of its own, not a scan
+            break
+        g = torch.tanh(x @ _W + h) * torch.tensor(i)  # a run: torch.tensor(i) passed as i
+        h = torch.sigmoid(g) + h
+    return h
+
+
+@needs_native
+def test_region_calls_hit_the_c_slot(monkeypatch):
+    """An outlined run's dispatcher makes its common call in C: the run's torch.tensor(i)
+    a data node, one region node per step; the Python ``_region_call`` only for the
+    first call(s) and for what the slot does not take."""
+    from acrobat.analysis import RegionBlock
+
+    assert issubclass(RegionBlock, _native.RegionBase)
+    calls = []
+    original = RegionBlock._region_call
+
+    def spy(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(RegionBlock, "_region_call", spy)
+    xs = [torch.randn(4) for _ in range(5)]
+    ids = [[1, 2, 3, 4], [2, 2], [3], [1, 1, 1, 1], [4, 3, 2, 1]]
+    with torch.no_grad(), acrobat.config.override(AUTO_SCANS=False):
+        got, stats = _inline_steps.map(xs, ids, stats=True)
+        for g, x, i in zip(got, xs, ids):
+            torch.testing.assert_close(g, _inline_steps.eager(x, i))
+    regions = sum(n for op, (_, n) in stats.by_op.items() if op.startswith("block:"))
+    assert regions == sum(map(len, ids))  # one node per step
+    assert len(calls) <= 1  # the trace's first call at most
