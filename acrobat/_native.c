@@ -644,15 +644,23 @@ done:
  * signature's Info exists (None otherwise: the Python function makes it). */
 static PyObject *s_deferred;
 
+static PyObject *record_data_impl(PyObject *rt, PyObject *op, PyObject *sig, PyObject *data,
+                                  int deferred);
+
 static PyObject *record_data(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (n != 7) {
         PyErr_SetString(PyExc_TypeError,
                         "record_data(rt, op, sig, data, shape, dtype, deferred)");
         return NULL;
     }
-    PyObject *rt = a[0], *op = a[1], *sig = a[2], *data = a[3];
     int deferred = PyObject_IsTrue(a[6]);
     if (deferred < 0) return NULL;
+    return record_data_impl(a[0], a[1], a[2], a[3], deferred);
+}
+
+/* graph.record_data once the signature's Info exists; None when it does not */
+static PyObject *record_data_impl(PyObject *rt, PyObject *op, PyObject *sig, PyObject *data,
+                                  int deferred) {
     PyObject *sig_info = PyObject_GetAttr(rt, s_sig_info);
     if (sig_info == NULL) return NULL;
     PyObject *info = PyDict_Check(sig_info) ? PyDict_GetItemWithError(sig_info, sig) : NULL;
@@ -1039,6 +1047,63 @@ static PyObject *torch_mod;     /* torch: its tensor, likewise */
 static PyObject *s_tensor_args, *s_code_like, *s_hits, *s_region_call, *s_region_block,
     *s_value_data, *s_tensor;
 
+/* ops.value_data for the common run arguments, in C: an int (a deferred scalar), a
+ * float, a non-empty flat list or tuple of ints or of floats (a mask, a few ids). NULL
+ * without an exception for anything else, or before the signature's Info exists: then
+ * ops.value_data decides. */
+static PyObject *tensor_op, *scalar_size, *int64_dtype, *size_type, *default_dtype_fn;
+
+static PyObject *value_data_fast(PyObject *rt, PyObject *a) {
+    PyTypeObject *tp = Py_TYPE(a);
+    PyObject *dtype = NULL, *shape = NULL, *data = NULL, *sig = NULL, *out = NULL;
+    int deferred = 0;
+    if (tensor_op == NULL) return NULL;
+    if (tp == &PyLong_Type || tp == &PyFloat_Type) {
+        deferred = tp == &PyLong_Type;  /* torch.tensor(word_id): queued if read */
+        dtype = deferred ? Py_NewRef(int64_dtype) : PyObject_CallNoArgs(default_dtype_fn);
+        shape = Py_NewRef(scalar_size);
+        data = Py_NewRef(a);
+    } else if (tp == &PyList_Type || tp == &PyTuple_Type) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
+        if (n == 0) return NULL;
+        PyTypeObject *first = Py_TYPE(PySequence_Fast_GET_ITEM(a, 0));
+        if (first != &PyLong_Type && first != &PyFloat_Type) return NULL;
+        for (Py_ssize_t i = 1; i < n; i++)
+            if (Py_TYPE(PySequence_Fast_GET_ITEM(a, i)) != first) return NULL;
+        dtype = first == &PyLong_Type ? Py_NewRef(int64_dtype)
+                                      : PyObject_CallNoArgs(default_dtype_fn);
+        PyObject *dims = Py_BuildValue("(n)", n);
+        if (dims == NULL) goto done;
+        shape = PyObject_CallOneArg(size_type, dims);
+        Py_DECREF(dims);
+        data = PySequence_List(a);
+    } else {
+        return NULL;
+    }
+    if (dtype == NULL || shape == NULL || data == NULL) goto done;
+    sig = PyTuple_Pack(3, tensor_op, shape, dtype);
+    if (sig == NULL) goto done;
+    out = record_data_impl(rt, tensor_op, sig, data, deferred);
+    if (out == Py_None) Py_CLEAR(out);
+done:
+    Py_XDECREF(dtype);
+    Py_XDECREF(shape);
+    Py_XDECREF(data);
+    Py_XDECREF(sig);
+    return out;
+}
+
+static PyObject *setup_values(PyObject *mod, PyObject *args) {
+    PyObject *op, *scalar, *i64, *size, *dflt;
+    if (!PyArg_ParseTuple(args, "OOOOO", &op, &scalar, &i64, &size, &dflt)) return NULL;
+    Py_INCREF(op); Py_XSETREF(tensor_op, op);
+    Py_INCREF(scalar); Py_XSETREF(scalar_size, scalar);
+    Py_INCREF(i64); Py_XSETREF(int64_dtype, i64);
+    Py_INCREF(size); Py_XSETREF(size_type, size);
+    Py_INCREF(dflt); Py_XSETREF(default_dtype_fn, dflt);
+    Py_RETURN_NONE;
+}
+
 static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     PyObject *rt = NULL, *targs = NULL, *known = NULL, *newargs = NULL, *blk = NULL,
              *out = NULL, *v = NULL;
@@ -1093,6 +1158,12 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(args, i), *x;
         if (made[i]) {  /* as RegionBlock._tensors: value_data(a), else torch.tensor(a) */
+            x = value_data_fast(rt, a);
+            if (x == NULL && PyErr_Occurred()) goto done;
+            if (x != NULL) {
+                PyTuple_SET_ITEM(newargs, i, x);
+                continue;
+            }
             PyObject *f = PyObject_GetAttr(analysis_mod, s_value_data);
             if (f == NULL) goto done;
             x = PyObject_CallOneArg(f, a);
@@ -1574,6 +1645,8 @@ static PyMethodDef methods[] = {
      "finish_rows(nodes, outs, base): outs, row and slot of each node of a batch"},
     {"setup_record", (PyCFunction)setup_record, METH_VARARGS,
      "setup_record(freeze, freeze_kwargs, infer, wrap_outputs)"},
+    {"setup_values", (PyCFunction)setup_values, METH_VARARGS,
+     "setup_values(TENSOR, torch.Size([]), torch.int64, torch.Size, torch.get_default_dtype)"},
     {"setup_calls", (PyCFunction)setup_calls, METH_VARARGS,
      "setup_calls(acrobat.graph, acrobat.analysis, torch): modules the call slots read"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,

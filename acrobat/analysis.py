@@ -45,7 +45,14 @@ import torch
 from acrobat import config, executor, graph
 from acrobat.block import Block
 from acrobat.errors import LazyValueError
-from acrobat.ops import SCALAR_DTYPES, factory_call, lookup_call, scalar_data, value_data
+from acrobat.ops import (
+    SCALAR_DTYPES,
+    TENSOR,
+    factory_call,
+    lookup_call,
+    scalar_data,
+    value_data,
+)
 from acrobat.scan import Scan
 from acrobat.tensor import _native
 
@@ -668,6 +675,8 @@ if _native is None:
     RegionBlock.__call__ = RegionBlock._region_call  # type: ignore[method-assign]
 else:
     _native.setup_calls(graph, sys.modules[__name__], torch)
+    # value_data's common cases in C (ops.value_data is the specification)
+    _native.setup_values(TENSOR, torch.Size([]), torch.int64, torch.Size, torch.get_default_dtype)
 
 
 def _retraces(block: Block) -> bool:

@@ -589,13 +589,26 @@ def test_a_run_is_passed_x_and_makes_torch_tensor_of_it(monkeypatch):
     made: list = []
     real = analysis.value_data
     monkeypatch.setattr(analysis, "value_data", lambda v: made.append(v) or real(v))
+    through_torch: list = []  # one mask given to torch.tensor (the batch rule gives all)
+    real_tensor = torch.tensor
+
+    def spy(data, *args, **kwargs):
+        if isinstance(data, list) and data and not isinstance(data[0], list):
+            through_torch.append(data)
+        return real_tensor(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", spy)
     lengths = [3, 0, 5]
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randn(DIM, generator=gen) for _ in lengths]
     with torch.no_grad():
-        got = acrobat.autobatch(picks).map(xs, lengths)
+        got, stats = acrobat.autobatch(picks).map(xs, lengths, stats=True)
+    monkeypatch.undo()
     assert_close_tree(got, [picks(x, n) for x, n in zip(xs, lengths)])
-    assert len(made) == sum(lengths)  # every step's mask a data node made directly
+    # every step's mask a data node made directly: by value_data, or by the C call slot's
+    # copy of its common cases, never through torch.tensor
+    assert stats.by_op["tensor"][1] == sum(lengths) and not through_torch
+    assert len(made) <= sum(lengths)
 
 
 @settings(max_examples=15, deadline=None)
@@ -643,3 +656,49 @@ def test_a_run_assigning_one_name_returns_its_output_as_a_plain_tuple(lengths, s
     traces = list(outlined.regions[0].block.cache.values())
     if any(n > 1 for n in lengths):
         assert traces and all(t.plain_tuple and t.info.single for t in traces)
+
+
+def convert(x, v, n: int):
+    """A run whose torch.tensor(v) the dispatcher makes (in C for its common cases)."""
+    for _ in range(n):
+        if n < 0:  # never: keeps the body a run, not a scan
+            break
+        t = torch.tensor(v)
+        y = torch.tanh(x) + torch.sigmoid(x)
+    return t, y
+
+
+_NUMBERS = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False),
+    st.booleans(),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            _NUMBERS,
+            st.lists(st.integers(-100, 100), max_size=4),
+            st.lists(st.floats(-10, 10, allow_nan=False, allow_subnormal=False), max_size=4),
+            st.lists(st.one_of(st.integers(-5, 5), st.floats(-5, 5, allow_subnormal=False)),
+                     min_size=1, max_size=4).map(tuple),
+            st.lists(st.booleans(), min_size=1, max_size=3),
+            st.lists(st.lists(st.integers(0, 3), min_size=2, max_size=2), min_size=1, max_size=2),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    n=st.integers(1, 3),
+)
+def test_run_arguments_become_the_tensors_torch_makes(values, n):
+    """Whatever path makes a run's torch.tensor(v) (the C slot's common cases, value_data,
+    torch.tensor as written), the tensor has eager's dtype, shape and values."""
+    xs = [torch.randn(DIM) for _ in values]
+    f = acrobat.autobatch(convert)
+    with torch.no_grad():
+        got = f.map(xs, values, [n] * len(values))
+        want = [f.eager(x, v, n) for x, v in zip(xs, values)]
+    assert_close_tree([t for t, _ in got], [t for t, _ in want], atol=0, rtol=0)
+    assert_close_tree([y for _, y in got], [y for _, y in want])
