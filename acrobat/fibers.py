@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import threading
 import time
 from typing import Any
@@ -114,7 +113,6 @@ class Fiber:
         "waiting",
         "joiners",
         "host",
-        "where",
         "task",
     )
 
@@ -128,7 +126,6 @@ class Fiber:
         self.waiting: Any = None  # the LazyTensor or Fiber this fiber waits for
         self.joiners: list[Fiber] | None = None  # made by the first join: most have none
         self.host = None  # the demanded value, copied to the host after a flush
-        self.where = None
         self.task = task  # (fn, args, kwargs, wrap_inputs) until it starts
 
 
@@ -155,10 +152,9 @@ class Future:
             else:
                 child.joiners.append(me)
             me.waiting = child
-            me.where = sys._getframe(1)
             rt.stats.suspensions += 1
             rt.main.switch()
-            me.waiting = me.where = None
+            me.waiting = None
             if me.phase < child.phase:
                 me.phase = child.phase
         return child.value
@@ -308,11 +304,9 @@ def _wait(t: LazyTensor):
         )
     fiber = rt.fiber
     fiber.waiting = t
-    fiber.where = sys._getframe(2)  # turned into a source line only for error messages
-    rt.blocked.append(fiber)
-    rt.stats.suspensions += 1
+    rt.blocked.append(fiber)  # (counted as suspensions when the driver flushes them)
     rt.main.switch()
-    fiber.waiting = fiber.where = None  # a frame here would be a reference cycle
+    fiber.waiting = None
     host = fiber.host
     fiber.host = None
     return host
@@ -357,6 +351,7 @@ def demand_py(t: LazyTensor):
 
 
 tensor.DEMAND_PY = demand_py
+LazyTensor.tolist = demand_py  # type: ignore[method-assign]  # t.tolist(): no extra frame
 
 
 def _copy(row):
@@ -418,6 +413,15 @@ def _raise_fiber_error(fiber: Fiber, fn_name: str):
     raise exc
 
 
+def _suspended_at(fiber: Fiber) -> str:
+    """Where a suspended fiber's user code waits: read from its greenlet's frames only
+    when an error message needs it (keeping a frame per suspension cost time)."""
+    g = fiber.glet
+    if g is None or fiber.task is not None:
+        return "<not started>"
+    return frame_line(g.gr_frame)
+
+
 def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
     stats = rt.stats
     ready = rt.ready
@@ -442,7 +446,7 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
             stuck = [f for f in rt.all_fibers if not f.done]
             if stuck:
                 names = "; ".join(
-                    f"instance {f.instance} waiting at {frame_line(f.where)}" for f in stuck[:4]
+                    f"instance {f.instance} waiting at {_suspended_at(f)}" for f in stuck[:4]
                 )
                 raise AcrobatError(
                     f"deadlock: fibers wait for each other and none can make progress ({names})"
@@ -454,6 +458,7 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
             p = f.waiting.node.phase
             if p > max_phase:
                 max_phase = p
+        stats.suspensions += len(blocked)
         _flush(rt, max_phase, demand=True)
         _copy_demanded(blocked, rt.device)
         rt.blocked = []
