@@ -793,12 +793,16 @@ done:
 
 /* block_call(block, args: tuple, rt): the call's node and outputs, or _MISS when the
  * call needs the Python path (no per-instance argument, a new or stale trace). */
-static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt) {
+/* The trace a call of ``blk`` with positional ``args`` hits in its cache during map
+ * ``rt`` (a new reference; *inputs_out its LazyTensor operands, a new list), or NULL:
+ * with an exception on error, without one when the call needs the Python path (no
+ * per-instance argument, no trace, or one of an earlier map to revalidate). The key is
+ * block.Block.trace_for's. */
+static PyObject *cached_trace(PyObject *blk, PyObject *args, PyObject *rt,
+                              PyObject **inputs_out) {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
     PyObject *inputs = PyList_New(0), *key = NULL, *made = NULL, *cache = NULL,
-             *trace = NULL, *out = NULL, *v = NULL, *tinfo = NULL, *top = NULL,
-             *tsig = NULL;
-    PyObject *node = NULL;
+             *trace = NULL, *v = NULL;
     if (inputs == NULL) return NULL;
     key = PyTuple_New(nargs);
     if (key == NULL) goto done;
@@ -863,7 +867,30 @@ static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt) {
         if (same < 0) goto done;
         if (!same) goto take_python;
     }
-    Py_CLEAR(v);
+    *inputs_out = inputs;
+    inputs = NULL;
+    goto done;
+take_python:
+    Py_CLEAR(trace);
+done:
+    if (PyErr_Occurred()) Py_CLEAR(trace);
+    Py_XDECREF(v);
+    Py_XDECREF(cache);
+    Py_XDECREF(made);
+    Py_XDECREF(key);
+    Py_XDECREF(inputs);
+    return trace;
+}
+
+static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt) {
+    PyObject *inputs = NULL, *trace = NULL, *out = NULL, *v = NULL, *tinfo = NULL,
+             *top = NULL, *tsig = NULL;
+    PyObject *node = NULL;
+    trace = cached_trace(blk, args, rt, &inputs);
+    if (trace == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return Py_NewRef(miss);
+    }
     v = PyObject_GetAttr(trace, s_may_split);
     if (v == NULL) goto done;
     int split = PyObject_IsTrue(v);
@@ -914,10 +941,6 @@ static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt) {
         if (out != NULL || PyErr_Occurred()) goto done;
     }
     out = PyObject_CallFunctionObjArgs(finish_fn, trace, node, inputs, NULL);
-    goto done;
-take_python:
-    Py_INCREF(miss);
-    out = miss;
 done:
     Py_XDECREF(node);
     Py_XDECREF(tsig);
@@ -925,9 +948,24 @@ done:
     Py_XDECREF(tinfo);
     Py_XDECREF(v);
     Py_XDECREF(trace);
-    Py_XDECREF(cache);
-    Py_XDECREF(made);
-    Py_XDECREF(key);
+    Py_XDECREF(inputs);
+    return out;
+}
+
+/* trace_hit(block, args: tuple, rt): (trace, inputs) when block.Block.trace_for would
+ * return that cached trace without tracing (its key built in C), else None. */
+static PyObject *trace_hit(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "trace_hit(block, args: tuple, rt)");
+        return NULL;
+    }
+    PyObject *inputs = NULL, *trace = cached_trace(a[0], a[1], a[2], &inputs);
+    if (trace == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyTuple_Pack(2, trace, inputs);
+    Py_DECREF(trace);
     Py_DECREF(inputs);
     return out;
 }
@@ -1645,6 +1683,8 @@ static PyMethodDef methods[] = {
      "finish_rows(nodes, outs, base): outs, row and slot of each node of a batch"},
     {"setup_record", (PyCFunction)setup_record, METH_VARARGS,
      "setup_record(freeze, freeze_kwargs, infer, wrap_outputs)"},
+    {"trace_hit", (PyCFunction)(void (*)(void))trace_hit, METH_FASTCALL,
+     "trace_hit(block, args, rt) -> (trace, inputs) of a cache hit, or None"},
     {"setup_values", (PyCFunction)setup_values, METH_VARARGS,
      "setup_values(TENSOR, torch.Size([]), torch.int64, torch.Size, torch.get_default_dtype)"},
     {"setup_calls", (PyCFunction)setup_calls, METH_VARARGS,

@@ -338,6 +338,10 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
     def trace_for(self, rt, args: tuple, kwargs: dict | None = None):
         """(the trace for this call's signature, traced now if missing or stale; the
         call's LazyTensor operands), or (None, []) when no argument is per-instance."""
+        if _native is not None and not kwargs:  # a cache hit of this map: found in C
+            hit = _native.trace_hit(self, args, rt)
+            if hit is not None:
+                return hit
         inputs: list[LazyTensor] = []
         parts = []
         made = rt.factory_keys

@@ -268,3 +268,35 @@ def test_region_calls_hit_the_c_slot(monkeypatch):
     regions = sum(n for op, (_, n) in stats.by_op.items() if op.startswith("block:"))
     assert regions == sum(map(len, ids))  # one node per step
     assert len(calls) <= 1  # the trace's first call at most
+
+
+@needs_native
+def test_trace_hit_returns_the_cached_trace_and_the_lazy_operands():
+    """_native.trace_hit (Block.trace_for's cache hit in C): the trace the call's key
+    names in this map with the call's LazyTensor operands; None where trace_for would
+    trace, revalidate or find no per-instance argument."""
+    found = []
+
+    @acrobat.autobatch
+    def f(x):
+        h = _step_block(x, x)  # traced (or revalidated) by this first call
+        rt = graph.RT
+        hit = _native.trace_hit(_step_block, (x, h), rt)
+        found.append(
+            (
+                hit,
+                _native.trace_hit(_step_block, (torch.zeros(4), torch.zeros(4)), rt),
+                _native.trace_hit(_step_block, (x[:2], x[:2]), rt),
+                x,
+                h,
+            )
+        )
+        return h
+
+    with torch.no_grad():
+        f.map([torch.randn(4) for _ in range(3)])
+    for hit, no_lazy, new_shape, x, h in found:
+        trace, inputs = hit
+        assert any(trace is t for t in _step_block.cache.values())
+        assert len(inputs) == 2 and inputs[0] is x and inputs[1] is h
+        assert no_lazy is None and new_shape is None
