@@ -11,9 +11,10 @@
  *   record_node  graph.record after its runtime checks: signature, Info, node, outputs
  *   record_data  graph.record_data once the signature's Info exists
  *   has_lazy     graph.has_lazy
- *   block_call   the fast path of block.Block.__call__: key, cache hit, node, output
+ *   block_call_impl  the fast path of a block call: key, cache hit, node, output
+ *   trace_hit    block.Block.trace_for's cache hit (the same key and lookup)
  *   BlockBase, AutoBase, RegionBase  C call slots of block.Block, analysis.AutoBlock and
- *                analysis.RegionBlock: the checks of their __call__ and block_call, the
+ *                analysis.RegionBlock: the checks of their __call__ and block_call_impl, the
  *                rest in Python (_call, _region_call)
  *   column, finish_rows, copy_rows, heights: the executor's and scheduler's per-row loops
  *
@@ -791,8 +792,9 @@ done:
     return out;
 }
 
-/* block_call(block, args: tuple, rt): the call's node and outputs, or _MISS when the
- * call needs the Python path (no per-instance argument, a new or stale trace). */
+/* A call of block ``blk`` with positional ``args`` in map ``rt``: its node and outputs,
+ * or _MISS when it needs the Python path (no per-instance argument, a new or stale
+ * trace). The call slots below use it. */
 /* The trace a call of ``blk`` with positional ``args`` hits in its cache during map
  * ``rt`` (a new reference; *inputs_out its LazyTensor operands, a new list), or NULL:
  * with an exception on error, without one when the call needs the Python path (no
@@ -968,14 +970,6 @@ static PyObject *trace_hit(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     Py_DECREF(trace);
     Py_DECREF(inputs);
     return out;
-}
-
-static PyObject *block_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (n != 3 || !PyTuple_Check(a[1])) {
-        PyErr_SetString(PyExc_TypeError, "block_call(block, args: tuple, rt)");
-        return NULL;
-    }
-    return block_call_impl(a[0], a[1], a[2]);
 }
 
 /* ---- call slots: block.Block and analysis.AutoBlock calls in C ------------------------
@@ -1662,8 +1656,6 @@ static PyMethodDef methods[] = {
      "add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node (graph.add_node)"},
     {"record_node", (PyCFunction)(void (*)(void))record_node, METH_FASTCALL,
      "record_node(rt, op, func, args, kwargs) -> outputs (graph.record's tail)"},
-    {"block_call", (PyCFunction)(void (*)(void))block_call, METH_FASTCALL,
-     "block_call(block, args, rt) -> outputs, or _MISS (block.Block.__call__'s fast path)"},
     {"has_lazy", (PyCFunction)has_lazy, METH_O,
      "has_lazy(a) -> whether a LazyTensor is in a (tuples, lists, dicts, slices)"},
     {"heights", (PyCFunction)heights, METH_O,

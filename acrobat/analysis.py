@@ -826,6 +826,8 @@ _KEY = operator.attrgetter("key")
 def _all_lazy(values: tuple) -> bool:
     """Whether every one of ``values`` is a LazyTensor."""
     return all(type(v) is graph.LazyTensor for v in values)
+
+
 _CALLABLES = (torch.nn.Module, types.FunctionType, AutoBlock, Block)
 _CODE_LIKE_KEPT = 64  # per region: the models pass one or two (the model, its cells)
 

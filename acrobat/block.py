@@ -300,7 +300,7 @@ def _finish_call(trace: Trace, node: Node, inputs: list):
     return _unflatten(trace.out_spec, leaves)
 
 
-_MISS = object()  # _native.block_call: "this call takes the Python path"
+_MISS = object()  # the C block call's "this call takes the Python path"
 _KWARGS = object()  # separates a call key's keyword part: never an argument's key
 
 
@@ -496,6 +496,7 @@ def block(fn):
 
 if _native is not None:
     _native.setup_block(_key, _finish_call, hoisting.split_call, _MISS)
-    # (the region slot's ops.value_data and torch.tensor: set by acrobat.analysis)
+    # (the modules the call slots read, acrobat.graph's RT included, are handed over by
+    # acrobat.analysis: _native.setup_calls)
 else:
     Block.__call__ = Block._call  # type: ignore[method-assign]
