@@ -502,9 +502,11 @@ def _materialize(value, instance: int, fn_name: str):
         return node.outs[value.idx][node.row]
     if value is None or t in (int, float, bool, str, complex) or isinstance(value, torch.Tensor):
         return value
-    if t is list:
-        return [_materialize(v, instance, fn_name) for v in value]
-    if t is tuple:
+    if t is list or t is tuple:
+        if _PLAIN.issuperset(map(type, value)):  # a tree's parent indices: as they are
+            return t(value)
+        if t is list:
+            return [_materialize(v, instance, fn_name) for v in value]
         return tuple(_materialize(v, instance, fn_name) for v in value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
         return t(*(_materialize(v, instance, fn_name) for v in value))
