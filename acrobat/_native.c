@@ -1013,8 +1013,9 @@ err:
     return NULL;
 }
 
-static PyObject *call_python(PyObject *self, PyObject *args, PyObject *kw) {
-    PyObject *meth = PyObject_GetAttr(self, s_call);
+/* self.<name>(*args, **kw): the Python rest of a call slot */
+static PyObject *call_method(PyObject *self, PyObject *name, PyObject *args, PyObject *kw) {
+    PyObject *meth = PyObject_GetAttr(self, name);
     if (meth == NULL) return NULL;
     PyObject *out = PyObject_Call(meth, args, kw);
     Py_DECREF(meth);
@@ -1034,7 +1035,7 @@ static PyObject *blockbase_call(PyObject *self, PyObject *args, PyObject *kw) {
             return NULL;
         }
     }
-    return call_python(self, args, kw);
+    return call_method(self, s_call, args, kw);
 }
 
 /* analysis.AutoBlock.__call__: an enabled dispatcher without value parameters, called
@@ -1044,7 +1045,7 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
         PyObject *rt = recording_rt(1), *v, *out = NULL;
         if (rt == NULL) {
             if (PyErr_Occurred()) return NULL;
-            return call_python(self, args, kw);
+            return call_method(self, s_call, args, kw);
         }
         v = PyObject_GetAttr(self, s_disabled);
         if (v == NULL) goto done;
@@ -1066,7 +1067,7 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
         if (out != NULL && out != miss) return out;
         Py_XDECREF(out);
     }
-    return call_python(self, args, kw);
+    return call_method(self, s_call, args, kw);
 }
 
 /* analysis.RegionBlock.__call__ (an outlined run's dispatcher): arguments that are lazy
@@ -1229,10 +1230,7 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     out = block_call_impl(blk, newargs, rt);
     if (out == miss) {
         Py_CLEAR(out);
-        PyObject *meth = PyObject_GetAttr(self, s_region_block);
-        if (meth == NULL) goto done;
-        out = PyObject_Call(meth, newargs, NULL);
-        Py_DECREF(meth);
+        out = call_method(self, s_region_block, newargs, NULL);
     }
 done:
     Py_XDECREF(rt);
@@ -1242,43 +1240,30 @@ done:
     Py_XDECREF(blk);
     Py_XDECREF(v);
     if (out != NULL || PyErr_Occurred()) return out;
-    if (!python) return NULL;  /* pragma: no cover - an error is set on every such path */
-    PyObject *meth = PyObject_GetAttr(self, s_region_call);
-    if (meth == NULL) return NULL;
-    out = PyObject_Call(meth, args, kw);
-    Py_DECREF(meth);
-    return out;
+    if (!python) return NULL;  /* an error is set on every such path */
+    return call_method(self, s_region_call, args, kw);
 }
 
-static PyTypeObject RegionBaseType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "acrobat._native.RegionBase",
-    .tp_basicsize = sizeof(PyObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "analysis.RegionBlock's call in C (see RegionBlock._region_call)",
-    .tp_call = regionbase_call,
-    .tp_new = PyType_GenericNew,
-};
+/* a call slot's type: no fields of its own (the Python subclass keeps its __dict__) */
+#define CALL_SLOT_TYPE(var, name, doc, call)                                        \
+    static PyTypeObject var = {                                                     \
+        PyVarObject_HEAD_INIT(NULL, 0)                                              \
+        .tp_name = "acrobat._native." name,                                         \
+        .tp_basicsize = sizeof(PyObject),                                           \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,                       \
+        .tp_doc = doc,                                                              \
+        .tp_call = call,                                                            \
+        .tp_new = PyType_GenericNew,                                                \
+    };
 
-static PyTypeObject BlockBaseType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "acrobat._native.BlockBase",
-    .tp_basicsize = sizeof(PyObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "block.Block's call in C (see Block._call)",
-    .tp_call = blockbase_call,
-    .tp_new = PyType_GenericNew,
-};
-
-static PyTypeObject AutoBaseType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "acrobat._native.AutoBase",
-    .tp_basicsize = sizeof(PyObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "analysis.AutoBlock's call in C (see AutoBlock._call)",
-    .tp_call = autobase_call,
-    .tp_new = PyType_GenericNew,
-};
+CALL_SLOT_TYPE(RegionBaseType, "RegionBase",
+               "analysis.RegionBlock's call in C (see RegionBlock._region_call)",
+               regionbase_call)
+CALL_SLOT_TYPE(BlockBaseType, "BlockBase", "block.Block's call in C (see Block._call)",
+               blockbase_call)
+CALL_SLOT_TYPE(AutoBaseType, "AutoBase", "analysis.AutoBlock's call in C (see AutoBlock._call)",
+               autobase_call)
+#undef CALL_SLOT_TYPE
 
 static PyObject *setup_calls(PyObject *mod, PyObject *args) {
     PyObject *g, *an, *tm;
