@@ -80,7 +80,16 @@ def test_native_and_python_record_the_same_graphs():
 def test_python_path_passes_the_core_tests():
     """The fallback is a supported configuration: run core test files with it."""
     env = dict(os.environ, ACROBAT_NATIVE="0", PYTHONPATH=str(ROOT))
-    files = ["tests/test_fibers.py", "tests/test_hoisting.py", "tests/test_errors.py"]
+    files = [
+        "tests/test_fibers.py",
+        "tests/test_hoisting.py",
+        "tests/test_errors.py",
+        # the dispatchers' Python __call__ (Block._call, AutoBlock._call, _region_call)
+        "tests/test_blocks_and_grad.py",
+        "tests/test_analysis.py",
+        "tests/test_regions.py",
+        "tests/test_scans.py",
+    ]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
         cwd=ROOT,
