@@ -242,14 +242,8 @@ def _worker() -> None:
         fiber = me.parent.switch()
 
 
-def _start(rt: Runtime, fiber: Fiber, pool: list) -> None:
-    if pool:
-        g = pool.pop()
-        if g.parent is not rt.main:
-            g.parent = rt.main
-        fiber.glet = g
-        g.switch(fiber)
-        return
+def _start(rt: Runtime, fiber: Fiber) -> None:
+    """Start ``fiber`` on a new worker greenlet (the driver reuses parked ones itself)."""
     g = greenlet(_worker, parent=rt.main)
     fiber.glet = g
     _LOCAL.handoff = fiber
@@ -426,6 +420,7 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
     stats = rt.stats
     ready = rt.ready
     pool = _pool()
+    main = rt.main
     while True:
         t0 = time.perf_counter()
         with mode:
@@ -433,10 +428,16 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
                 fiber = ready.popleft()
                 rt.fiber = fiber
                 g = fiber.glet
-                if g is None:
-                    _start(rt, fiber, pool)
-                else:
+                if g is not None:
                     g.switch()
+                elif pool:  # a parked worker greenlet runs it
+                    g = pool.pop()
+                    if g.parent is not main:
+                        g.parent = main
+                    fiber.glet = g
+                    g.switch(fiber)
+                else:
+                    _start(rt, fiber)
                 if fiber.error is not None:
                     _raise_fiber_error(fiber, fn_name)
         rt.fiber = None
