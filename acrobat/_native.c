@@ -792,9 +792,6 @@ done:
     return out;
 }
 
-/* A call of block ``blk`` with positional ``args`` in map ``rt``: its node and outputs,
- * or _MISS when it needs the Python path (no per-instance argument, a new or stale
- * trace). The call slots below use it. */
 /* The trace a call of ``blk`` with positional ``args`` hits in its cache during map
  * ``rt`` (a new reference; *inputs_out its LazyTensor operands, a new list), or NULL:
  * with an exception on error, without one when the call needs the Python path (no
@@ -884,6 +881,9 @@ done:
     return trace;
 }
 
+/* A call of block ``blk`` with positional ``args`` in map ``rt``: its node and outputs,
+ * or _MISS when it needs the Python path (no per-instance argument, a new or stale
+ * trace). The call slots below use it. */
 static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt) {
     PyObject *inputs = NULL, *trace = NULL, *out = NULL, *v = NULL, *tinfo = NULL,
              *top = NULL, *tsig = NULL;
@@ -972,10 +972,10 @@ static PyObject *trace_hit(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     return out;
 }
 
-/* ---- call slots: block.Block and analysis.AutoBlock calls in C ------------------------
+/* ---- call slots: Block, AutoBlock and RegionBlock calls in C -------------------------
  * A Python __call__ is a frame of its own behind slot_tp_call (~0.3 us a call); these
  * bases give the classes a C tp_call that makes the fast path's checks and calls
- * block_call_impl, and calls the class's Python ``_call`` for everything else. */
+ * block_call_impl, and calls the class's Python rest (_call, _region_call) otherwise. */
 
 static PyObject *graph_mod;  /* acrobat.graph: RT is the running map's runtime */
 static PyObject *s_RT, *s_tracer, *s_thread, *s_disabled, *s_values, *s_block, *s_call;
@@ -989,28 +989,40 @@ static PyObject *recording_rt(int check_thread) {
     if (rt == NULL) return NULL;
     if (rt == Py_None) goto no;
     v = PyObject_GetAttr(rt, s_tracer);
-    if (v == NULL) goto err;
+    if (v == NULL) goto no;
     Py_DECREF(v);
     if (v != Py_None) goto no;
     v = PyObject_GetAttr(rt, s_fiber);
-    if (v == NULL) goto err;
+    if (v == NULL) goto no;
     Py_DECREF(v);
     if (v == Py_None) goto no;
     if (check_thread) {
         v = PyObject_GetAttr(rt, s_thread);
-        if (v == NULL) goto err;
+        if (v == NULL) goto no;
         unsigned long t = PyLong_AsUnsignedLong(v);
         Py_DECREF(v);
-        if (t == (unsigned long)-1 && PyErr_Occurred()) goto err;
+        if (t == (unsigned long)-1 && PyErr_Occurred()) goto no;
         if (t != PyThread_get_thread_ident()) goto no;
     }
     return rt;
-no:
+no:   /* (and on error, with the exception set) */
     Py_DECREF(rt);
     return NULL;
-err:
-    Py_DECREF(rt);
-    return NULL;
+}
+
+/* Whether an AutoBlock/RegionBlock dispatcher takes the fast path: not disabled and
+ * without value parameters (AutoBlock._call's other checks); -1 on error. */
+static int dispatch_plain(PyObject *self) {
+    PyObject *v = PyObject_GetAttr(self, s_disabled);
+    if (v == NULL) return -1;
+    int off = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (off) return off < 0 ? -1 : 0;
+    v = PyObject_GetAttr(self, s_values);
+    if (v == NULL) return -1;
+    int plain = PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 0;
+    Py_DECREF(v);
+    return plain;
 }
 
 /* self.<name>(*args, **kw): the Python rest of a call slot */
@@ -1047,16 +1059,7 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
             if (PyErr_Occurred()) return NULL;
             return call_method(self, s_call, args, kw);
         }
-        v = PyObject_GetAttr(self, s_disabled);
-        if (v == NULL) goto done;
-        int off = PyObject_IsTrue(v);
-        Py_DECREF(v);
-        if (off) goto done;  /* (or an error: off < 0) */
-        v = PyObject_GetAttr(self, s_values);
-        if (v == NULL) goto done;
-        int plain = PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 0;
-        Py_DECREF(v);
-        if (!plain) goto done;
+        if (dispatch_plain(self) != 1) goto done;  /* (or an error) */
         v = PyObject_GetAttr(self, s_block);
         if (v == NULL) goto done;
         out = block_call_impl(v, args, rt);
@@ -1145,15 +1148,7 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
         goto done;
     rt = recording_rt(1);
     if (rt == NULL) goto done;
-    v = PyObject_GetAttr(self, s_disabled);
-    if (v == NULL) goto done;
-    int off = PyObject_IsTrue(v);
-    Py_CLEAR(v);
-    if (off) goto done;
-    v = PyObject_GetAttr(self, s_values);
-    if (v == NULL) goto done;
-    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 0) goto done;
-    Py_CLEAR(v);
+    if (dispatch_plain(self) != 1) goto done;  /* (or an error) */
     targs = PyObject_GetAttr(self, s_tensor_args);
     if (targs == NULL || !PyTuple_Check(targs)) goto done;
     known = PyObject_GetAttr(self, s_code_like);
@@ -1176,7 +1171,7 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
         if (tp == lazy_cls) {
             lazy = 1;
         } else if (!(tp == &PyLong_Type || tp == &PyFloat_Type || tp == &PyBool_Type ||
-                     tp == &PyUnicode_Type || a == Py_None)) {
+                     tp == &PyUnicode_Type || a == Py_None)) {  /* analysis._REGION_ARGS */
             PyObject *ident = PyLong_FromVoidPtr(a);
             if (ident == NULL) goto done;
             int seen = PyDict_Contains(known, ident);

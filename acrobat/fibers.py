@@ -501,7 +501,7 @@ def _materialize(value, instance: int, fn_name: str):
         if id(node.outs) in node.rt.tables:  # a row of a parameter, in place: eager's
             return node.outs[value.idx][node.row].clone()  # lookup returns a copy
         return node.outs[value.idx][node.row]
-    if value is None or t in (int, float, bool, str, complex) or isinstance(value, torch.Tensor):
+    if t in _PLAIN or isinstance(value, torch.Tensor):
         return value
     if t is list or t is tuple:
         if _PLAIN.issuperset(map(type, value)):  # a tree's parent indices: as they are
