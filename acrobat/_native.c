@@ -17,6 +17,8 @@
  *                analysis.RegionBlock: the checks of their __call__ and block_call_impl, the
  *                rest in Python (_call, _region_call)
  *   column, finish_rows, copy_rows, heights: the executor's and scheduler's per-row loops
+ *   value_read   fibers.demand_py's common path (LazyBase.tolist, tensor.DEMAND_PY): a
+ *                suspension and the read of a converted batch's row
  *
  * Semantics are those of the Python functions named above; keep them in step (the
  * tests run both: tests/test_native.py).
@@ -165,6 +167,7 @@ typedef struct {
 } LazyObject;
 
 static PyTypeObject LazyType;
+static PyObject *lazy_tolist(PyObject *self, PyObject *unused);  /* value reads, below */
 static PyObject *type_key_fn;  /* tensor.type_key */
 
 static int lazy_traverse(LazyObject *self, visitproc visit, void *arg) {
@@ -222,6 +225,11 @@ static int lazy_init(LazyObject *self, PyObject *args, PyObject *kwds) {
 static PyMemberDef lazy_members[] = {LAZY_OBJ(node), LAZY_OBJ(idx), LAZY_OBJ(shape),
                                      LAZY_OBJ(dtype), LAZY_OBJ(key), {NULL}};
 
+static PyMethodDef lazy_methods[] = {
+    {"tolist", (PyCFunction)lazy_tolist, METH_NOARGS,
+     "The value as Python numbers (fibers.demand_py; suspends until it is computed)."},
+    {NULL, NULL, 0, NULL}};
+
 static PyTypeObject LazyType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "acrobat._native.LazyBase",
@@ -232,6 +240,7 @@ static PyTypeObject LazyType = {
     .tp_clear = (inquiry)lazy_clear,
     .tp_dealloc = (destructor)lazy_dealloc,
     .tp_members = lazy_members,
+    .tp_methods = lazy_methods,
     .tp_init = (initproc)lazy_init,
     .tp_new = PyType_GenericNew,
 };
@@ -1289,6 +1298,139 @@ static PyObject *setup_block(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- value reads: fibers.demand_py's common path ---------------------------------
+ * A read of a value computed by a flush of this map, whose batch fibers.demand_py has
+ * converted to Python rows already (every read after the first of a batch), or a read
+ * of a pending value: the fiber suspends (joins rt.blocked and switches to the driver),
+ * then reads its row. Anything else (errors, a first read of a batch, a block being
+ * traced, a deferred constant, a value copied to the host) is demand_py itself. */
+
+static PyObject *demand_py_fn;  /* fibers.demand_py */
+static PyObject *host_list_fn;  /* fibers._host_list */
+static PyObject *s_blocked, *s_main, *s_waiting, *s_host, *s_switch, *s_py_rows;
+
+static PyObject *setup_fibers(PyObject *mod, PyObject *args) {
+    PyObject *d, *h;
+    if (!PyArg_ParseTuple(args, "OO", &d, &h)) return NULL;
+    Py_INCREF(d); Py_XSETREF(demand_py_fn, d);
+    Py_INCREF(h); Py_XSETREF(host_list_fn, h);
+    Py_RETURN_NONE;
+}
+
+/* suspend the running fiber of ``rt`` until a flush computes ``t``; 1 when it resumed
+ * with a host copy in *host (a new reference), 0 without, -1 on error */
+static int suspend(PyObject *rt, PyObject *t, PyObject **host) {
+    PyObject *fiber = PyObject_GetAttr(rt, s_fiber), *blocked = NULL, *main = NULL;
+    int r = -1;
+    *host = NULL;
+    if (fiber == NULL) return -1;
+    blocked = PyObject_GetAttr(rt, s_blocked);
+    if (blocked == NULL) goto done;
+    main = PyObject_GetAttr(rt, s_main);
+    if (main == NULL) goto done;
+    if (PyObject_SetAttr(fiber, s_waiting, t) < 0 || PyList_Append(blocked, fiber) < 0)
+        goto done;
+    Py_CLEAR(blocked);
+    {
+        PyObject *callargs[2] = {NULL, main};
+        PyObject *res = PyObject_VectorcallMethod(
+            s_switch, callargs + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (res == NULL) goto done;  /* thrown into the fiber (map cleanup): unwinds */
+        Py_DECREF(res);
+    }
+    if (PyObject_SetAttr(fiber, s_waiting, Py_None) < 0) goto done;
+    PyObject *h = PyObject_GetAttr(fiber, s_host);
+    if (h == NULL) goto done;
+    if (h == Py_None) {
+        Py_DECREF(h);
+        r = 0;
+    } else if (PyObject_SetAttr(fiber, s_host, Py_None) < 0) {
+        Py_DECREF(h);
+    } else {
+        *host = h;
+        r = 1;
+    }
+done:
+    Py_XDECREF(main);
+    Py_XDECREF(blocked);
+    Py_DECREF(fiber);
+    return r;
+}
+
+/* the row of t's batch in rt.py_rows, copied as demand_py's _copy does (a new
+ * reference); NULL without an exception when demand_py must make it */
+static PyObject *py_row(PyObject *rt, NodeObject *nd, LazyObject *t) {
+    if (!PyTuple_Check(nd->outs) || !PyLong_Check(t->idx)) return NULL;
+    Py_ssize_t idx = PyLong_AsSsize_t(t->idx);
+    if (idx < 0 || idx >= PyTuple_GET_SIZE(nd->outs)) return NULL;
+    PyObject *rows_by_id = PyObject_GetAttr(rt, s_py_rows);
+    if (rows_by_id == NULL) return NULL;
+    PyObject *rows = NULL, *key = PyLong_FromVoidPtr(PyTuple_GET_ITEM(nd->outs, idx));
+    if (key != NULL && PyDict_CheckExact(rows_by_id))
+        rows = PyDict_GetItemWithError(rows_by_id, key);  /* borrowed */
+    Py_XDECREF(key);
+    Py_DECREF(rows_by_id);  /* (rt holds it) */
+    if (rows == NULL || !PyList_CheckExact(rows) || nd->row < 0 ||
+        nd->row >= PyList_GET_SIZE(rows))
+        return NULL;
+    PyObject *row = PyList_GET_ITEM(rows, nd->row);
+    if (!PyList_CheckExact(row)) return Py_NewRef(row);
+    Py_ssize_t k = PyList_GET_SIZE(row);
+    if (k && PyList_CheckExact(PyList_GET_ITEM(row, 0))) return NULL;  /* nested: _copy */
+    return PyList_GetSlice(row, 0, k);  /* the caller may mutate its list */
+}
+
+static PyObject *value_read(PyObject *mod, PyObject *arg) {
+    if (demand_py_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup_fibers was not called");
+        return NULL;
+    }
+    if (graph_mod == NULL || !PyObject_TypeCheck(arg, &LazyType)) goto slow;
+    LazyObject *t = (LazyObject *)arg;
+    if (t->node == NULL || !PyObject_TypeCheck(t->node, &NodeType)) goto slow;
+    NodeObject *nd = (NodeObject *)t->node;
+    PyObject *rt = PyObject_GetAttr(graph_mod, s_RT), *out = NULL;
+    if (rt == NULL) return NULL;
+    if (rt == Py_None || nd->rt != rt) goto slow_rt;
+    if (nd->outs == NULL || nd->outs == Py_None) {
+        if (nd->depth < 0) goto slow_rt;  /* a deferred constant: demand_py queues it */
+        PyObject *v = PyObject_GetAttr(rt, s_tracer);
+        if (v == NULL) goto fail;
+        Py_DECREF(v);
+        if (v != Py_None) goto slow_rt;  /* a block reads a value: demand_py's error */
+        v = PyObject_GetAttr(rt, s_fiber);
+        if (v == NULL) goto fail;
+        Py_DECREF(v);
+        if (v == Py_None) goto slow_rt;
+        PyObject *host;
+        int r = suspend(rt, arg, &host);
+        if (r < 0) goto fail;
+        if (r == 1) {
+            out = PyObject_CallOneArg(host_list_fn, host);
+            Py_DECREF(host);
+            Py_DECREF(rt);
+            return out;
+        }
+        if (nd->outs == NULL || nd->outs == Py_None) goto slow_rt;  /* (demand_py says) */
+    }
+    out = py_row(rt, nd, t);
+    if (out != NULL || PyErr_Occurred()) {
+        Py_DECREF(rt);
+        return out;
+    }
+slow_rt:
+    Py_DECREF(rt);
+slow:
+    return PyObject_CallOneArg(demand_py_fn, arg);
+fail:
+    Py_DECREF(rt);
+    return NULL;
+}
+
+static PyObject *lazy_tolist(PyObject *self, PyObject *unused) {
+    return value_read(NULL, self);
+}
+
 /* ---- has_lazy: graph.has_lazy ---------------------------------------------------- */
 
 static int has_lazy_impl(PyObject *a, int depth) {
@@ -1661,6 +1803,10 @@ static PyMethodDef methods[] = {
      "setup_values(TENSOR, torch.Size([]), torch.int64, torch.Size, torch.get_default_dtype)"},
     {"setup_calls", (PyCFunction)setup_calls, METH_VARARGS,
      "setup_calls(acrobat.graph, acrobat.analysis, torch): modules the call slots read"},
+    {"value_read", (PyCFunction)value_read, METH_O,
+     "value_read(t) -> t.tolist() (fibers.demand_py, its common path in C)"},
+    {"setup_fibers", (PyCFunction)setup_fibers, METH_VARARGS,
+     "setup_fibers(demand_py, host_list)"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,
      "setup_block(_key, _finish_call, split_call, _MISS)"},
     {NULL, NULL, 0, NULL}};
@@ -1725,6 +1871,12 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_region_block, "_region_block");
     INTERN(s_value_data, "value_data");
     INTERN(s_tensor, "tensor");
+    INTERN(s_blocked, "blocked");
+    INTERN(s_main, "main");
+    INTERN(s_waiting, "waiting");
+    INTERN(s_host, "host");
+    INTERN(s_switch, "switch");
+    INTERN(s_py_rows, "py_rows");
 #undef INTERN
     zero = PyLong_FromLong(0);
     one = PyLong_FromLong(1);

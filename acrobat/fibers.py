@@ -344,8 +344,20 @@ def demand_py(t: LazyTensor):
         return _copy(rows[node.row])  # the caller may mutate its list
 
 
-tensor.DEMAND_PY = demand_py
-LazyTensor.tolist = demand_py  # type: ignore[method-assign]  # t.tolist(): no extra frame
+def _host_list(host: torch.Tensor):
+    """A demanded value copied to the host by its flush (non-CPU devices), as Python."""
+    with torch._C.DisableTorchFunction():
+        return host.tolist()
+
+
+if tensor._native is not None:  # the common path of a read in C (_native.value_read):
+    # a suspension and the row of the converted batch without a Python frame
+    tensor._native.setup_fibers(demand_py, _host_list)
+    tensor.DEMAND_PY = tensor._native.value_read
+    LazyTensor.tolist = tensor._native.LazyBase.tolist  # type: ignore[method-assign]
+else:
+    tensor.DEMAND_PY = demand_py
+    LazyTensor.tolist = demand_py  # type: ignore[method-assign]  # t.tolist(): no extra frame
 
 
 def _copy(row):

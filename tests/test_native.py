@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import acrobat
 from acrobat import graph
@@ -309,3 +311,58 @@ def test_trace_hit_returns_the_cached_trace_and_the_lazy_operands():
         assert any(trace is t for t in _step_block.cache.values())
         assert len(inputs) == 2 and inputs[0] is x and inputs[1] is h
         assert no_lazy is None and new_shape is None
+
+
+_STEPS = 3
+
+
+@acrobat.autobatch
+def _reads(x, k):
+    got = []
+    h = x
+    for step in range(_STEPS):
+        h = torch.tanh(h * k + step)
+        value = (h > 0).tolist()  # a batch read by every instance (C: a row of it)
+        if isinstance(value, list):
+            value.append(step)  # mutating one instance's list must not touch another's
+        got.append(value)
+        if float(h.sum()) > 1e9:  # float(...): item() through the same read
+            break
+    return got, int((h > 0).sum())
+
+
+@needs_native
+@settings(max_examples=20, deadline=None)
+@given(
+    shape=st.sampled_from([(), (1,), (4,), (2, 3)]),
+    n=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_value_reads_take_the_c_path_with_eager_values(shape, n, seed):
+    """``t.tolist()`` and ``item()`` are ``_native.value_read``: after a batch's first
+    read (demand_py converts the batch), every instance's read of it is its row copied
+    in C, suspension included; nested rows go to demand_py. Values equal eager's."""
+    from acrobat import fibers
+
+    assert LazyTensor.tolist is _native.LazyBase.tolist
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(shape, generator=gen) for _ in range(n)]
+    slow = []
+
+    def spy(t):
+        slow.append(1)
+        return fibers.demand_py(t)
+
+    _native.setup_fibers(spy, fibers._host_list)
+    try:
+        with torch.no_grad():
+            got = _reads.map(xs, k=1.5)
+    finally:
+        _native.setup_fibers(fibers.demand_py, fibers._host_list)
+    assert got == [_reads.eager(x, k=1.5) for x in xs]
+    reads = n * (2 * _STEPS + 1)  # tolist + float per step, int at the end
+    if len(shape) <= 1:  # flat rows: demand_py makes each batch's rows once
+        assert len(slow) <= 2 * _STEPS + 1  # one per batch read, whatever n
+        assert n == 1 or len(slow) < reads
+    else:
+        assert len(slow) >= n * _STEPS  # nested rows: copied by demand_py
