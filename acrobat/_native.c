@@ -295,19 +295,6 @@ static PyObject *bucket_key(Py_ssize_t phase, Py_ssize_t depth, PyObject *sig) {
     return key;
 }
 
-static int incr_nodes(PyObject *rt) {
-    PyObject *n = PyObject_GetAttr(rt, s_nodes);
-    if (n == NULL) return -1;
-    Py_ssize_t v = PyLong_AsSsize_t(n);
-    Py_DECREF(n);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    PyObject *m = PyLong_FromSsize_t(v + 1);
-    if (m == NULL) return -1;
-    int r = PyObject_SetAttr(rt, s_nodes, m);
-    Py_DECREF(m);
-    return r;
-}
-
 /* graph._enqueue: append to the (phase, depth, sig) bucket, or the nearest later bucket
  * of that signature within ALIGN_WINDOW levels (moving the node there). */
 static int enqueue(PyObject *rt, NodeObject *nd) {
@@ -353,7 +340,7 @@ static int enqueue(PyObject *rt, NodeObject *nd) {
     }
     Py_DECREF(key);
     Py_DECREF(buckets);
-    return incr_nodes(rt);
+    return 0;  /* (rt.nodes: counted by scheduler.schedule as it pops the buckets) */
 fail_key:
     Py_DECREF(key);
 fail:
@@ -371,16 +358,19 @@ static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* graph.add_node; ``inputs`` is a list of LazyTensors. Returns a new reference. */
+/* graph.add_node; ``inputs`` is a list of LazyTensors; ``fiber`` rt.fiber if the caller
+ * has it, else NULL. Returns a new reference. */
 static NodeObject *add_node_impl(PyObject *rt, PyObject *op, PyObject *func, PyObject *args,
                                  PyObject *kwargs, PyObject *inputs, PyObject *info,
-                                 PyObject *sig) {
+                                 PyObject *sig, PyObject *fiber) {
     if (!PyList_CheckExact(inputs)) {
         PyErr_SetString(PyExc_TypeError, "add_node: inputs must be a list");
         return NULL;
     }
-    PyObject *fiber = PyObject_GetAttr(rt, s_fiber);
-    if (fiber == NULL) return NULL;
+    if (fiber != NULL)
+        Py_INCREF(fiber);
+    else if ((fiber = PyObject_GetAttr(rt, s_fiber)) == NULL)
+        return NULL;
     Py_ssize_t phase, instance;
     if (get_ssize(fiber, s_phase, &phase) < 0 || get_ssize(fiber, s_instance, &instance) < 0) {
         Py_DECREF(fiber);
@@ -441,7 +431,7 @@ static PyObject *add_node(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup was not called");
         return NULL;
     }
-    return (PyObject *)add_node_impl(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    return (PyObject *)add_node_impl(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], NULL);
 }
 
 /* ---- one-output handle ------------------------------------------------------------ */
@@ -637,7 +627,7 @@ static PyObject *record_node(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         info = PyObject_CallFunctionObjArgs(infer_fn, op, func, args, kwargs, rt, NULL);
         if (info == NULL || PyDict_SetItem(sig_info, sig, info) < 0) goto done;
     }
-    nd = add_node_impl(rt, op, func, args, kwargs, inputs, info, sig);
+    nd = add_node_impl(rt, op, func, args, kwargs, inputs, info, sig, NULL);
     if (nd == NULL) goto done;
     out = outputs_of((PyObject *)nd, info);
 done:
@@ -783,7 +773,8 @@ static PyObject *split_hit(PyObject *rt, PyObject *trace, PyObject *inputs, PyOb
     if (vop == NULL) goto done;
     vsig = PyObject_GetAttr(var, s_sig);
     if (vsig == NULL) goto done;
-    out = (PyObject *)add_node_impl(rt, vop, Py_None, Py_None, Py_None, var_inputs, tinfo, vsig);
+    out = (PyObject *)add_node_impl(rt, vop, Py_None, Py_None, Py_None, var_inputs, tinfo, vsig,
+                                    NULL);
 done:
     if (out == NULL && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_AttributeError))
         PyErr_Clear();  /* not the shape this fast path knows: the Python path decides */
@@ -890,25 +881,69 @@ done:
     return trace;
 }
 
-/* A call of block ``blk`` with positional ``args`` in map ``rt``: its node and outputs,
- * or _MISS when it needs the Python path (no per-instance argument, a new or stale
- * trace). The call slots below use it. */
-static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt) {
-    PyObject *inputs = NULL, *trace = NULL, *out = NULL, *v = NULL, *tinfo = NULL,
-             *top = NULL, *tsig = NULL;
+/* trace.call_fast, made and stored on first use: (op, sig, info, kind, may_split), kind
+ * 0 for one output returned as it is, 1 for outputs that are a plain tuple of them, 2 for
+ * anything block._finish_call packages (Trace drops it when plain_tuple or may_split
+ * change). A new reference. */
+static PyObject *s_call_fast;
+
+static PyObject *call_fast(PyObject *trace) {
+    PyObject *f = PyObject_GetAttr(trace, s_call_fast);
+    if (f == NULL || (PyTuple_CheckExact(f) && PyTuple_GET_SIZE(f) == 5)) return f;
+    Py_DECREF(f);
+    PyObject *op = NULL, *sig = NULL, *info = NULL, *spec = NULL, *v = NULL, *split = NULL;
+    f = NULL;
+    long kind = 2;
+    if ((op = PyObject_GetAttr(trace, s_op)) == NULL) goto done;
+    if ((sig = PyObject_GetAttr(trace, s_sig)) == NULL) goto done;
+    if ((info = PyObject_GetAttr(trace, s_info)) == NULL) goto done;
+    if ((spec = PyObject_GetAttr(trace, s_out_spec)) == NULL) goto done;
+    if ((split = PyObject_GetAttr(trace, s_may_split)) == NULL) goto done;
+    int may_split = PyObject_IsTrue(split);
+    if (may_split < 0) goto done;
+    if (PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) >= 1 &&
+        PyUnicode_Check(PyTuple_GET_ITEM(spec, 0)) &&
+        PyUnicode_Compare(PyTuple_GET_ITEM(spec, 0), s_leaf) == 0) {
+        if ((v = PyObject_GetAttr(info, s_single)) == NULL) goto done;
+        int one = PyObject_IsTrue(v);
+        if (one < 0) goto done;
+        if (one) kind = 0;
+    }
+    if (kind == 2) {
+        Py_XSETREF(v, PyObject_GetAttr(trace, s_plain_tuple));
+        if (v == NULL) goto done;
+        if (v == Py_True) kind = 1;
+    }
+    f = Py_BuildValue("(OOOlO)", op, sig, info, kind, may_split ? Py_True : Py_False);
+    if (f != NULL && PyObject_SetAttr(trace, s_call_fast, f) < 0) Py_CLEAR(f);
+done:
+    Py_XDECREF(op);
+    Py_XDECREF(sig);
+    Py_XDECREF(info);
+    Py_XDECREF(spec);
+    Py_XDECREF(v);
+    Py_XDECREF(split);
+    return f;
+}
+
+/* A call of block ``blk`` with positional ``args`` in map ``rt`` (``fiber``: rt.fiber, or
+ * NULL): its node and outputs, or _MISS when it needs the Python path (no per-instance
+ * argument, a new or stale trace). The call slots below use it. */
+static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt,
+                                 PyObject *fiber) {
+    PyObject *inputs = NULL, *trace = NULL, *out = NULL, *fast = NULL;
     PyObject *node = NULL;
     trace = cached_trace(blk, args, rt, &inputs);
     if (trace == NULL) {
         if (PyErr_Occurred()) return NULL;
         return Py_NewRef(miss);
     }
-    v = PyObject_GetAttr(trace, s_may_split);
-    if (v == NULL) goto done;
-    int split = PyObject_IsTrue(v);
-    if (split < 0) goto done;
-    tinfo = PyObject_GetAttr(trace, s_info);
-    if (tinfo == NULL) goto done;
-    if (split) {
+    fast = call_fast(trace);
+    if (fast == NULL) goto done;
+    PyObject *top = PyTuple_GET_ITEM(fast, 0), *tsig = PyTuple_GET_ITEM(fast, 1),
+             *tinfo = PyTuple_GET_ITEM(fast, 2);
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(fast, 3));
+    if (PyTuple_GET_ITEM(fast, 4) == Py_True) {
         node = split_hit(rt, trace, inputs, tinfo);
         if (node == NULL) {
             if (PyErr_Occurred()) goto done;
@@ -918,46 +953,24 @@ static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt) {
         }
     }
     if (node == NULL) {
-        top = PyObject_GetAttr(trace, s_op);
-        if (top == NULL) goto done;
-        tsig = PyObject_GetAttr(trace, s_sig);
-        if (tsig == NULL) goto done;
         node = (PyObject *)add_node_impl(rt, top, Py_None, Py_None, Py_None, inputs, tinfo,
-                                         tsig);
+                                         tsig, fiber);
         if (node == NULL) goto done;
     }
-    /* the common one-output block returns its tensor; anything else is packaged by
-     * block._finish_call */
-    Py_CLEAR(v);
-    v = PyObject_GetAttr(trace, s_out_spec);
-    if (v == NULL) goto done;
-    if (PyTuple_Check(v) && PyTuple_GET_SIZE(v) >= 1 &&
-        PyUnicode_Check(PyTuple_GET_ITEM(v, 0)) &&
-        PyUnicode_Compare(PyTuple_GET_ITEM(v, 0), s_leaf) == 0) {
-        PyObject *single = PyObject_GetAttr(tinfo, s_single);
-        if (single == NULL) goto done;
-        int one = PyObject_IsTrue(single);
-        Py_DECREF(single);
-        if (one < 0) goto done;
-        if (one) {
-            out = lazy1(node, tinfo);
-            goto done;
-        }
+    /* the common one-output block returns its tensor, a plain tuple its tensors; anything
+     * else is packaged by block._finish_call */
+    if (kind == 0) {
+        out = lazy1(node, tinfo);
+        goto done;
     }
-    Py_CLEAR(v);
-    v = PyObject_GetAttr(trace, s_plain_tuple);  /* outputs exactly a tuple of them */
-    if (v == NULL) goto done;
-    if (v == Py_True) {
+    if (kind == 1) {
         out = lazy_all(node, tinfo);
         if (out != NULL || PyErr_Occurred()) goto done;
     }
     out = PyObject_CallFunctionObjArgs(finish_fn, trace, node, inputs, NULL);
 done:
     Py_XDECREF(node);
-    Py_XDECREF(tsig);
-    Py_XDECREF(top);
-    Py_XDECREF(tinfo);
-    Py_XDECREF(v);
+    Py_XDECREF(fast);
     Py_XDECREF(trace);
     Py_XDECREF(inputs);
     return out;
@@ -990,21 +1003,21 @@ static PyObject *graph_mod;  /* acrobat.graph: RT is the running map's runtime *
 static PyObject *s_RT, *s_tracer, *s_thread, *s_disabled, *s_values, *s_block, *s_call;
 
 /* graph.RT (a new reference) when instance code records on it: a map runs, no block is
- * being traced, a fiber runs (and, with check_thread, on the map's thread). NULL
- * without an exception when not; NULL with one on error. */
-static PyObject *recording_rt(int check_thread) {
+ * being traced, a fiber runs (and, with check_thread, on the map's thread); *fiber is
+ * then the running fiber (a new reference). NULL without an exception when not; NULL
+ * with one on error. */
+static PyObject *recording_rt(int check_thread, PyObject **fiber) {
+    *fiber = NULL;
     if (graph_mod == NULL) return NULL;
-    PyObject *rt = PyObject_GetAttr(graph_mod, s_RT), *v;
+    PyObject *rt = PyObject_GetAttr(graph_mod, s_RT), *v, *f = NULL;
     if (rt == NULL) return NULL;
     if (rt == Py_None) goto no;
     v = PyObject_GetAttr(rt, s_tracer);
     if (v == NULL) goto no;
     Py_DECREF(v);
     if (v != Py_None) goto no;
-    v = PyObject_GetAttr(rt, s_fiber);
-    if (v == NULL) goto no;
-    Py_DECREF(v);
-    if (v == Py_None) goto no;
+    f = PyObject_GetAttr(rt, s_fiber);
+    if (f == NULL || f == Py_None) goto no;
     if (check_thread) {
         v = PyObject_GetAttr(rt, s_thread);
         if (v == NULL) goto no;
@@ -1013,8 +1026,10 @@ static PyObject *recording_rt(int check_thread) {
         if (t == (unsigned long)-1 && PyErr_Occurred()) goto no;
         if (t != PyThread_get_thread_ident()) goto no;
     }
+    *fiber = f;
     return rt;
 no:   /* (and on error, with the exception set) */
+    Py_XDECREF(f);
     Py_DECREF(rt);
     return NULL;
 }
@@ -1046,9 +1061,10 @@ static PyObject *call_method(PyObject *self, PyObject *name, PyObject *args, PyO
 /* block.Block.__call__: the trace cache's hit in C, the rest in Block._call */
 static PyObject *blockbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     if (miss != NULL && (kw == NULL || PyDict_GET_SIZE(kw) == 0)) {
-        PyObject *rt = recording_rt(0);
+        PyObject *fiber, *rt = recording_rt(0, &fiber);
         if (rt != NULL) {
-            PyObject *out = block_call_impl(self, args, rt);
+            PyObject *out = block_call_impl(self, args, rt, fiber);
+            Py_DECREF(fiber);
             Py_DECREF(rt);
             if (out != miss) return out;  /* the outputs, or NULL on error */
             Py_DECREF(out);
@@ -1063,7 +1079,7 @@ static PyObject *blockbase_call(PyObject *self, PyObject *args, PyObject *kw) {
  * positionally on the map's thread, calls its block's fast path; the rest AutoBlock._call */
 static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
     if (miss != NULL && (kw == NULL || PyDict_GET_SIZE(kw) == 0)) {
-        PyObject *rt = recording_rt(1), *v, *out = NULL;
+        PyObject *fiber, *rt = recording_rt(1, &fiber), *v, *out = NULL;
         if (rt == NULL) {
             if (PyErr_Occurred()) return NULL;
             return call_method(self, s_call, args, kw);
@@ -1071,9 +1087,10 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
         if (dispatch_plain(self) != 1) goto done;  /* (or an error) */
         v = PyObject_GetAttr(self, s_block);
         if (v == NULL) goto done;
-        out = block_call_impl(v, args, rt);
+        out = block_call_impl(v, args, rt, fiber);
         Py_DECREF(v);
     done:
+        Py_DECREF(fiber);
         Py_DECREF(rt);
         if (out == NULL && PyErr_Occurred()) return NULL;
         if (out != NULL && out != miss) return out;
@@ -1150,12 +1167,12 @@ static PyObject *setup_values(PyObject *mod, PyObject *args) {
 }
 
 static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
-    PyObject *rt = NULL, *targs = NULL, *known = NULL, *newargs = NULL, *blk = NULL,
-             *out = NULL, *v = NULL;
+    PyObject *rt = NULL, *fiber = NULL, *targs = NULL, *known = NULL, *newargs = NULL,
+             *blk = NULL, *out = NULL, *v = NULL;
     int python = 1;
     if (miss == NULL || analysis_mod == NULL || (kw != NULL && PyDict_GET_SIZE(kw) != 0))
         goto done;
-    rt = recording_rt(1);
+    rt = recording_rt(1, &fiber);
     if (rt == NULL) goto done;
     if (dispatch_plain(self) != 1) goto done;  /* (or an error) */
     targs = PyObject_GetAttr(self, s_tensor_args);
@@ -1231,12 +1248,13 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     }
     blk = PyObject_GetAttr(self, s_block);
     if (blk == NULL) goto done;
-    out = block_call_impl(blk, newargs, rt);
+    out = block_call_impl(blk, newargs, rt, fiber);
     if (out == miss) {
         Py_CLEAR(out);
         out = call_method(self, s_region_block, newargs, NULL);
     }
 done:
+    Py_XDECREF(fiber);
     Py_XDECREF(rt);
     Py_XDECREF(targs);
     Py_XDECREF(known);
@@ -1857,6 +1875,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_var, "var");
     INTERN(s_struct, "struct");
     INTERN(s_plain_tuple, "plain_tuple");
+    INTERN(s_call_fast, "call_fast");
     INTERN(s_RT, "RT");
     INTERN(s_tracer, "tracer");
     INTERN(s_thread, "thread");

@@ -95,12 +95,14 @@ class Trace:
         self.run_id = 0
         self.out_lazies: list[LazyTensor] = []  # the program's computed outputs
         self.out_sources: list[tuple] = []  # per output leaf: ("out"|"arg"|"real", which)
-        self.plain_tuple = False  # outputs are exactly a tuple of out_lazies
+        self.call_fast = None  # (op, sig, info, kind, may_split) for the C call path, made
+        # there on first use and dropped when plain_tuple or may_split change
+        self._plain_tuple = False
         self.fusion: fusion.Plan | None = None
         self.compiled = None  # run_ops as generated code, made on the first batch
         self.sig: tuple = ()
         # hoisting out of the block (hoisting.split_call): positions it cuts at / observes
-        self.may_split: tuple = ()  # split_on + observe: the call path checks this only
+        self._may_split: tuple = ()
         self.split_on: tuple = ()
         self.observe: tuple = ()
         self.splits: dict = {}  # position -> Split
@@ -109,6 +111,26 @@ class Trace:
         self.seen_run = 0
         self.scan = None  # scan.Scan running this program as a loop body; False: cannot
         self.grad_built = torch.is_grad_enabled()  # autograd on while it was traced
+
+    @property
+    def plain_tuple(self) -> bool:
+        """Outputs are exactly a tuple of out_lazies."""
+        return self._plain_tuple
+
+    @plain_tuple.setter
+    def plain_tuple(self, value: bool) -> None:
+        self._plain_tuple = value
+        self.call_fast = None
+
+    @property
+    def may_split(self) -> tuple:
+        """split_on + observe: the call path checks this only (hoisting.split_call)."""
+        return self._may_split
+
+    @may_split.setter
+    def may_split(self, value: tuple) -> None:
+        self._may_split = value
+        self.call_fast = None
 
     def valid_for(self, rt) -> bool:
         if self.run_id == rt.id:
@@ -473,6 +495,7 @@ def finish_trace(trace: Trace, name: str, tracer: Tracer, doc: str) -> None:
     """Give a trace its op row and fusion plan; detach its nodes from the run."""
     trace.op = Op(name, trace.run, "block", launches=len(tracer.nodes), doc=doc)
     trace.sig = (trace.op,)  # the batching signature of its calls
+    trace.call_fast = None
     trace.fusion = fusion.plan(trace)
     if trace.fusion is not None:
         trace.op.source_args = trace.fusion.source_args

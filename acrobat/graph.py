@@ -392,7 +392,6 @@ def _enqueue(rt, node) -> None:
         buckets[key] = [node]
     else:
         bucket.append(node)
-    rt.nodes += 1
 
 
 def _later_bucket(buckets: dict, node, window: int) -> list | None:
