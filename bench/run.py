@@ -17,9 +17,10 @@ Example::
     python -m bench.run --models treelstm,birnn --sizes small --batches 8,64 --reps 10
     python -m bench.run --quick          # smoke test: small, batch 8, 3 reps
 
-Systems are timed in turn, one run each per round (DyNet's runs served by worker
-processes), so the machine's slow and fast spells reach every system alike and the
-ratios are side by side in time, not only in one report.
+Systems are timed in turn, one run each per round in a shuffled order (DyNet's runs
+served by worker processes), so the machine's slow and fast spells, and what the run
+before left in the caches, reach every system alike and the ratios are side by side in
+time, not only in one report.
 
 Writes ``<out>.md`` (also printed) and ``<out>.json``.
 """
@@ -33,6 +34,7 @@ import importlib.util
 import json
 import math
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -186,9 +188,10 @@ class DynetWorker:
 def bench_case(
     module, name: str, size: str, batch: int, args: argparse.Namespace
 ) -> list[Measurement]:
-    """Every system on one (model, size, batch), timed in turn: round r times each system
-    once, starting one further along the list each round, so a drift in the machine's
-    speed (this one has slow and fast spells lasting seconds) reaches every system alike."""
+    """Every system on one (model, size, batch), timed in turn: each round times each
+    system once, in a shuffled order, so a drift in the machine's speed (this one has slow
+    and fast spells lasting seconds) and the previous run's traces in the caches reach
+    every system alike."""
     task = module.make_task(size, batch, seed=args.seed, blocks=True)
     plain_task = module.make_task(size, batch, seed=args.seed, blocks=False)
     with torch.no_grad():
@@ -240,10 +243,17 @@ def bench_case(
                 except Exception as error:
                     fail(system, error)
         gc.collect()
+        # Each round in its own order, shuffled (seeded by the case): a run is slower after
+        # one that evicted its data from the caches (another process's, a 64 MB pass:
+        # TreeLSTM small b8 3.42 -> 3.67 ms), so a fixed rotation, which gives every
+        # system the same predecessor in every round, biased the systems against each
+        # other (acrobat after DyNet's worker, hand after eager on the same weights).
+        rng = random.Random(f"{name}/{size}/{batch}")
         try:
-            for r in range(args.reps):
+            for _ in range(args.reps):
                 order = list(runs)
-                for system in order[r % len(order) :] + order[: r % len(order)]:
+                rng.shuffle(order)
+                for system in order:
                     if system not in runs:
                         continue  # failed earlier in this round
                     try:
@@ -358,7 +368,8 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
         f"{config['record_path']} record path, "
         f"malloc {'holding freed memory' if config.get('malloc_held') else 'as is'}; "
         f"{config['reps']} timed rounds after {config['warmup']} warm-up runs; each round times "
-        "every system once, in turn (DyNet in worker processes). Correct: every output "
+        "every system once, in a shuffled order (seeded per case; DyNet in worker "
+        "processes). Correct: every output "
         f"within atol {config['atol']:g} + rtol {config['rtol']:g} of eager.",
         "",
         "## Times",
