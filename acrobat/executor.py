@@ -105,14 +105,23 @@ def gather(ts: list, n: int, stats, column=None, slots=None) -> torch.Tensor:
         last = _reused.get(column)
         if last is not None and last[0] == slots:
             return last[1]
-    out = _copy_rows(ts, slots, n, stats)
+    out = None
+    tried = _native is not None and config.FAST_GATHER and not torch.is_grad_enabled()
+    if tried:  # _copy_rows' common case first, without its slots' min/max
+        out = _native_copy(ts, slots)
+        if out is not None:
+            stats.gathers += 1
+            stats.gather_bytes += out.nbytes
+    if out is None:
+        out = _copy_rows(ts, slots, n, stats, tried_fast=tried)
     if column is not None:
         _reused[column] = (slots, out)
     return out
 
 
-def _copy_rows(ts: list, slots: list, n: int, stats) -> torch.Tensor:
-    """``gather`` of rows that are not consecutive rows of one producer batch."""
+def _copy_rows(ts: list, slots: list, n: int, stats, tried_fast: bool = False) -> torch.Tensor:
+    """``gather`` of rows that are not consecutive rows of one producer batch
+    (``tried_fast``: gather tried the C copy already)."""
     lo, hi = min(slots), max(slots)
     one_source = lo >> _ROW_BITS == hi >> _ROW_BITS
     out = None
@@ -122,6 +131,7 @@ def _copy_rows(ts: list, slots: list, n: int, stats) -> torch.Tensor:
     # TreeLSTM/MV-RNN/BiRNN within noise (in-process alternation, 1 thread).
     if (
         config.FAST_GATHER
+        and not tried_fast
         and not torch.is_grad_enabled()
         and (_native is not None or not one_source)
     ):
@@ -148,12 +158,8 @@ def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
     shape, dtype = t0.shape, t0.dtype
     nbytes = shape.numel() * dtype.itemsize
     bases = _bases
-    if _native is not None:  # addresses (new sources entered) and copies in one C call
-        out = torch.empty((len(slots), *shape), dtype=dtype)
-        if type(ts) is not list:
-            ts = list(ts)
-        done = _native.copy_rows(out.data_ptr(), slots, bases, nbytes, ts, shape, dtype)
-        return out if done else None  # None: a source torch must read
+    if _native is not None:
+        return _native_copy(ts, slots)
     try:
         addresses = array("q", [bases[s >> _ROW_BITS] + (s & _ROW_MASK) * nbytes for s in slots])
     except KeyError:  # a source read for the first time
@@ -162,6 +168,19 @@ def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
     except TypeError:  # a source torch must read (None + int)
         return None
     return gather_rows(addresses, shape, dtype, nbytes)
+
+
+def _native_copy(ts: list, slots: list) -> torch.Tensor | None:
+    """_fast_gather with the C copy: addresses (new sources entered) and copies in one
+    call; None if a source is one torch must read."""
+    t0 = ts[0]
+    shape, dtype = t0.shape, t0.dtype
+    out = torch.empty((len(slots), *shape), dtype=dtype)
+    if type(ts) is not list:
+        ts = list(ts)
+    nbytes = shape.numel() * dtype.itemsize
+    done = _native.copy_rows(out.data_ptr(), slots, _bases, nbytes, ts, shape, dtype)
+    return out if done else None
 
 
 def _note_bases(ts: list, slots: list, shape: torch.Size, dtype: torch.dtype) -> None:

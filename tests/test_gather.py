@@ -91,7 +91,10 @@ def test_maps_with_scattered_rows_match_eager(fast, seed, batch):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_fast_gather_runs_only_when_enabled_and_without_autograd(fast, monkeypatch):
-    calls = _spy(monkeypatch, executor, "_fast_gather")
+    # the copy by address: _native_copy with the C extension (gather calls it first),
+    # _fast_gather's numba kernel without
+    name = "_native_copy" if executor._native is not None else "_fast_gather"
+    calls = _spy(monkeypatch, executor, name)
     inputs, w = _recall_inputs(3, 8)
     xs, picks = [x for x, _ in inputs], [p for _, p in inputs]
     with config.override(FAST_GATHER=fast):
@@ -144,7 +147,9 @@ def loop(x: torch.Tensor, steps: int, w: torch.Tensor) -> torch.Tensor:
 def test_a_column_reading_the_same_rows_again_reuses_its_gather(monkeypatch):
     # the loop recorded step by step (as one node, a scan's rows are views by design)
     monkeypatch.setattr(config, "AUTO_SCANS", False)
-    copies = _spy(monkeypatch, executor, "_copy_rows")
+    # a copy: _native_copy with the C extension (gather calls it first), else _copy_rows
+    name = "_native_copy" if executor._native is not None else "_copy_rows"
+    copies = _spy(monkeypatch, executor, name)
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(5, 5, generator=gen) * 0.5
     xs = list(torch.randn(4, 5, generator=gen))
