@@ -97,6 +97,7 @@ def phase(name: str):
     if fiber is None:
         yield
         return
+    rt.phased = True
     fiber.phase += 1
     try:
         yield

@@ -465,12 +465,14 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
                     f"deadlock: fibers wait for each other and none can make progress ({names})"
                 )
             break
-        rt.live = live = [f for f in rt.live if not f.done]  # pruned as fibers end
-        max_phase = min([f.phase for f in live])
-        for f in blocked:
-            p = f.waiting.node.phase
-            if p > max_phase:
-                max_phase = p
+        max_phase = float("inf")
+        if rt.phased:  # (else every fiber and node is in phase 0: the flush runs all)
+            rt.live = live = [f for f in rt.live if not f.done]  # pruned as fibers end
+            max_phase = min([f.phase for f in live])
+            for f in blocked:
+                p = f.waiting.node.phase
+                if p > max_phase:
+                    max_phase = p
         stats.suspensions += len(blocked)
         _flush(rt, max_phase, demand=True)
         _copy_demanded(blocked, rt.device)

@@ -125,6 +125,7 @@ class Runtime:
         self.main = None  # the scheduler's greenlet
         self.all_fibers: list = []
         self.live: list = []  # fibers not known to be done (pruned at each flush)
+        self.phased = False  # acrobat.phase entered: flushes bound by the fibers' phases
         self.thread = threading.get_ident()  # map runs on one thread; others see no runtime
         self.nodes = 0
         self.deferred = 0  # deferred constants not queued (yet): see record_data
