@@ -97,6 +97,7 @@ def phase(name: str):
     if fiber is None:
         yield
         return
+    assert rt is not None  # (a fiber runs)
     rt.phased = True
     fiber.phase += 1
     try:
