@@ -578,6 +578,8 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         rt.all_fibers = rt.live = []
         rt.ready.clear()
         rt.main = None
+        rt.constants = {}  # their nodes point back at rt: a cycle the paused collector
+        # would leave for a later (full) collection
         for split in rt.used_splits:  # traces outlive the map; this run's graph must not
             split.memo = {}
         rt.used_splits = []
