@@ -393,9 +393,12 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
             if self.traces_run != rt.id:
                 self.traces_run, self.run_traces = rt.id, 0
             self.run_traces += 1
+            old = self.cache.get(key)
             self.cache[key] = trace
+            if old is not None:
+                _retire(old, rt)
             if len(self.cache) > config.BLOCK_CACHE_SIZE:
-                self.cache.popitem(last=False)
+                _retire(self.cache.popitem(last=False)[1], rt)
         return trace, inputs
 
     def _trace(self, rt, args, kwargs, inputs, keep) -> Trace:
@@ -404,21 +407,10 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         # twice (``cell(x, x)``): the trace is cached by shapes and reused by calls that
         # pass two different tensors there.
         placeholders = [tracer.placeholder(t) for t in inputs]
-        in_order = iter(placeholders)  # sub walks the arguments in the order _key did
-
-        def sub(a):
-            ta = type(a)
-            if ta is LazyTensor:
-                return next(in_order)
-            if ta is tuple or ta is list:
-                return ta(sub(x) for x in a)
-            if ta is dict:
-                return {k: sub(v) for k, v in a.items()}
-            return a
-
+        in_order = iter(placeholders)  # _sub walks the arguments in the order _key did
         rt.tracer = tracer
         try:
-            out = self.fn(*sub(args), **sub(kwargs))
+            out = self.fn(*_sub(args, in_order), **_sub(kwargs, in_order))
         finally:
             rt.tracer = None
         leaves: list = []
@@ -466,6 +458,41 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
             trace.op.extra["lookup"] = lookup
         trace.run_id = rt.id
         return trace
+
+
+def _retire(trace: Trace, rt) -> None:
+    """:func:`retire` a trace the cache drops, unless this map's nodes may still run it."""
+    if trace.run_id != rt.id:
+        retire(trace)
+
+
+def retire(trace: Trace) -> None:
+    """Break a dropped trace's reference cycle (its op's rule is its bound ``run``): else
+    every retrace (a trace that hoisted values carrying autograd is traced again every
+    map) would leave its program to the cyclic collector, whose full passes then stall a
+    later map. Only for a trace no pending node runs (nor its cuts' programs)."""
+    trace.op.rule = _retired
+    for split in trace.splits.values():
+        retire(split.inv)
+        retire(split.var)
+
+
+def _retired(node, xs, n):  # pragma: no cover - a retired trace is never batched again
+    raise AssertionError(f"internal: {node.op.name} ran after its trace was dropped")
+
+
+def _sub(a, placeholders):
+    """``a`` with each LazyTensor replaced by the next of ``placeholders`` (an iterator),
+    through tuples, lists and dicts (a module-level function: a recursive closure is a
+    reference cycle)."""
+    ta = type(a)
+    if ta is LazyTensor:
+        return next(placeholders)
+    if ta is tuple or ta is list:
+        return ta(_sub(x, placeholders) for x in a)
+    if ta is dict:
+        return {k: _sub(v, placeholders) for k, v in a.items()}
+    return a
 
 
 def _note_lift(block: Block, trace: Trace, args: tuple, parts: list, made: dict) -> None:

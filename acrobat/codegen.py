@@ -275,6 +275,6 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     lines.append(f"    return ({outs})")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<acrobat {name}>", "exec"), e.consts)
-    run = e.consts["run"]
+    run = e.consts.pop("run")  # (left in its own globals, a reference cycle)
     run.source = source
     return run

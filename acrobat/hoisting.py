@@ -97,6 +97,10 @@ def split_call(rt, trace, inputs: list):
         split = trace.splits[k]
         if split.run_id != rt.id:  # first use in this map
             if split.stale():
+                from acrobat.block import retire  # (block imports this module)
+
+                retire(split.inv)  # (first use in this map: no node of it runs yet)
+                retire(split.var)
                 split = trace.splits[k] = build_split(trace, k, rt, inputs)
                 assert split is not None  # the same trace cut the same way before
             split.memo = {}
@@ -278,9 +282,11 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
     try:
         var_outs = [get_var(t) for t in trace.out_lazies]
     finally:
-        # the helpers above form reference cycles through their cells: freed only by the
-        # cyclic collector, which is off during a map; they must not keep the run alive
+        # the recursive helpers above hold themselves through their cells: emptied, so
+        # the cut's leftovers are freed now, not by a later pass of the cyclic collector
+        # (off during a map, and slow when it comes); nor may they keep the run alive
         inv_tracer.rt = var_tracer.rt = None
+        get_inv = get_var = None  # type: ignore[assignment]  # (their cells: emptied)
     heavy = any(nd.op.name in _GEMMS for nd in inv_tracer.nodes)
     var_ph_ids = {id(ph) for ph in var_phs}
     if not heavy or not inv_outs or any(id(t.node) in var_ph_ids for t in var_outs):

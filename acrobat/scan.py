@@ -111,6 +111,11 @@ class Scan:
         if self.split_tried and (split is None or split.run_id == rt.id or not split.stale()):
             return
         self.split_tried = True
+        if split is not None:  # stale, from an earlier map: no pending node runs it
+            from acrobat.block import retire
+
+            retire(split.inv)
+            retire(split.var)
         self.split = None
         if not self.carried and not self.counted:
             return  # steps independent of each other run all at once: nothing to cut
