@@ -1727,7 +1727,7 @@ done:
 /* copy_rows(dst, slots, bases, nbytes, ts, shape, dtype): row i of the buffer at address
  * ``dst`` (len(slots) rows) gets the ``nbytes`` bytes of the row slot i names,
  * ``bases[slot >> 24] + (slot & 0xFFFFFF) * nbytes``: the rows of LazyTensors ``ts``
- * (computed, all of ``shape`` and ``dtype``; executor._fast_gather). ``slots`` are their
+ * (computed, all of ``shape`` and ``dtype``; executor._native_copy). ``slots`` are their
  * executor._slots, and
  * ``bases`` caches each source buffer's row-0 address (source_base), entered here the
  * first time a source is read. Every row's address is found before any is copied: a

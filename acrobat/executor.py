@@ -106,34 +106,34 @@ def gather(ts: list, n: int, stats, column=None, slots=None) -> torch.Tensor:
         if last is not None and last[0] == slots:
             return last[1]
     out = None
-    tried = _native is not None and config.FAST_GATHER and not torch.is_grad_enabled()
-    if tried:  # _copy_rows' common case first, without its slots' min/max
+    if _native is not None and config.FAST_GATHER and not torch.is_grad_enabled():
+        # the C copy of the rows by address, from one source or several (rows of one
+        # source too: it takes the addresses from the slots directly, where numba's
+        # address list cost more than index_select saved. NestedRNN small b64 gather
+        # 59.8 -> 55.8 ms, large 159 -> 136, TreeLSTM/MV-RNN/BiRNN within noise,
+        # in-process alternation, 1 thread)
         out = _native_copy(ts, slots)
         if out is not None:
             stats.gathers += 1
             stats.gather_bytes += out.nbytes
     if out is None:
-        out = _copy_rows(ts, slots, n, stats, tried_fast=tried)
+        out = _copy_rows(ts, slots, n, stats)
     if column is not None:
         _reused[column] = (slots, out)
     return out
 
 
-def _copy_rows(ts: list, slots: list, n: int, stats, tried_fast: bool = False) -> torch.Tensor:
-    """``gather`` of rows that are not consecutive rows of one producer batch
-    (``tried_fast``: gather tried the C copy already)."""
+def _copy_rows(ts: list, slots: list, n: int, stats) -> torch.Tensor:
+    """``gather`` of rows that are not consecutive rows of one producer batch, where the
+    C copy did not take them (not built, autograd on, a source torch must read)."""
     lo, hi = min(slots), max(slots)
     one_source = lo >> _ROW_BITS == hi >> _ROW_BITS
     out = None
-    # Rows of one source are copied by address only with the C copy: it takes the
-    # addresses from the slots directly, where numba's address list cost more than
-    # index_select saved. C: NestedRNN small b64 gather 59.8 -> 55.8 ms, large 159 -> 136,
-    # TreeLSTM/MV-RNN/BiRNN within noise (in-process alternation, 1 thread).
     if (
-        config.FAST_GATHER
-        and not tried_fast
+        _native is None
+        and config.FAST_GATHER
         and not torch.is_grad_enabled()
-        and (_native is not None or not one_source)
+        and not one_source  # (one source: index_select, faster than numba's addresses)
     ):
         out = _fast_gather(ts, slots)
         stats.gathers += out is not None
@@ -151,15 +151,13 @@ def _copy_rows(ts: list, slots: list, n: int, stats, tried_fast: bool = False) -
 
 
 def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
-    """Rows from several producer batches, each copied from its address, in one kernel
-    call (config.FAST_GATHER); None if a source is not a contiguous CPU tensor. (Rows
-    of one source: only with the C copy, see _copy_rows.)"""
+    """Rows from several producer batches, each copied from its address, in one numba
+    kernel call (config.FAST_GATHER, without the C extension: with it, _native_copy);
+    None if a source is not a contiguous CPU tensor."""
     t0 = ts[0]
     shape, dtype = t0.shape, t0.dtype
     nbytes = shape.numel() * dtype.itemsize
     bases = _bases
-    if _native is not None:
-        return _native_copy(ts, slots)
     try:
         addresses = array("q", [bases[s >> _ROW_BITS] + (s & _ROW_MASK) * nbytes for s in slots])
     except KeyError:  # a source read for the first time
@@ -171,8 +169,8 @@ def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
 
 
 def _native_copy(ts: list, slots: list) -> torch.Tensor | None:
-    """_fast_gather with the C copy: addresses (new sources entered) and copies in one
-    call; None if a source is one torch must read."""
+    """The rows of ``slots`` copied by the C extension from their addresses (new sources
+    entered in ``_bases``) in one call; None if a source is one torch must read."""
     t0 = ts[0]
     shape, dtype = t0.shape, t0.dtype
     out = torch.empty((len(slots), *shape), dtype=dtype)

@@ -197,7 +197,7 @@ def _lazy_rows(sources, chosen, shape, dtype):
 @settings(max_examples=60, deadline=None)
 @_ROW_CASES
 def test_native_copy_rows_copies_the_rows_its_slots_name(shape, dtype, heights, data):
-    """The C row copy (executor._fast_gather with acrobat._native): slots name (source,
+    """The C row copy (executor._native_copy): slots name (source,
     row) as the executor packs them, sources by their first row's address, entered into
     ``bases`` from the LazyTensors the first time a source is read."""
     sources, chosen, want = _sources_and_rows(shape, dtype, heights, data)
