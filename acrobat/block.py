@@ -461,24 +461,10 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
 
 
 def _retire(trace: Trace, rt) -> None:
-    """:func:`retire` a trace the cache drops, unless this map's nodes may still run it."""
+    """:func:`hoisting.retire` a trace the cache drops, unless this map's nodes may still
+    run it."""
     if trace.run_id != rt.id:
-        retire(trace)
-
-
-def retire(trace: Trace) -> None:
-    """Break a dropped trace's reference cycle (its op's rule is its bound ``run``): else
-    every retrace (a trace that hoisted values carrying autograd is traced again every
-    map) would leave its program to the cyclic collector, whose full passes then stall a
-    later map. Only for a trace no pending node runs (nor its cuts' programs)."""
-    trace.op.rule = _retired
-    for split in trace.splits.values():
-        retire(split.inv)
-        retire(split.var)
-
-
-def _retired(node, xs, n):  # pragma: no cover - a retired trace is never batched again
-    raise AssertionError(f"internal: {node.op.name} ran after its trace was dropped")
+        hoisting.retire(trace)
 
 
 def _sub(a, placeholders):

@@ -97,10 +97,7 @@ def split_call(rt, trace, inputs: list):
         split = trace.splits[k]
         if split.run_id != rt.id:  # first use in this map
             if split.stale():
-                from acrobat.block import retire  # (block imports this module)
-
-                retire(split.inv)  # (first use in this map: no node of it runs yet)
-                retire(split.var)
+                split.retire()  # (first use in this map: no node of it runs yet)
                 split = trace.splits[k] = build_split(trace, k, rt, inputs)
                 assert split is not None  # the same trace cut the same way before
             split.memo = {}
@@ -172,6 +169,26 @@ class Split:
     def stale(self) -> bool:
         """Whether a new map run must build the split again."""
         return self.per_run or (not self.grad_built and torch.is_grad_enabled())
+
+    def retire(self) -> None:
+        """:func:`retire` both programs of a cut being replaced."""
+        retire(self.inv)
+        retire(self.var)
+
+
+def retire(trace) -> None:
+    """Break a dropped trace's reference cycle (its op's rule is its bound ``run``): else
+    every retrace (a trace that hoisted values carrying autograd is traced again every
+    map) or rebuilt cut would leave its program to the cyclic collector, whose full
+    passes then stall a later map. Only for a trace no pending node runs (nor its cuts'
+    programs)."""
+    trace.op.rule = _retired
+    for split in trace.splits.values():
+        split.retire()
+
+
+def _retired(node, xs, n):  # pragma: no cover - a retired trace is never batched again
+    raise AssertionError(f"internal: {node.op.name} ran after its trace was dropped")
 
 
 def _replay(tracer, nd: Node, new_inputs: list):

@@ -112,10 +112,7 @@ class Scan:
             return
         self.split_tried = True
         if split is not None:  # stale, from an earlier map: no pending node runs it
-            from acrobat.block import retire
-
-            retire(split.inv)
-            retire(split.var)
+            split.retire()
         self.split = None
         if not self.carried and not self.counted:
             return  # steps independent of each other run all at once: nothing to cut
