@@ -1335,13 +1335,12 @@ static PyObject *setup_fibers(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* suspend the running fiber of ``rt`` until a flush computes ``t``; 1 when it resumed
- * with a host copy in *host (a new reference), 0 without, -1 on error */
-static int suspend(PyObject *rt, PyObject *t, PyObject **host) {
-    PyObject *fiber = PyObject_GetAttr(rt, s_fiber), *blocked = NULL, *main = NULL;
+/* suspend ``fiber``, the running fiber of ``rt``, until a flush computes ``t``; 1 when
+ * it resumed with a host copy in *host (a new reference), 0 without, -1 on error */
+static int suspend(PyObject *rt, PyObject *fiber, PyObject *t, PyObject **host) {
+    PyObject *blocked = NULL, *main = NULL;
     int r = -1;
     *host = NULL;
-    if (fiber == NULL) return -1;
     blocked = PyObject_GetAttr(rt, s_blocked);
     if (blocked == NULL) goto done;
     main = PyObject_GetAttr(rt, s_main);
@@ -1371,7 +1370,6 @@ static int suspend(PyObject *rt, PyObject *t, PyObject **host) {
 done:
     Py_XDECREF(main);
     Py_XDECREF(blocked);
-    Py_DECREF(fiber);
     return r;
 }
 
@@ -1416,12 +1414,14 @@ static PyObject *value_read(PyObject *mod, PyObject *arg) {
         if (v == NULL) goto fail;
         Py_DECREF(v);
         if (v != Py_None) goto slow_rt;  /* a block reads a value: demand_py's error */
-        v = PyObject_GetAttr(rt, s_fiber);
-        if (v == NULL) goto fail;
-        Py_DECREF(v);
-        if (v == Py_None) goto slow_rt;
-        PyObject *host;
-        int r = suspend(rt, arg, &host);
+        PyObject *fiber = PyObject_GetAttr(rt, s_fiber), *host;
+        if (fiber == NULL) goto fail;
+        if (fiber == Py_None) {
+            Py_DECREF(fiber);
+            goto slow_rt;
+        }
+        int r = suspend(rt, fiber, arg, &host);
+        Py_DECREF(fiber);
         if (r < 0) goto fail;
         if (r == 1) {
             out = PyObject_CallOneArg(host_list_fn, host);
