@@ -29,9 +29,10 @@ import itertools
 
 import torch
 
-from acrobat import graph, hoisting
+from acrobat import config, graph, hoisting
 from acrobat.ops import Op
 from acrobat.tensor import _native
+from acrobat_kernels import recurrence
 
 
 def looping(counts: list) -> list[int]:
@@ -75,6 +76,7 @@ class Scan:
         self.sig = (self.op,)
         self.split: hoisting.Split | None = None  # the part cut out of the loop, if any
         self.split_tried = False
+        self.elman: tuple = (None, None)  # (split, its recurrence operands or None)
         self.hoisted_pos = 0  # the program input the split hoists
 
     @staticmethod
@@ -202,6 +204,21 @@ class Scan:
             out[j] = torch.tensor(flat, dtype=dtype, device=device)
         return out
 
+    def recurrence(self, split) -> tuple | None:
+        """``(W, b)`` when the loop body past ``split`` is exactly an Elman step,
+        ``tanh(linear(h, W, b) + c)`` with ``h`` the one carried state and ``c`` the one
+        hoisted value, returning the new state as the carried value (and as the appended
+        one, if any): then a batch's steps on a few rows run in one kernel call
+        (acrobat_kernels/recurrence.py). Matched once per split."""
+        cached, found = self.elman
+        if cached is split:
+            return found
+        found = None
+        if self.carried == 1 and self.appends <= 1:
+            found = _elman_step(split.var, self.sequences, split.arg_pos)
+        self.elman = (split, found)
+        return found
+
     def run(self, xs: list, active: list, elements=None) -> tuple:
         """Outputs of rows whose fixed operands are ``xs``, rows ``0..active[t]-1``
         taking step t (``looping``); over sequences, ``elements[j]`` holds sequence j's
@@ -226,7 +243,9 @@ class Scan:
             hoisted = list(split.inv.run_ops([source], rows))
             step = split.var.run_ops
             arg_pos = split.arg_pos
+            elman = self.recurrence(split) if config.FAST_RECURRENCE else None
         else:
+            elman = None
             # the program as generated code: its operands are views of the carried state
             # and sliced inputs, so gather-fused kernels (Trace.run's online choice, at
             # every row count the loop passes through) have nothing to save
@@ -240,6 +259,17 @@ class Scan:
                     pieces[i].append(carry[i][a:done])
                 carry = [c[:a] for c in carry]
                 done = a
+            if elman is not None and a <= recurrence.MAX_ROWS:
+                c = hoisted[0][offsets[t] :] if per_step else hoisted[0][:a]
+                w, b = elman
+                if recurrence.usable(carry[0], c, w, b):  # the remaining steps in one call
+                    rest = active[t:]
+                    starts = list(itertools.accumulate(rest[:-1], initial=0))
+                    states, final = recurrence.run(carry[0], c, w, b, rest, starts, per_step)
+                    if self.appends:
+                        step_outs.extend(states[o : o + r] for o, r in zip(starts, rest))
+                    carry = [final]
+                    break
             values = carry + [f[:a] for f in free] if a < n else carry + free
             if first:
                 off = offsets[t]
@@ -275,3 +305,33 @@ class Scan:
         for off, a in zip(offsets, active):
             step_outs.extend(out[off : off + a] for out in outs)
         return tuple(step_outs)
+
+
+def _elman_step(var, carry_pos: int, arg_pos: tuple) -> tuple | None:
+    """(W, b) if ``var``'s program (inputs: the call's arguments at ``arg_pos``, then the
+    hoisted values) is ``tanh(linear(h, W, b) + c)`` on the carried state ``h`` (argument
+    ``carry_pos``) and one hoisted value ``c``, every output being that ``tanh``."""
+    if len(arg_pos) != 1 or arg_pos[0] != carry_pos or len(var.placeholders) != 2:
+        return None
+    h, c = var.placeholders
+    if len(var.nodes) != 3:
+        return None
+    lin, add, tanh = var.nodes
+    if lin.op.name != "linear" or add.op.name != "add" or tanh.op.name != "tanh":
+        return None
+    if lin.kwargs or add.kwargs or tanh.kwargs or len(lin.args) not in (2, 3):
+        return None
+    w = lin.args[1]
+    b = lin.args[2] if len(lin.args) == 3 else None
+    tensors = (torch.Tensor, torch.nn.Parameter)
+    if type(w) not in tensors or (b is not None and type(b) not in tensors):
+        return None
+    if [t.node for t in lin.inputs] != [h] or lin.inputs[0].idx != 0 or len(add.args) != 2:
+        return None
+    if {(id(t.node), t.idx) for t in add.inputs} != {(id(lin), 0), (id(c), 0)}:
+        return None
+    if len(add.inputs) != 2 or [(t.node, t.idx) for t in tanh.inputs] != [(add, 0)]:
+        return None
+    if len(tanh.args) != 1 or any(t.node is not tanh or t.idx != 0 for t in var.out_lazies):
+        return None
+    return w, b

@@ -37,11 +37,11 @@ _kernel = None  # (x, W, W's row stride, c, c's rows, out, rows, K, N) -> None
 
 def _compile():
     global _kernel
-    import numpy as np
     from numba import carray, njit, types
 
     from acrobat_kernels.unary import _pointer_cast
 
+    product = rows_product()
     as_f32 = _pointer_cast(types.CPointer(types.float32))
     i = types.intp
 
@@ -52,6 +52,37 @@ def _compile():
         w = carray(as_f32(wa), ((n - 1) * ws + k,))  # row j starts at j * ws
         out = carray(as_f32(oa), (m, n))
         c = carray(as_f32(ca), (max(c_rows, 1), n))
+        product(x, w, ws, out, m, k, n)
+        if c_rows == 1:  # the bias, or the addend of addmm
+            for r in range(m):
+                for j in range(n):
+                    out[r, j] += c[0, j]
+        elif c_rows > 1:
+            for r in range(m):
+                for j in range(n):
+                    out[r, j] += c[r, j]
+
+    _kernel = kernel
+    return kernel
+
+
+_product = None  # the compiled rows_product
+
+
+def rows_product():
+    """The numba function ``product(x, w, ws, out, m, k, n)``: ``out[:m] = x[:m] @ W.T``
+    for ``x`` (m, k) and ``W``'s n rows of k elements, row j at ``w[j * ws]`` (a flat
+    array). It walks ``W`` once per eight rows of ``x``, keeping their dot products in
+    registers (then four, then one at a time). Compiled on first use; callable from other
+    numba kernels (acrobat_kernels/recurrence.py)."""
+    global _product
+    if _product is not None:
+        return _product
+    import numpy as np
+    from numba import njit
+
+    @njit(fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True, cache=False)
+    def product(x, w, ws, out, m, k, n):  # pragma: no cover - compiled by numba
         zero = np.float32(0.0)
         m0 = 0
         while m - m0 >= 8:  # eight rows per pass over W
@@ -103,17 +134,9 @@ def _compile():
                 for t in range(k):
                     a += wj[t] * xr[t]
                 out[r, j] = a
-        if c_rows == 1:  # the bias, or the addend of addmm
-            for r in range(m):
-                for j in range(n):
-                    out[r, j] += c[0, j]
-        elif c_rows > 1:
-            for r in range(m):
-                for j in range(n):
-                    out[r, j] += c[r, j]
 
-    _kernel = kernel
-    return kernel
+    _product = product
+    return product
 
 
 _TENSORS = (torch.Tensor, torch.nn.Parameter)

@@ -1,0 +1,135 @@
+"""A whole Elman recurrence over a few rows in one numba call: ``h_t = tanh(c_t + W h_{t-1} + b)``.
+
+A batched loop (acrobat/scan.py) runs its body once per step: for an Elman RNN that is a
+GEMM and a ``tanh``, two kernel calls and the Python around them, ~12 µs a step at 8 rows
+x 256, of which the arithmetic is ~6. When
+the body is exactly that recurrence (its input projection ``c_t`` hoisted out of the
+loop), :func:`run` makes every step of every row in one call: ``W`` stays in the cache
+from step to step, and the steps' states are written where the loop's outputs live.
+
+Rows are sorted by trip count, longest first (scan.looping): step ``t`` advances rows
+``0..active[t]-1``, and a row that stops keeps its last state. Step ``t``'s states are
+rows ``offsets[t]..offsets[t]+active[t]-1`` of one (sum(active), N) buffer, so the
+loop's per-step outputs are views of it.
+
+Numerics: the dot products are reassociated like gemm.py's and ``tanh`` is
+:func:`acrobat_kernels.vecmath.tanh_f32` (2 ulp), so results differ from the step-by-step
+loop's in the last bits; the order of the additions is the eager cell's,
+``(W h + b) + c``. float32 CPU tensors only, no autograd (the caller checks; see
+:func:`usable`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Most rows the kernel is used for: as far as measured. Per step, this kernel on one
+#: thread / torch's ``addmm`` + ``tanh`` on two, µs: N=256: 1 row 2.0 / 7.2, 8 rows 7.6 /
+#: 17.7, 16 rows 14.9 / 23.6, 64 rows 58.5 / 63.7; N=512: 8 rows 24.1 / 50.8, 64 rows
+#: 187 / 205 (MKL's GEMM on this AMD CPU reaches ~110 GFMA/s on two threads; the kernel
+#: ~90 on one).
+MAX_ROWS = 64
+
+_F32 = torch.float32
+_kernel = None
+
+
+def _compile():
+    global _kernel
+    from numba import carray, njit, types
+
+    from acrobat_kernels.gemm import rows_product
+    from acrobat_kernels.unary import _pointer_cast
+    from acrobat_kernels.vecmath import tanh_f32
+
+    product = rows_product()
+    as_f32 = _pointer_cast(types.CPointer(types.float32))
+    as_i64 = _pointer_cast(types.CPointer(types.int64))
+    i = types.intp
+
+    @njit(types.void(*[i] * 15), fastmath={"reassoc", "contract"}, error_model="numpy",
+          nogil=True, cache=False)  # fmt: skip
+    def kernel(  # pragma: no cover - compiled by numba
+        ca, per_step, ha, wa, ws, ba, oa, fa, acta, offa, steps, rows, n, r0, r1
+    ):
+        # rows r0..r1-1 only: rows do not interact, so two calls on two threads can share
+        active = carray(as_i64(acta), (steps,))
+        offsets = carray(as_i64(offa), (steps,))
+        total = offsets[steps - 1] + active[steps - 1]
+        c = carray(as_f32(ca), (total if per_step else rows, n))
+        h0 = carray(as_f32(ha), (rows, n))
+        w = carray(as_f32(wa), ((n - 1) * ws + n,))
+        out = carray(as_f32(oa), (total, n))
+        final = carray(as_f32(fa), (rows, n))
+        bias = carray(as_f32(ba), (n,))
+        for t in range(steps):
+            a = min(active[t], r1)
+            if a <= r0:
+                break
+            o = offsets[t]
+            prev = h0[r0:] if t == 0 else out[offsets[t - 1] + r0 :]
+            step = out[o + r0 : o + a]
+            product(prev, w, ws, step, a - r0, n, n)
+            for r in range(a - r0):
+                cr = c[o + r0 + r] if per_step else c[r0 + r]
+                sr = step[r]
+                if ba != 0:
+                    for j in range(n):
+                        sr[j] = tanh_f32((sr[j] + bias[j]) + cr[j])
+                else:
+                    for j in range(n):
+                        sr[j] = tanh_f32(sr[j] + cr[j])
+            stop = max(min(active[t + 1], r1) if t + 1 < steps else 0, r0)
+            for r in range(stop, a):  # rows whose last step this was
+                final[r] = out[o + r]
+        for r in range(max(active[0], r0), r1):  # rows that take no step keep h0
+            final[r] = h0[r]
+
+    _kernel = kernel
+    return kernel
+
+
+def _plain(t) -> bool:
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype is _F32 and (
+        t.device.type == "cpu"
+    )
+
+
+def usable(h0, c, w, b) -> bool:
+    """Whether :func:`run` computes the recurrence for these operands: float32 CPU, ``h0``
+    (rows, N) with rows <= MAX_ROWS, ``W`` (N, N) with unit column stride (a column view
+    of a wider ``W`` is fine), ``b`` None or (N,) contiguous, ``c`` (any rows, N)
+    contiguous, none of them requiring a gradient while autograd records."""
+    if not (_plain(h0) and _plain(c) and _plain(w)) or h0.dim() != 2 or w.dim() != 2:
+        return False
+    rows, n = h0.shape
+    if rows > MAX_ROWS or w.shape != (n, n) or w.stride(1) != 1 or c.dim() != 2:
+        return False
+    if c.shape[1] != n or not c.is_contiguous():
+        return False
+    if b is not None and (not _plain(b) or b.shape != (n,) or not b.is_contiguous()):
+        return False
+    grads = h0.requires_grad or c.requires_grad or w.requires_grad
+    return not (torch.is_grad_enabled() and (grads or (b is not None and b.requires_grad)))
+
+
+def run(h0, c, w, b, active: list, offsets: list, per_step: bool):
+    """(states, final): ``states`` (sum(active), N), step t's rows at ``offsets[t]``;
+    ``final`` (rows, N), each row's state after its last step (``h0``'s row if it takes
+    none). ``c`` holds step t's addend of row r at ``offsets[t] + r`` (``per_step``) or
+    at ``r`` (the same every step). Only where :func:`usable`; ``active`` non-empty,
+    non-increasing, ``active[0] <= rows``."""
+    kernel = _kernel or _compile()
+    h0 = h0.contiguous()
+    rows, n = h0.shape
+    steps = len(active)
+    meta = torch.tensor([active, offsets], dtype=torch.int64)
+    out = torch.empty((offsets[-1] + active[-1], n), dtype=_F32)
+    final = torch.empty((rows, n), dtype=_F32)
+    args = (
+        c.data_ptr(), int(per_step), h0.data_ptr(), w.data_ptr(), w.stride(0),
+        0 if b is None else b.data_ptr(), out.data_ptr(), final.data_ptr(),
+        meta.data_ptr(), meta.data_ptr() + 8 * steps, steps, rows, n,
+    )  # fmt: skip
+    kernel(*args, 0, rows)
+    return out, final
