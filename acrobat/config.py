@@ -78,12 +78,15 @@ MERGE_LIFTED: bool = bool(_env_int("ACROBAT_MERGE_LIFTED", 1))
 #: 1 ulp). Off: batches call ``torch.tanh``.
 FAST_TANH: bool = bool(_env_int("ACROBAT_FAST_TANH", 1))
 
-#: Batched linear layers over at most 16 float32 rows may run a numba loop that reads W
-#: once for eight (or four) rows at a time (acrobat_kernels/gemm.py) instead of torch's GEMM, which
-#: is slow for few rows on this CPU (alone: 4 x 512 -> 256 in 8.8 µs against 31.5 for
-#: torch on 2 threads). Which of the two runs is chosen online per shape (ops.
-#: batched_linear). In the models, alternating in one process: NestedRNN large b8
-#: -18%, StackRNN large b8 -16%, TreeLSTM large b8 -14%, small models within +-4%.
+#: Batched float32 linear layers may run a numba loop that reads W once for eight rows at
+#: a time (acrobat_kernels/gemm.py), split by rows over torch's OpenMP threads when large,
+#: instead of torch's GEMM, which is slow for few rows on this CPU (alone: 4 x 512 -> 256
+#: in 8.8 µs against 31.5 for torch on 2 threads) and, in this CPU wheel's MKL on this AMD
+#: CPU, for many (64 x 512 -> 1280: 254 against 432 µs). Which of the two runs is chosen
+#: online per shape and rows bucket (ops.batched_linear). In the models, alternating in
+#: one process: up to 16 rows, NestedRNN large b8 -18%, StackRNN large b8 -16%, TreeLSTM
+#: large b8 -14%; any rows: TreeLSTM small b64 20.8 -> 17.1 ms, large b64 54.7 -> 44.9,
+#: StackRNN small b64 58.8 -> 53.5, DRNN small b64 16.0 -> 14.8.
 #: Not under autograd, float32 CPU only. Off: torch's GEMM for every batch.
 FAST_GEMM: bool = bool(_env_int("ACROBAT_FAST_GEMM", 1))
 

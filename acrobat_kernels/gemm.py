@@ -1,14 +1,19 @@
-"""Linear layers over a few rows on the CPU: ``x @ W.T + c`` in one numba loop.
+"""Linear layers on the CPU: ``x @ W.T + c`` in one numba loop.
 
-A batch at batch size 8 holds 1 to 8 rows (instances diverge: a parser's SHIFT and
-REDUCE steps, loops of different lengths), and torch's CPU GEMM is slow there: one
-thread, ``F.linear`` over 4 x 512 -> 256 takes 23 µs, against 9 µs for a loop that
-walks ``W`` once and keeps eight (or four) rows' dot products in registers (LLVM
-vectorises the reduction over ``K``). Measured on this 2-core CPU (µs, torch on 2 threads / this
-kernel on 1): 1 row 12.3 / 5.3, 4 rows 31.5 / 8.8, 8 rows 31.3 / 17.0, 16 rows
-43.6 / 33.6, 32 rows 70.9 / 66.4; 8 x 1024 -> 512 145 / 68. Inside the models the
-gain depends on the shapes and on what else is in the caches, so the runtime chooses
-between this kernel and torch online per shape (``acrobat.ops.batched_linear``); the
+The loop walks ``W`` once per eight rows of ``x``, keeping their dot products in
+registers (LLVM vectorises the reduction over ``K``). A batch at batch size 8 holds 1 to
+8 rows (instances diverge: a parser's SHIFT and REDUCE steps, loops of different
+lengths), and torch's CPU GEMM is slow there: ``F.linear`` over 4 x 512 -> 256 takes 23
+µs on two threads against 9 µs for this loop on one. Larger products are split by rows
+over torch's own OpenMP threads (acrobat_kernels/parallel.py) from
+:data:`PARALLEL_WORK` multiply-adds; there the loop also beats the MKL GEMM of torch's
+CPU wheel on this AMD CPU, which reaches ~110 GFMA/s on two threads against the loop's
+~170. Measured (µs, a torch op run just before each call, as in a flush; this kernel /
+torch): 8 x 256 -> 256 9.1 / 11.8, 64 x 256 -> 256 32.7 / 44.3, 16 x 512 -> 512 30.3 /
+61.9, 64 x 512 -> 1280 254 / 432, 600 x 512 -> 1280 2247 / 3458, 1200 x 256 -> 768 1550
+/ 2098. Inside the models the gain depends on the shapes, on what else is in the
+caches and on the CPU (MKL is faster on Intel CPUs), so the runtime chooses between this
+kernel and torch online per shape and rows bucket (``acrobat.ops.batched_linear``); the
 kernel is a candidate up to :data:`MAX_ROWS` rows.
 
 Numerics: the sum over ``K`` is reassociated (vector lanes, fused multiply-adds), so
@@ -28,25 +33,29 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-#: Most rows a batch may have for the kernel (torch's GEMM catches up at ~32).
-MAX_ROWS = 16
+from acrobat_kernels import parallel
+
+#: Most rows a batch may have for the kernel (as far as measured).
+MAX_ROWS = 4096
 
 _F32 = torch.float32
 _kernel = None  # (x, W, W's row stride, c, c's rows, out, rows, K, N) -> None
 
 
 def _compile():
-    global _kernel
-    from numba import carray, njit, types
+    global _kernel, _parallel
+    from numba import carray, cfunc, njit, types
 
+    from acrobat_kernels import parallel
     from acrobat_kernels.unary import _pointer_cast
 
     product = rows_product()
     as_f32 = _pointer_cast(types.CPointer(types.float32))
+    as_i64 = _pointer_cast(types.CPointer(types.int64))
     i = types.intp
+    fast = {"reassoc", "contract"}
 
-    @njit(types.void(i, i, i, i, i, i, i, i, i), fastmath={"reassoc", "contract"},
-          error_model="numpy", nogil=True, cache=False)  # fmt: skip
+    @njit(types.void(*[i] * 9), fastmath=fast, error_model="numpy", nogil=True, cache=False)
     def kernel(xa, wa, ws, ca, c_rows, oa, m, k, n):  # pragma: no cover - compiled by numba
         x = carray(as_f32(xa), (m, k))
         w = carray(as_f32(wa), ((n - 1) * ws + k,))  # row j starts at j * ws
@@ -63,7 +72,33 @@ def _compile():
                     out[r, j] += c[r, j]
 
     _kernel = kernel
+    if parallel.available():
+        thread, team = parallel.functions()
+
+        @cfunc(types.void(i), fastmath=fast, error_model="numpy", cache=False)
+        def rows_part(params):  # pragma: no cover - compiled by numba
+            # this thread's share of the rows, in multiples of eight (product's blocks)
+            p = carray(as_i64(params), (9,))
+            m, k, n, c_rows = p[6], p[7], p[8], p[4]
+            parts = team()
+            per = ((m + parts - 1) // parts + 7) // 8 * 8
+            r0 = min(thread() * per, m)
+            r1 = min(r0 + per, m)
+            if r1 > r0:
+                ca = p[3] + r0 * n * 4 if c_rows > 1 else p[3]
+                c_part = r1 - r0 if c_rows > 1 else c_rows
+                kernel(p[0] + r0 * k * 4, p[1], p[2], ca, c_part, p[5] + r0 * n * 4, r1 - r0, k, n)
+
+        _parallel = rows_part.address
     return kernel
+
+
+#: Least multiply-adds (rows x K x N) for which a product is split over torch's OpenMP
+#: threads (acrobat_kernels/parallel.py): on this 2-core CPU, 8 x 256 -> 256 takes 8.6 µs
+#: on one thread and the same on two; 64 x 256 -> 256 34 µs on two.
+PARALLEL_WORK = 1 << 20
+
+_parallel = 0  # address of the row-split cfunc on torch's threads, where available
 
 
 _product = None  # the compiled rows_product
@@ -169,7 +204,13 @@ def _run(x, w, c, c_rows) -> torch.Tensor:
     n = w.shape[0]
     out = torch.empty((m, n), dtype=_F32)
     ca = c.data_ptr() if c is not None else out.data_ptr()  # not read when c_rows == 0
-    kernel(x.data_ptr(), w.data_ptr(), w.stride(0), ca, c_rows, out.data_ptr(), m, k, n)
+    args = (x.data_ptr(), w.data_ptr(), w.stride(0), ca, c_rows, out.data_ptr(), m, k, n)
+    threads = torch.get_num_threads()
+    if _parallel and threads > 1 and m > 8 and m * k * n >= PARALLEL_WORK:
+        params = torch.tensor(args, dtype=torch.int64)
+        parallel.launch(_parallel, params.data_ptr(), threads)
+    else:
+        kernel(*args)
     return out
 
 

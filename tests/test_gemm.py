@@ -1,4 +1,5 @@
-"""The few-rows linear kernel (acrobat_kernels/gemm.py) against torch, and the runtime's
+"""The linear kernel (acrobat_kernels/gemm.py) against torch, on one thread and split over
+torch's OpenMP threads (acrobat_kernels/parallel.py), and the runtime's
 online choice between it and torch's GEMM (acrobat.ops.batched_linear)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 import acrobat
 from acrobat import choice, config, ops
-from acrobat_kernels import gemm
+from acrobat_kernels import gemm, parallel
 
 
 @settings(max_examples=60, deadline=None)
@@ -34,6 +35,31 @@ def test_kernel_matches_torch(rows, k, n, spare, bias, seed):
     tol = dict(rtol=1e-5, atol=1e-5 * k)  # the sum over k is reassociated
     torch.testing.assert_close(gemm.run_linear(x, w, b), F.linear(x, w, b), **tol)
     torch.testing.assert_close(gemm.run_addmm(y, x, w), torch.addmm(y, x, w.t()), **tol)
+
+
+@pytest.mark.skipif(not parallel.available(), reason="torch's OpenMP runtime is not libgomp")
+@pytest.mark.parametrize("rows", [2, 9, 63, 200, 1001])
+def test_products_split_over_torchs_threads_match_torch(rows, monkeypatch):
+    """Every row range of the split (uneven, not a multiple of eight, fewer rows than
+    threads' blocks) is computed once, with its own part of a per-row addend."""
+    launches = []
+    real = parallel.launch
+    monkeypatch.setattr(parallel, "launch", lambda *a: launches.append(a) or real(*a))
+    monkeypatch.setattr(gemm, "PARALLEL_WORK", 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(rows)
+        x = torch.randn(rows, 257, generator=gen)
+        w = torch.randn(129, 260, generator=gen)[:, 3:]  # a column view: rows spaced
+        b, y = torch.randn(129, generator=gen), torch.randn(rows, 129, generator=gen)
+        tol = dict(rtol=1e-5, atol=3e-3)
+        torch.testing.assert_close(gemm.run_linear(x, w, b), F.linear(x, w, b), **tol)
+        torch.testing.assert_close(gemm.run_linear(x, w, None), F.linear(x, w), **tol)
+        torch.testing.assert_close(gemm.run_addmm(y, x, w), torch.addmm(y, x, w.t()), **tol)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(launches) == (3 if rows > 8 else 0)  # a block of eight rows: one thread
 
 
 def test_kernel_takes_only_what_it_computes_exactly():
