@@ -91,9 +91,11 @@ FAST_TANH: bool = bool(_env_int("ACROBAT_FAST_TANH", 1))
 FAST_GEMM: bool = bool(_env_int("ACROBAT_FAST_GEMM", 1))
 
 #: A batched loop whose body is an Elman step, ``tanh(W h + b + c)`` with ``c`` hoisted
-#: out of the loop, runs its steps (on <= 64 rows) in one numba call
-#: (acrobat_kernels/recurrence.py) instead of a GEMM and a tanh call per step: NestedRNN
-#: small b8 31.7 -> 16.3 ms, BiRNN small b8 1.94 -> 1.34 ms (in-process A/B).
+#: out of the loop, runs its steps (on <= 256 rows) in one numba call
+#: (acrobat_kernels/recurrence.py), rows split over torch's threads, instead of a GEMM
+#: and a tanh call per step. In-process A/B: NestedRNN small b8 32.7 -> 15.2 ms on one
+#: thread (14.8 on two), small b64 93.1 -> 86.3 on one, 81.0 -> 58.5 split; BiRNN small
+#: b8 2.16 -> 1.39 (1.28), small b64 8.83 -> 7.38 (7.02).
 #: Not under autograd, float32 CPU only. Off: one step at a time.
 FAST_RECURRENCE: bool = bool(_env_int("ACROBAT_FAST_RECURRENCE", 1))
 

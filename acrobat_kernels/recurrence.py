@@ -23,20 +23,27 @@ from __future__ import annotations
 
 import torch
 
-#: Most rows the kernel is used for: as far as measured. Per step, this kernel on one
-#: thread / torch's ``addmm`` + ``tanh`` on two, µs: N=256: 1 row 2.0 / 7.2, 8 rows 7.6 /
-#: 17.7, 16 rows 14.9 / 23.6, 64 rows 58.5 / 63.7; N=512: 8 rows 24.1 / 50.8, 64 rows
-#: 187 / 205 (MKL's GEMM on this AMD CPU reaches ~110 GFMA/s on two threads; the kernel
-#: ~90 on one).
-MAX_ROWS = 64
+from acrobat_kernels import parallel
+
+#: Most rows the kernel is used for: as far as measured. Per step, this kernel (rows split
+#: over torch's two threads from PARALLEL_WORK) / torch's ``addmm`` + ``tanh``, µs: N=256:
+#: 1 row 2.0 / 7.2, 8 rows 4.8 / 17.9, 64 rows 30.2 / 64.7, 256 rows 120 / 230; N=512: 8
+#: rows 16.0 / 50.7, 64 rows 99 / 211, 256 rows 406 / 757 (MKL's GEMM on this AMD CPU
+#: reaches ~110 GFMA/s on two threads, this loop ~170).
+MAX_ROWS = 256
+
+#: Least multiply-adds (row steps x N x N) for which the rows are split over torch's
+#: OpenMP threads (acrobat_kernels/parallel.py).
+PARALLEL_WORK = 1 << 20
 
 _F32 = torch.float32
 _kernel = None
+_parallel = 0  # address of the row-split cfunc on torch's threads, where available
 
 
 def _compile():
-    global _kernel
-    from numba import carray, njit, types
+    global _kernel, _parallel
+    from numba import carray, cfunc, njit, types
 
     from acrobat_kernels.gemm import rows_product
     from acrobat_kernels.unary import _pointer_cast
@@ -86,6 +93,24 @@ def _compile():
             final[r] = h0[r]
 
     _kernel = kernel
+    if parallel.available():
+        thread, team = parallel.functions()
+
+        @cfunc(types.void(i), error_model="numpy", cache=False)
+        def rows_part(params):  # pragma: no cover - compiled by numba
+            # this thread's share of the rows, for every step, in whole blocks of
+            # product's (eight rows; four for fewer than 16)
+            p = carray(as_i64(params), (13,))
+            rows, parts = p[11], team()
+            block = 8 if rows >= 16 else 4
+            per = ((rows + parts - 1) // parts + block - 1) // block * block
+            r0 = min(thread() * per, rows)
+            r1 = min(r0 + per, rows)
+            if r1 > r0:
+                kernel(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                       rows, p[12], r0, r1)  # fmt: skip
+
+        _parallel = rows_part.address
     return kernel
 
 
@@ -131,5 +156,10 @@ def run(h0, c, w, b, active: list, offsets: list, per_step: bool):
         0 if b is None else b.data_ptr(), out.data_ptr(), final.data_ptr(),
         meta.data_ptr(), meta.data_ptr() + 8 * steps, steps, rows, n,
     )  # fmt: skip
-    kernel(*args, 0, rows)
+    threads = torch.get_num_threads()
+    if _parallel and threads > 1 and rows > 4 and sum(active) * n * n >= PARALLEL_WORK:
+        params = torch.tensor(args, dtype=torch.int64)
+        parallel.launch(_parallel, params.data_ptr(), threads)
+    else:
+        kernel(*args, 0, rows)
     return out, final

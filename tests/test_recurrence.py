@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 import acrobat
 from acrobat import config, scan
-from acrobat_kernels import recurrence
+from acrobat_kernels import parallel, recurrence
 
 tol = dict(atol=2e-5, rtol=2e-5)
 
@@ -80,6 +80,35 @@ def test_rows_computed_in_two_parts_equal_one_call():
                len(active), 6, 9, r0, r1)  # fmt: skip
     assert torch.equal(out, whole) and torch.equal(final, whole_final)
     torch.testing.assert_close(final[5], h0[5])  # a row taking no step keeps h0
+
+
+@pytest.mark.skipif(not parallel.available(), reason="torch's OpenMP runtime is not libgomp")
+@pytest.mark.parametrize(
+    "counts", [[3, 3, 2, 1, 1], [9, 8, 8, 8, 5, 5, 4, 2, 0], [7] * 17 + [2] * 23]
+)
+def test_rows_split_over_torchs_threads_give_the_step_by_step_results(counts, monkeypatch):
+    launches = []
+    real = parallel.launch
+    monkeypatch.setattr(parallel, "launch", lambda *a: launches.append(a) or real(*a))
+    monkeypatch.setattr(recurrence, "PARALLEL_WORK", 0)
+    active = scan.looping(counts)
+    offsets = list(itertools.accumulate(active, initial=0))[:-1]
+    g = torch.Generator().manual_seed(len(counts))
+    rows, n = len(counts), 33
+    h0, w = torch.randn(rows, n, generator=g), torch.randn(n, n, generator=g) / n**0.5
+    b, c = torch.randn(n, generator=g), torch.randn(sum(active), n, generator=g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for per_step in (True, False):
+            cs = c if per_step else c[:rows]
+            got = recurrence.run(h0, cs, w, b, active, offsets, per_step)
+            want = _reference(h0, cs, w, b, active, offsets, per_step)
+            for g_, w_ in zip(got, want):
+                torch.testing.assert_close(g_, w_, **tol)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(launches) == 2
 
 
 def test_usable_only_where_it_is_exactly_the_recurrence():
