@@ -115,12 +115,13 @@ def batched_tanh(*args, **kwargs):
 
 
 def batched_linear(x, w, b=None):
-    """``F.linear`` of a batch: torch's GEMM, or the few-rows kernel of
-    :mod:`acrobat_kernels.gemm` where it applies and ``config.FAST_GEMM`` is on, chosen
-    online per (rows bucket, weight shape, bias, threads) by timing both on the first
-    real calls (``choice.CHOOSER``)."""
+    """``F.linear`` of a batch: torch's GEMM, or the kernel of :mod:`acrobat_kernels.gemm`
+    where it applies and ``config.FAST_GEMM`` is on, chosen online per (rows bucket,
+    weight shape, bias, threads) by timing both on the first real calls
+    (``choice.CHOOSER``). Rows: of every leading dimension (a batch of sequences)."""
     if config.FAST_GEMM and gemm.usable_linear(x, w, b):
-        key = ("linear", choice.bucket(x.shape[0]), w.shape, b is None, torch.get_num_threads())
+        rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
+        key = ("linear", choice.bucket(rows), w.shape, b is None, torch.get_num_threads())
         name = _GEMM_DECIDED.get(key)
         if name is None:
             return _gemm_trial(key, lambda: gemm.run_linear(x, w, b), lambda: F.linear(x, w, b))

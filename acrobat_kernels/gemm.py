@@ -21,9 +21,10 @@ results differ from torch's in the last bits, as batched GEMMs already differ fr
 eager loop's. No fast-math assumption about NaN or infinities is made.
 
 It runs only where it is exactly that product: float32 CPU tensors, ``x`` of shape
-(rows, K), contiguous, ``W`` of (N, K) with contiguous rows (a column view of a wider
-``W`` is fine), ``c`` a bias of shape (N,) or an addend of shape (rows, N), contiguous;
-and not while autograd records (torch's GEMM then, so gradients flow as before).
+(rows, K) (or (..., K) for a linear layer), contiguous, ``W`` of (N, K) with contiguous
+rows (a column view of a wider ``W`` is fine), ``c`` a bias of shape (N,) or an addend
+of shape (rows, N), contiguous; and not while autograd records (torch's GEMM then, so
+gradients flow as before).
 Anything else calls torch. numba is imported and the kernel compiled on first use
 (~1 s once per process).
 """
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 
 from acrobat_kernels import parallel
 
-#: Most rows a batch may have for the kernel (as far as measured).
+#: Most rows a batch may have for the kernel (as far as measured: Berxit's 64 x 32 tokens).
 MAX_ROWS = 4096
 
 _F32 = torch.float32
@@ -181,10 +182,12 @@ def _plain(t: torch.Tensor) -> bool:
     return t.dtype is _F32 and t.device.type == "cpu" and t.is_contiguous()
 
 
-def _usable(x, w, c, c_shape) -> bool:
+def _usable(x, w, c, c_shape, any_rank: bool = False) -> bool:
     if type(x) not in _TENSORS or type(w) not in _TENSORS:
         return False
-    if x.dim() != 2 or w.dim() != 2 or x.shape[0] > MAX_ROWS or x.shape[1] != w.shape[1]:
+    if (x.dim() != 2 and not (any_rank and x.dim() > 2)) or w.dim() != 2:
+        return False
+    if x.shape[-1] != w.shape[1] or x.numel() > MAX_ROWS * max(x.shape[-1], 1):
         return False
     # W's rows may be spaced (column views of a wider W: hoisting's cut of cat([x, h]))
     if not _plain(x) or w.dtype is not _F32 or w.device.type != "cpu" or w.stride(1) != 1:
@@ -195,7 +198,7 @@ def _usable(x, w, c, c_shape) -> bool:
         x.requires_grad or w.requires_grad or (c is not None and c.requires_grad)
     ):
         return False
-    return x.shape[0] > 0 and w.shape[0] > 0
+    return x.numel() > 0 and w.shape[0] > 0
 
 
 def _run(x, w, c, c_rows) -> torch.Tensor:
@@ -215,8 +218,9 @@ def _run(x, w, c, c_rows) -> torch.Tensor:
 
 
 def usable_linear(x, w, b) -> bool:
-    """Whether :func:`run_linear` computes ``F.linear(x, w, b)`` (see the module doc)."""
-    return _usable(x, w, b, (w.shape[0],) if type(w) in _TENSORS else None)
+    """Whether :func:`run_linear` computes ``F.linear(x, w, b)`` (see the module doc); ``x``
+    may have several leading dimensions (a batch of sequences: their rows)."""
+    return _usable(x, w, b, (w.shape[0],) if type(w) in _TENSORS else None, any_rank=True)
 
 
 def usable_addmm(y, x, w) -> bool:
@@ -227,7 +231,10 @@ def usable_addmm(y, x, w) -> bool:
 
 def run_linear(x, w, b):
     """``F.linear(x, w, b)`` by the kernel; only where :func:`usable_linear`."""
-    return _run(x, w, b, 0 if b is None else 1)
+    if x.dim() == 2:
+        return _run(x, w, b, 0 if b is None else 1)
+    out = _run(x.reshape(-1, x.shape[-1]), w, b, 0 if b is None else 1)
+    return out.reshape(*x.shape[:-1], w.shape[0])
 
 
 def run_addmm(y, x, w):

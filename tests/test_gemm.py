@@ -62,6 +62,18 @@ def test_products_split_over_torchs_threads_match_torch(rows, monkeypatch):
     assert len(launches) == (3 if rows > 8 else 0)  # a block of eight rows: one thread
 
 
+def test_a_linear_layer_over_sequences_runs_on_their_rows():
+    gen = torch.Generator().manual_seed(3)
+    x, w, b = (torch.randn(*s, generator=gen) for s in ((5, 7, 16), (9, 16), (9,)))
+    assert gemm.usable_linear(x, w, b) and gemm.usable_linear(x[None], w, None)
+    torch.testing.assert_close(gemm.run_linear(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gemm.run_linear(x[None], w, None), F.linear(x[None], w))
+    assert not gemm.usable_linear(x.transpose(0, 1), w, b)  # not contiguous
+    assert not gemm.usable_addmm(torch.randn(35, 9), x, w)  # addmm: matrices only
+    big = torch.randn(2, gemm.MAX_ROWS // 2 + 1, 16)
+    assert not gemm.usable_linear(big, w, b)  # more rows than MAX_ROWS in all
+
+
 def test_kernel_takes_only_what_it_computes_exactly():
     x, w, b = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5)
     with torch.no_grad():  # parameters are tensors too
