@@ -78,11 +78,13 @@ def _compile():
 
         @cfunc(types.void(i), fastmath=fast, error_model="numpy", cache=False)
         def rows_part(params):  # pragma: no cover - compiled by numba
-            # this thread's share of the rows, in multiples of eight (product's blocks)
+            # this thread's share of the rows, in whole blocks of product's (eight rows;
+            # four for fewer than 16)
             p = carray(as_i64(params), (9,))
             m, k, n, c_rows = p[6], p[7], p[8], p[4]
             parts = team()
-            per = ((m + parts - 1) // parts + 7) // 8 * 8
+            block = 8 if m >= 16 else 4
+            per = ((m + parts - 1) // parts + block - 1) // block * block
             r0 = min(thread() * per, m)
             r1 = min(r0 + per, m)
             if r1 > r0:
@@ -95,9 +97,10 @@ def _compile():
 
 
 #: Least multiply-adds (rows x K x N) for which a product is split over torch's OpenMP
-#: threads (acrobat_kernels/parallel.py): on this 2-core CPU, 8 x 256 -> 256 takes 8.6 µs
-#: on one thread and the same on two; 64 x 256 -> 256 34 µs on two.
-PARALLEL_WORK = 1 << 20
+#: threads (acrobat_kernels/parallel.py; ~1.5 µs to start). On this 2-core CPU, right
+#: after a torch op, one thread / two: 5 x 256 -> 256 8.1 / 8.2 µs (0.33M), 8 x 256 ->
+#: 256 9.1 / 8.0, 12 x 256 -> 256 13.0 / 10.6, 8 x 768 -> 256 18.8 / 14.8.
+PARALLEL_WORK = 1 << 18
 
 _parallel = 0  # address of the row-split cfunc on torch's threads, where available
 
@@ -209,9 +212,8 @@ def _run(x, w, c, c_rows) -> torch.Tensor:
     ca = c.data_ptr() if c is not None else out.data_ptr()  # not read when c_rows == 0
     args = (x.data_ptr(), w.data_ptr(), w.stride(0), ca, c_rows, out.data_ptr(), m, k, n)
     threads = torch.get_num_threads()
-    if _parallel and threads > 1 and m > 8 and m * k * n >= PARALLEL_WORK:
-        params = torch.tensor(args, dtype=torch.int64)
-        parallel.launch(_parallel, params.data_ptr(), threads)
+    if _parallel and threads > 1 and m > 4 and m * k * n >= PARALLEL_WORK:
+        parallel.launch(_parallel, parallel.Params(*args), threads)
     else:
         kernel(*args)
     return out

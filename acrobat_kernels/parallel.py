@@ -75,8 +75,12 @@ def functions() -> tuple:
     return omp[1], omp[2]
 
 
-def launch(kernel_address: int, params_address: int, threads: int) -> None:
+#: A kernel's parameter block: ``Params(*ints)`` (0.5 µs, against 2.3 for a torch tensor).
+Params = ctypes.c_int64 * 16
+
+
+def launch(kernel_address: int, params, threads: int) -> None:
     """Run the cfunc at ``kernel_address`` on ``threads`` threads of torch's team (the
-    calling thread among them); only where :func:`available`. ctypes releases the GIL
-    for the call."""
-    _omp[0](kernel_address, params_address, threads, 0)  # type: ignore[index]
+    calling thread among them), given the address of its parameter block or a
+    :data:`Params`; only where :func:`available`. ctypes releases the GIL for the call."""
+    _omp[0](kernel_address, params, threads, 0)  # type: ignore[index]

@@ -158,8 +158,7 @@ def run(h0, c, w, b, active: list, offsets: list, per_step: bool):
     )  # fmt: skip
     threads = torch.get_num_threads()
     if _parallel and threads > 1 and rows > 4 and sum(active) * n * n >= PARALLEL_WORK:
-        params = torch.tensor(args, dtype=torch.int64)
-        parallel.launch(_parallel, params.data_ptr(), threads)
+        parallel.launch(_parallel, parallel.Params(*args), threads)
     else:
         kernel(*args, 0, rows)
     return out, final
