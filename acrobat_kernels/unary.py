@@ -11,7 +11,8 @@ Numerics: within 2 ulp of float64 ``tanh`` over the float32 range (``torch.tanh`
 a difference of the same order as the one batching already makes by summing GEMMs in
 another order. inf, -inf, NaN and signed zeros give what ``torch.tanh`` gives.
 
-It runs only where it pays and where it is exactly a ``tanh``: float32, CPU, contiguous,
+It runs only where it pays and where it is exactly a ``tanh``: float32, CPU, contiguous
+or a column slice of a matrix (its rows spaced apart; the output is packed, as torch's),
 at least :data:`MIN_NUMEL` elements, no ``out=``; anything else calls ``torch.tanh``.
 With autograd recording, the backward is torch's own formula, ``grad * (1 - y * y)``, on
 the saved output (differentiable again, for double backward). numba is imported and the
@@ -26,7 +27,8 @@ import torch
 #: 1024 elements, even at ~256, where the ~1.5 µs call overhead dominates).
 MIN_NUMEL = 1024
 
-_kernel = None  # compiled on first use: (address in, address out, n) -> None
+_kernel = None  # compiled on first use: ((address in, address out, n) -> None,
+# (address in, address out, rows, columns, row stride of in) -> None)
 
 
 def _compile():
@@ -45,8 +47,20 @@ def _compile():
         for i in range(n):
             y[i] = tanh_f32(x[i])
 
-    _kernel = kernel
-    return kernel
+    @njit(types.void(*[types.intp] * 5), error_model="numpy", fastmath=False, nogil=True,
+          cache=False)  # fmt: skip
+    def rows_kernel(src, dst, rows, cols, stride):  # pragma: no cover - compiled by numba
+        # rows spaced ``stride`` elements apart in x (a column slice), packed in y
+        x = carray(as_f32_ptr(src), ((rows - 1) * stride + cols,))
+        y = carray(as_f32_ptr(dst), (rows * cols,))
+        for r in range(rows):
+            xr = x[r * stride : r * stride + cols]
+            yr = y[r * cols : r * cols + cols]
+            for j in range(cols):
+                yr[j] = tanh_f32(xr[j])
+
+    _kernel = (kernel, rows_kernel)
+    return _kernel
 
 
 def _pointer_cast(ptr_type):
@@ -64,9 +78,12 @@ def _pointer_cast(ptr_type):
 
 
 def _forward(x: torch.Tensor) -> torch.Tensor:
-    kernel = _kernel or _compile()
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    kernel(x.data_ptr(), out.data_ptr(), x.numel())
+    kernel, rows_kernel = _kernel or _compile()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    if x.is_contiguous():
+        kernel(x.data_ptr(), out.data_ptr(), x.numel())
+    else:  # rows of a wider matrix (usable)
+        rows_kernel(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], x.stride(0))
     return out
 
 
@@ -84,13 +101,18 @@ class _Tanh(torch.autograd.Function):
 
 
 def usable(x) -> bool:
-    """Whether :func:`tanh` runs the vectorised kernel on ``x`` (else ``torch.tanh``)."""
+    """Whether :func:`tanh` runs the vectorised kernel on ``x`` (else ``torch.tanh``):
+    contiguous, or a matrix whose rows are contiguous and spaced apart (a column slice
+    of a wider matrix: an LSTM's gate ``u`` of ``gates.chunk(...)``)."""
     return (
         type(x) is torch.Tensor
         and x.dtype is torch.float32
         and x.device.type == "cpu"
         and x.numel() >= MIN_NUMEL
-        and x.is_contiguous()
+        and (
+            x.is_contiguous()
+            or (x.dim() == 2 and x.stride(1) == 1 and x.stride(0) >= x.shape[1])
+        )
     )
 
 

@@ -57,11 +57,33 @@ def test_tanh_matches_torch_on_random_batches(rows, cols, scale, seed):
     assert ulps(got, x).max() <= 2.0
 
 
+@given(
+    rows=st.integers(1, 40),
+    cols=st.sampled_from([32, 64, 256]),
+    parts=st.integers(2, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_tanh_of_a_column_slice_reads_its_spaced_rows(rows, cols, parts, seed):
+    """``u`` of ``gates.chunk(parts, dim=1)``: rows ``parts * cols`` elements apart."""
+    gates = torch.randn(rows, parts * cols, generator=torch.Generator().manual_seed(seed)) * 3
+    before = gates.clone()
+    for u in gates.chunk(parts, dim=1):
+        if u.numel() < unary.MIN_NUMEL:
+            assert not unary.usable(u)
+            continue
+        assert unary.usable(u) and not u.is_contiguous()
+        got = unary.tanh(u)
+        assert got.shape == u.shape and got.is_contiguous()
+        assert ulps(got, u).max() <= 2.0
+    assert torch.equal(gates, before)  # the input is only read
+
+
 def test_tanh_defers_to_torch_where_the_kernel_does_not_apply():
     big = torch.randn(64, 256)
     cases = [
         big.double(),  # float64
-        big.t(),  # not contiguous
+        big.t(),  # columns strided
+        torch.randn(8, 64, 256)[:, :, :128],  # rows spaced in more than two dimensions
         torch.randn(8),  # too small to pay
         big.to(torch.bfloat16),
     ]
