@@ -119,9 +119,10 @@ def batched_linear(x, w, b=None):
     where it applies and ``config.FAST_GEMM`` is on, chosen online per (rows bucket,
     weight shape, bias, threads) by timing both on the first real calls
     (``choice.CHOOSER``). Rows: of every leading dimension (a batch of sequences)."""
-    if config.FAST_GEMM and gemm.usable_linear(x, w, b):
+    if config.FAST_GEMM and gemm.usable_linear(x, w, b, grad_ok=True):
         rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
-        key = ("linear", choice.bucket(rows), w.shape, b is None, torch.get_num_threads())
+        grad = gemm.records(x, w, b)  # (then the kernel's backward too: its own choice)
+        key = ("linear", choice.bucket(rows), w.shape, b is None, torch.get_num_threads(), grad)
         name = _GEMM_DECIDED.get(key)
         if name is None:
             return _gemm_trial(key, lambda: gemm.run_linear(x, w, b), lambda: F.linear(x, w, b))
@@ -133,8 +134,9 @@ def batched_linear(x, w, b=None):
 def batched_addmm(y, x, w):
     """``torch.addmm(y, x, w.t())`` of a batch (a linear layer plus a batch operand), with
     the same choice as :func:`batched_linear`."""
-    if config.FAST_GEMM and gemm.usable_addmm(y, x, w):
-        key = ("addmm", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads())
+    if config.FAST_GEMM and gemm.usable_addmm(y, x, w, grad_ok=True):
+        grad = gemm.records(x, w, y)
+        key = ("addmm", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads(), grad)
         name = _GEMM_DECIDED.get(key)
         if name is None:
             return _gemm_trial(

@@ -185,7 +185,7 @@ def _plain(t: torch.Tensor) -> bool:
     return t.dtype is _F32 and t.device.type == "cpu" and t.is_contiguous()
 
 
-def _usable(x, w, c, c_shape, any_rank: bool = False) -> bool:
+def _usable(x, w, c, c_shape, any_rank: bool = False, grad_ok: bool = False) -> bool:
     if type(x) not in _TENSORS or type(w) not in _TENSORS:
         return False
     if (x.dim() != 2 and not (any_rank and x.dim() > 2)) or w.dim() != 2:
@@ -197,11 +197,70 @@ def _usable(x, w, c, c_shape, any_rank: bool = False) -> bool:
         return False
     if c is not None and (type(c) not in _TENSORS or c.shape != c_shape or not _plain(c)):
         return False
-    if torch.is_grad_enabled() and (
-        x.requires_grad or w.requires_grad or (c is not None and c.requires_grad)
-    ):
+    if not grad_ok and records(x, w, c):
         return False
     return x.numel() > 0 and w.shape[0] > 0
+
+
+def records(x, w, c) -> bool:
+    """Whether autograd records a product of these operands."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad or w.requires_grad or (c is not None and c.requires_grad)
+    )
+
+
+class _Product(torch.autograd.Function):
+    """``x @ w.T + c`` (c: None, a bias (N,) with ``c_rows`` 1, or an addend (rows, N))
+    by the kernel, with a backward by the kernel too: ``grad_x = grad @ W`` and
+    ``grad_W = grad.T @ x`` are the same product over transposed copies of the
+    operands (``O(rows (N + K))`` copies for ``O(rows N K)`` work). Whether each runs
+    by the kernel or by torch is chosen online like the forward (``choice.CHOOSER``,
+    keys ``"linear_grad_x"`` and ``"linear_grad_w"``); under ``create_graph`` the
+    backward is torch's ops, differentiable again."""
+
+    @staticmethod
+    def forward(ctx, x, w, c, c_rows):
+        ctx.save_for_backward(x, w)
+        ctx.bias = c is not None and c.dim() == 1
+        return _run(x, w, c, c_rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        need_x, need_w, need_c, _ = ctx.needs_input_grad
+        gc = None
+        if need_c:
+            gc = grad.sum(0) if ctx.bias else grad
+        if not (need_x or need_w):
+            return None, None, gc, None
+        if torch.is_grad_enabled() or grad.dtype is not _F32 or grad.device.type != "cpu":
+            return grad @ w if need_x else None, grad.t() @ x if need_w else None, gc, None
+        from acrobat import choice  # (acrobat imports this module: not at import time)
+
+        g = grad.contiguous()
+        rows, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
+        gx = gw = None
+        if need_x:  # grad @ W: the product with W's transpose
+            gx = choice.CHOOSER.run(
+                ("linear_grad_x", rows, w.shape, threads),
+                {"kernel": lambda: _run(g, w.t().contiguous(), None, 0), "torch": lambda: g @ w},
+            )
+        if need_w:  # grad.T @ x: a product over the rows
+            gw = choice.CHOOSER.run(
+                ("linear_grad_w", rows, w.shape, threads),
+                {
+                    "kernel": lambda: _run(g.t().contiguous(), x.t().contiguous(), None, 0),
+                    "torch": lambda: g.t() @ x,
+                },
+            )
+        return gx, gw, gc, None
+
+
+def _multiply(x, w, c, c_rows) -> torch.Tensor:
+    """``_run``, through :class:`_Product` where autograd records it."""
+    if records(x, w, c):
+        return _Product.apply(x, w, c, c_rows)
+    return _run(x, w, c, c_rows)
 
 
 def _run(x, w, c, c_rows) -> torch.Tensor:
@@ -219,29 +278,32 @@ def _run(x, w, c, c_rows) -> torch.Tensor:
     return out
 
 
-def usable_linear(x, w, b) -> bool:
+def usable_linear(x, w, b, grad_ok: bool = False) -> bool:
     """Whether :func:`run_linear` computes ``F.linear(x, w, b)`` (see the module doc); ``x``
-    may have several leading dimensions (a batch of sequences: their rows)."""
-    return _usable(x, w, b, (w.shape[0],) if type(w) in _TENSORS else None, any_rank=True)
+    may have several leading dimensions (a batch of sequences: their rows). With
+    ``grad_ok``, also where autograd records it (the kernel's backward, :class:`_Product`)."""
+    shape = (w.shape[0],) if type(w) in _TENSORS else None
+    return _usable(x, w, b, shape, any_rank=True, grad_ok=grad_ok)
 
 
-def usable_addmm(y, x, w) -> bool:
-    """Whether :func:`run_addmm` computes ``torch.addmm(y, x, w.t())``."""
+def usable_addmm(y, x, w, grad_ok: bool = False) -> bool:
+    """Whether :func:`run_addmm` computes ``torch.addmm(y, x, w.t())`` (``grad_ok``: as for
+    :func:`usable_linear`)."""
     shape = (x.shape[0], w.shape[0]) if type(w) in _TENSORS and x.dim() == 2 else None
-    return _usable(x, w, y, shape)
+    return _usable(x, w, y, shape, grad_ok=grad_ok)
 
 
 def run_linear(x, w, b):
     """``F.linear(x, w, b)`` by the kernel; only where :func:`usable_linear`."""
     if x.dim() == 2:
-        return _run(x, w, b, 0 if b is None else 1)
-    out = _run(x.reshape(-1, x.shape[-1]), w, b, 0 if b is None else 1)
+        return _multiply(x, w, b, 0 if b is None else 1)
+    out = _multiply(x.reshape(-1, x.shape[-1]), w, b, 0 if b is None else 1)
     return out.reshape(*x.shape[:-1], w.shape[0])
 
 
 def run_addmm(y, x, w):
     """``torch.addmm(y, x, w.t())`` by the kernel; only where :func:`usable_addmm`."""
-    return _run(x, w, y, x.shape[0])
+    return _multiply(x, w, y, x.shape[0])
 
 
 def linear(x, w, b=None):

@@ -74,6 +74,54 @@ def test_a_linear_layer_over_sequences_runs_on_their_rows():
     assert not gemm.usable_linear(big, w, b)  # more rows than MAX_ROWS in all
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    k=st.integers(1, 50),
+    n=st.integers(1, 30),
+    spare=st.integers(0, 5),
+    addend=st.sampled_from(["none", "bias", "rows"]),
+    seed=st.integers(0, 1000),
+)
+def test_the_kernels_backward_gives_torchs_gradients(rows, k, n, spare, addend, seed):
+    """Under autograd (grad_ok) the product keeps the kernel and its backward runs the
+    kernel on transposed copies or torch's ops, as the online choice tries each: every
+    call's gradients, for x, a column view of W (through to its storage) and the addend,
+    are torch's."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen).requires_grad_()
+    storage = torch.randn(n, k + spare, generator=gen).requires_grad_()
+    w = storage[:, spare:]
+    c = {"none": None, "bias": torch.randn(n, generator=gen), "rows": torch.randn(rows, n)}
+    c = c[addend].requires_grad_() if c[addend] is not None else None
+    g = torch.randn(rows, n, generator=gen)
+    inputs = [t for t in (x, storage, c) if t is not None]
+    if addend == "rows":
+        assert gemm.usable_addmm(c, x, w, grad_ok=True) and not gemm.usable_addmm(c, x, w)
+        want = torch.autograd.grad(torch.addmm(c, x, w.t()), inputs, g)
+    else:
+        assert gemm.usable_linear(x, w, c, grad_ok=True) and not gemm.usable_linear(x, w, c)
+        want = torch.autograd.grad(F.linear(x, w, c), inputs, g)
+    tol = dict(rtol=1e-5, atol=1e-5 * max(k, rows, n))
+    for _ in range(9):  # warm-ups and trials of both backward variants, then the choice
+        out = gemm.run_addmm(c, x, w) if addend == "rows" else gemm.run_linear(x, w, c)
+        assert out.grad_fn is not None and "Product" in type(out.grad_fn).__name__
+        for got, expected in zip(torch.autograd.grad(out, inputs, g), want):
+            torch.testing.assert_close(got, expected, **tol)
+
+
+def test_the_kernels_gradients_are_differentiable_again():
+    """create_graph: the backward is torch's ops, so a gradient of a gradient is exact."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, generator=gen).requires_grad_()
+    w = torch.randn(3, 7, generator=gen).requires_grad_()
+    got = []
+    for product in (gemm.run_linear(x, w, None), F.linear(x, w)):
+        (gx,) = torch.autograd.grad(product.pow(2).sum(), x, create_graph=True)
+        got.append(torch.autograd.grad(gx.pow(2).sum(), w)[0])
+    torch.testing.assert_close(got[0], got[1])
+
+
 def test_kernel_takes_only_what_it_computes_exactly():
     x, w, b = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5)
     with torch.no_grad():  # parameters are tensors too
