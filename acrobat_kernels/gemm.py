@@ -1,17 +1,17 @@
 """Linear layers on the CPU: ``x @ W.T + c`` in one numba loop.
 
-The loop walks ``W`` once per eight rows of ``x``, keeping their dot products in
-registers (LLVM vectorises the reduction over ``K``). A batch at batch size 8 holds 1 to
-8 rows (instances diverge: a parser's SHIFT and REDUCE steps, loops of different
-lengths), and torch's CPU GEMM is slow there: ``F.linear`` over 4 x 512 -> 256 takes 23
-µs on two threads against 9 µs for this loop on one. Larger products are split by rows
-over torch's own OpenMP threads (acrobat_kernels/parallel.py) from
-:data:`PARALLEL_WORK` multiply-adds; there the loop also beats the MKL GEMM of torch's
-CPU wheel on this AMD CPU, which reaches ~110 GFMA/s on two threads against the loop's
-~170. Measured (µs, a torch op run just before each call, as in a flush; this kernel /
-torch): 8 x 256 -> 256 9.1 / 11.8, 64 x 256 -> 256 32.7 / 44.3, 16 x 512 -> 512 30.3 /
-61.9, 64 x 512 -> 1280 254 / 432, 600 x 512 -> 1280 2247 / 3458, 1200 x 256 -> 768 1550
-/ 2098. Inside the models the gain depends on the shapes, on what else is in the
+The loop walks ``W`` once per eight rows of ``x``, two rows of ``W`` at a time, keeping
+the sixteen dot products in registers (LLVM vectorises the reduction over ``K``;
+:func:`rows_product`). A batch at batch size 8 holds 1 to 8 rows (instances diverge: a
+parser's SHIFT and REDUCE steps, loops of different lengths), and torch's CPU GEMM is
+slow there. Larger products are split by rows over torch's own OpenMP threads
+(acrobat_kernels/parallel.py) from :data:`PARALLEL_WORK` multiply-adds; there the loop
+also beats the MKL GEMM of torch's CPU wheel on this AMD CPU, which reaches ~110 GFMA/s
+on two threads against the loop's ~190-230. Measured (µs, a torch op run just before
+each call, as in a flush; this kernel / torch on two threads): 4 x 512 -> 256 8.9 /
+21.8, 8 x 256 -> 256 8.5 / 13.9, 64 x 256 -> 256 30.1 / 46.7, 16 x 512 -> 512 32.0 /
+68.6, 64 x 512 -> 1280 233 / 448, 600 x 512 -> 1280 1923 / 3488, 1200 x 256 -> 768
+1270 / 2096. Inside the models the gain depends on the shapes, on what else is in the
 caches and on the CPU (MKL is faster on Intel CPUs), so the runtime chooses between this
 kernel and torch online per shape and rows bucket (``acrobat.ops.batched_linear``); the
 kernel is a candidate up to :data:`MAX_ROWS` rows.
@@ -111,8 +111,11 @@ _product = None  # the compiled rows_product
 def rows_product():
     """The numba function ``product(x, w, ws, out, m, k, n)``: ``out[:m] = x[:m] @ W.T``
     for ``x`` (m, k) and ``W``'s n rows of k elements, row j at ``w[j * ws]`` (a flat
-    array). It walks ``W`` once per eight rows of ``x``, keeping their dot products in
-    registers (then four, then one at a time). Compiled on first use; callable from other
+    array). It walks ``W`` once per eight rows of ``x`` (then four, then one at a time),
+    two rows of ``W`` at a time, keeping the 16 dot products in registers: each load of
+    ``x`` feeds two multiply-adds (against one with a row of ``W`` at a time: 600 x 512 ->
+    1280 178 -> 207 GFMA/s, 120 x 256 -> 256 132 -> 162, 8 x 256 -> 256 49 -> 75, right
+    after a torch op). Compiled on first use; callable from other
     numba kernels (acrobat_kernels/recurrence.py)."""
     global _product
     if _product is not None:
@@ -127,7 +130,42 @@ def rows_product():
         while m - m0 >= 8:  # eight rows per pass over W
             x0, x1, x2, x3 = x[m0], x[m0 + 1], x[m0 + 2], x[m0 + 3]
             x4, x5, x6, x7 = x[m0 + 4], x[m0 + 5], x[m0 + 6], x[m0 + 7]
-            for j in range(n):
+            for jp in range(n // 2):  # two rows of W at a time: each x load feeds two FMAs
+                j = 2 * jp
+                wj = w[j * ws : j * ws + k]
+                wl = w[(j + 1) * ws : (j + 1) * ws + k]
+                a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
+                b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = zero
+                for t in range(k):
+                    wt = wj[t]
+                    vt = wl[t]
+                    y0, y1, y2, y3 = x0[t], x1[t], x2[t], x3[t]
+                    y4, y5, y6, y7 = x4[t], x5[t], x6[t], x7[t]
+                    a0 += wt * y0
+                    a1 += wt * y1
+                    a2 += wt * y2
+                    a3 += wt * y3
+                    a4 += wt * y4
+                    a5 += wt * y5
+                    a6 += wt * y6
+                    a7 += wt * y7
+                    b0 += vt * y0
+                    b1 += vt * y1
+                    b2 += vt * y2
+                    b3 += vt * y3
+                    b4 += vt * y4
+                    b5 += vt * y5
+                    b6 += vt * y6
+                    b7 += vt * y7
+                out[m0, j], out[m0, j + 1] = a0, b0
+                out[m0 + 1, j], out[m0 + 1, j + 1] = a1, b1
+                out[m0 + 2, j], out[m0 + 2, j + 1] = a2, b2
+                out[m0 + 3, j], out[m0 + 3, j + 1] = a3, b3
+                out[m0 + 4, j], out[m0 + 4, j + 1] = a4, b4
+                out[m0 + 5, j], out[m0 + 5, j + 1] = a5, b5
+                out[m0 + 6, j], out[m0 + 6, j + 1] = a6, b6
+                out[m0 + 7, j], out[m0 + 7, j + 1] = a7, b7
+            for j in range(n - n % 2, n):  # an odd last row of W
                 wj = w[j * ws : j * ws + k]
                 a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
                 for t in range(k):
@@ -151,7 +189,28 @@ def rows_product():
             m0 += 8
         if m - m0 >= 4:  # four rows per pass over W
             x0, x1, x2, x3 = x[m0], x[m0 + 1], x[m0 + 2], x[m0 + 3]
-            for j in range(n):
+            for jp in range(n // 2):  # two rows of W at a time
+                j = 2 * jp
+                wj = w[j * ws : j * ws + k]
+                wl = w[(j + 1) * ws : (j + 1) * ws + k]
+                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero
+                for t in range(k):
+                    wt = wj[t]
+                    vt = wl[t]
+                    y0, y1, y2, y3 = x0[t], x1[t], x2[t], x3[t]
+                    a0 += wt * y0
+                    a1 += wt * y1
+                    a2 += wt * y2
+                    a3 += wt * y3
+                    b0 += vt * y0
+                    b1 += vt * y1
+                    b2 += vt * y2
+                    b3 += vt * y3
+                out[m0, j], out[m0, j + 1] = a0, b0
+                out[m0 + 1, j], out[m0 + 1, j + 1] = a1, b1
+                out[m0 + 2, j], out[m0 + 2, j + 1] = a2, b2
+                out[m0 + 3, j], out[m0 + 3, j + 1] = a3, b3
+            for j in range(n - n % 2, n):  # an odd last row of W
                 wj = w[j * ws : j * ws + k]
                 a0 = a1 = a2 = a3 = zero
                 for t in range(k):
@@ -167,7 +226,17 @@ def rows_product():
             m0 += 4
         for r in range(m0, m):  # the rest, one at a time
             xr = x[r]
-            for j in range(n):
+            for jp in range(n // 2):  # two rows of W at a time
+                j = 2 * jp
+                wj = w[j * ws : j * ws + k]
+                wl = w[(j + 1) * ws : (j + 1) * ws + k]
+                a = b = zero
+                for t in range(k):
+                    y = xr[t]
+                    a += wj[t] * y
+                    b += wl[t] * y
+                out[r, j], out[r, j + 1] = a, b
+            for j in range(n - n % 2, n):  # an odd last row of W
                 wj = w[j * ws : j * ws + k]
                 a = zero
                 for t in range(k):
