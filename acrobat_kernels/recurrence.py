@@ -29,7 +29,7 @@ from acrobat_kernels import parallel
 #: over torch's two threads from PARALLEL_WORK) / torch's ``addmm`` + ``tanh``, µs: N=256:
 #: 1 row 2.0 / 7.2, 8 rows 4.8 / 17.9, 64 rows 30.2 / 64.7, 256 rows 120 / 230; N=512: 8
 #: rows 16.0 / 50.7, 64 rows 99 / 211, 256 rows 406 / 757 (MKL's GEMM on this AMD CPU
-#: reaches ~110 GFMA/s on two threads, this loop ~170).
+#: reaches ~110 GFMA/s on two threads, this loop ~190-230).
 MAX_ROWS = 256
 
 #: Least multiply-adds (row steps x N x N) for which the rows are split over torch's
