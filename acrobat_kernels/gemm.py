@@ -48,11 +48,10 @@ def _compile():
     from numba import carray, cfunc, njit, types
 
     from acrobat_kernels import parallel
-    from acrobat_kernels.unary import _pointer_cast
+    from acrobat_kernels.unary import address_casts
 
     product = rows_product()
-    as_f32 = _pointer_cast(types.CPointer(types.float32))
-    as_i64 = _pointer_cast(types.CPointer(types.int64))
+    as_f32, as_i64 = address_casts()
     i = types.intp
     fast = {"reassoc", "contract"}
 

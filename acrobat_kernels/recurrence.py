@@ -46,12 +46,11 @@ def _compile():
     from numba import carray, cfunc, njit, types
 
     from acrobat_kernels.gemm import rows_product
-    from acrobat_kernels.unary import _pointer_cast
+    from acrobat_kernels.unary import address_casts
     from acrobat_kernels.vecmath import tanh_f32
 
     product = rows_product()
-    as_f32 = _pointer_cast(types.CPointer(types.float32))
-    as_i64 = _pointer_cast(types.CPointer(types.int64))
+    as_f32, as_i64 = address_casts()
     i = types.intp
 
     @njit(types.void(*[i] * 15), fastmath={"reassoc", "contract"}, error_model="numpy",

@@ -63,6 +63,20 @@ def _compile():
     return _kernel
 
 
+_casts = None
+
+
+def address_casts() -> tuple:
+    """``(as_f32, as_i64)``: numba intrinsics turning an integer address into a float32 /
+    int64 pointer (for ``numba.carray``), made once for every kernel module."""
+    global _casts
+    if _casts is None:
+        from numba import types
+
+        _casts = tuple(_pointer_cast(types.CPointer(t)) for t in (types.float32, types.int64))
+    return _casts
+
+
 def _pointer_cast(ptr_type):
     """An intrinsic turning an integer address into a ``ptr_type`` (numba has no builtin)."""
     from numba.extending import intrinsic
