@@ -250,7 +250,7 @@ _TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _plain(t: torch.Tensor) -> bool:
-    return t.dtype is _F32 and t.device.type == "cpu" and t.is_contiguous()
+    return t.dtype is _F32 and t.is_cpu and t.is_contiguous()  # (is_cpu: 50 ns, device.type 240)
 
 
 def _usable(x, w, c, c_shape, any_rank: bool = False, grad_ok: bool = False) -> bool:
@@ -261,7 +261,7 @@ def _usable(x, w, c, c_shape, any_rank: bool = False, grad_ok: bool = False) -> 
     if x.shape[-1] != w.shape[1] or x.numel() > MAX_ROWS * max(x.shape[-1], 1):
         return False
     # W's rows may be spaced (column views of a wider W: hoisting's cut of cat([x, h]))
-    if not _plain(x) or w.dtype is not _F32 or w.device.type != "cpu" or w.stride(1) != 1:
+    if not _plain(x) or w.dtype is not _F32 or not w.is_cpu or w.stride(1) != 1:
         return False
     if c is not None and (type(c) not in _TENSORS or c.shape != c_shape or not _plain(c)):
         return False
@@ -301,7 +301,7 @@ class _Product(torch.autograd.Function):
             gc = grad.sum(0) if ctx.bias else grad
         if not (need_x or need_w):
             return None, None, gc, None
-        if torch.is_grad_enabled() or grad.dtype is not _F32 or grad.device.type != "cpu":
+        if torch.is_grad_enabled() or grad.dtype is not _F32 or not grad.is_cpu:
             return grad @ w if need_x else None, grad.t() @ x if need_w else None, gc, None
         from acrobat import choice  # (acrobat imports this module: not at import time)
 

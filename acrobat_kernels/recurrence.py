@@ -115,7 +115,7 @@ def _compile():
 
 def _plain(t) -> bool:
     return type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype is _F32 and (
-        t.device.type == "cpu"
+        t.is_cpu
     )
 
 

@@ -121,7 +121,7 @@ def usable(x) -> bool:
     return (
         type(x) is torch.Tensor
         and x.dtype is torch.float32
-        and x.device.type == "cpu"
+        and x.is_cpu
         and x.numel() >= MIN_NUMEL
         and (
             x.is_contiguous()
