@@ -122,6 +122,18 @@ def test_the_kernels_gradients_are_differentiable_again():
     torch.testing.assert_close(got[0], got[1])
 
 
+def test_kernels_compile_without_a_cache_location():
+    """gemm._jit caches on disk where numba can; a function without a source file (no
+    cache location, as in a read-only install) still compiles, uncached."""
+    namespace: dict = {}
+    exec("def add_one(a):\n    return a + 1\n", namespace)
+    compiled = gemm._jit(namespace["add_one"])
+    assert compiled(41) == 42
+    assert type(compiled._cache).__name__ == "NullCache"
+    gemm._run(torch.randn(3, 4), torch.randn(2, 4), None, 0)  # the module's kernels
+    assert type(gemm._kernel._cache).__name__ != "NullCache"
+
+
 def test_kernel_takes_only_what_it_computes_exactly():
     x, w, b = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5)
     with torch.no_grad():  # parameters are tensors too
