@@ -114,9 +114,7 @@ def _compile():
 
 
 def _plain(t) -> bool:
-    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype is _F32 and (
-        t.is_cpu
-    )
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype is _F32 and t.is_cpu
 
 
 def usable(h0, c, w, b) -> bool:
@@ -147,8 +145,14 @@ def run(h0, c, w, b, active: list, offsets: list, per_step: bool):
     h0 = h0.contiguous()
     rows, n = h0.shape
     steps = len(active)
+    total = offsets[-1] + active[-1]
+    if c.shape[0] < (total if per_step else active[0]) or active[0] > rows:
+        raise ValueError(
+            f"recurrence.run: {c.shape[0]} addend rows and {rows} states for steps of "
+            f"{active[0]}..{active[-1]} rows ({total} row steps, per_step={per_step})"
+        )
     meta = torch.tensor([active, offsets], dtype=torch.int64)
-    out = torch.empty((offsets[-1] + active[-1], n), dtype=_F32)
+    out = torch.empty((total, n), dtype=_F32)
     final = torch.empty((rows, n), dtype=_F32)
     args = (
         c.data_ptr(), int(per_step), h0.data_ptr(), w.data_ptr(), w.stride(0),

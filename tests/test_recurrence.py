@@ -114,6 +114,17 @@ def test_rows_split_over_torchs_threads_give_the_step_by_step_results(counts, mo
     assert len(launches) == 2
 
 
+def test_run_refuses_addends_or_states_shorter_than_the_steps():
+    h0, w = torch.randn(3, 4), torch.randn(4, 4)
+    active, offsets = [3, 2], [0, 3]
+    with pytest.raises(ValueError, match="addend rows"):
+        recurrence.run(h0, torch.randn(4, 4), w, None, active, offsets, True)  # needs 5
+    with pytest.raises(ValueError, match="addend rows"):
+        recurrence.run(h0, torch.randn(2, 4), w, None, active, offsets, False)  # needs 3
+    with pytest.raises(ValueError, match="states"):
+        recurrence.run(h0[:2], torch.randn(5, 4), w, None, active, offsets, True)
+
+
 def test_usable_only_where_it_is_exactly_the_recurrence():
     h0, c, w, b = torch.randn(4, 8), torch.randn(12, 8), torch.randn(8, 8), torch.randn(8)
     assert recurrence.usable(h0, c, w, b)
