@@ -88,8 +88,9 @@ FAST_TANH: bool = bool(_env_int("ACROBAT_FAST_TANH", 1))
 #: large b8 -14%; any rows: TreeLSTM small b64 20.8 -> 17.1 ms, large b64 54.7 -> 44.9,
 #: StackRNN small b64 58.8 -> 53.5, DRNN small b64 16.0 -> 14.8. Under autograd too, with a
 #: backward by the same loop on transposed copies (each of grad_x and grad_W chosen online
-#: against torch's): a training step of Berxit small b8 58.6 -> 53.1 ms, TreeLSTM small
-#: b64 59.9 -> 57.2. float32 CPU only. Off: torch's GEMM for every batch.
+#: against torch's; W's transpose kept while W is unchanged): a training step of Berxit
+#: small b8 67.6 -> 51.6 ms, TreeLSTM small b64 58.6 -> 50.1. float32 CPU only. Off:
+#: torch's GEMM for every batch.
 FAST_GEMM: bool = bool(_env_int("ACROBAT_FAST_GEMM", 1))
 
 #: A batched loop whose body is an Elman step, ``tanh(W h + b + c)`` with ``c`` hoisted

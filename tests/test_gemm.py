@@ -110,6 +110,24 @@ def test_the_kernels_backward_gives_torchs_gradients(rows, k, n, spare, addend, 
             torch.testing.assert_close(got, expected, **tol)
 
 
+def test_transposed_weights_are_kept_until_the_weight_changes(monkeypatch):
+    monkeypatch.setattr(gemm, "_transposed", type(gemm._transposed)())
+    w = torch.nn.Parameter(torch.randn(6, 9))
+    first = gemm.transposed(w)
+    assert torch.equal(first, w.detach().t()) and first.is_contiguous()
+    assert gemm.transposed(w) is first  # unchanged: the same copy
+    with torch.no_grad():
+        w.add_(1.0)  # an optimizer step, in place
+    second = gemm.transposed(w)
+    assert second is not first and torch.equal(second, w.detach().t())
+    view = torch.randn(6, 12)[:, 3:]  # a column view: its own key
+    assert torch.equal(gemm.transposed(view), view.t())
+    monkeypatch.setattr(gemm, "TRANSPOSED_BYTES", 2 * second.nbytes)
+    for _ in range(4):
+        gemm.transposed(torch.randn(6, 9))
+    assert sum(e[2].nbytes for e in gemm._transposed.values()) <= 2 * second.nbytes
+
+
 def test_the_kernels_gradients_are_differentiable_again():
     """create_graph: the backward is torch's ops, so a gradient of a gradient is exact."""
     gen = torch.Generator().manual_seed(0)
