@@ -270,6 +270,7 @@ class Scan:
                         step_outs.extend(states[o : o + r] for o, r in zip(starts, rest))
                     carry = [final]
                     break
+                elman = None  # (what it refused holds for the later steps too)
             values = carry + [f[:a] for f in free] if a < n else carry + free
             if first:
                 off = offsets[t]

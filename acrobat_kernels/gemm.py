@@ -75,19 +75,13 @@ def _compile():
     kernel = _jit(kernel, types.void(*[i] * 9), fastmath=fast, error_model="numpy", nogil=True)
     _kernel = kernel
     if parallel.available():
-        thread, team = parallel.functions()
+        share = parallel.row_share()
 
         @cfunc(types.void(i), fastmath=fast, error_model="numpy", cache=False)
         def rows_part(params):  # pragma: no cover - compiled by numba
-            # this thread's share of the rows, in whole blocks of product's (eight rows;
-            # four for fewer than 16)
             p = carray(as_i64(params), (9,))
             m, k, n, c_rows = p[6], p[7], p[8], p[4]
-            parts = team()
-            block = 8 if m >= 16 else 4
-            per = ((m + parts - 1) // parts + block - 1) // block * block
-            r0 = min(thread() * per, m)
-            r1 = min(r0 + per, m)
+            r0, r1 = share(m)  # this thread's rows
             if r1 > r0:
                 ca = p[3] + r0 * n * 4 if c_rows > 1 else p[3]
                 c_part = r1 - r0 if c_rows > 1 else c_rows
@@ -116,8 +110,8 @@ def rows_product():
     two rows of ``W`` at a time, keeping the 16 dot products in registers: each load of
     ``x`` feeds two multiply-adds (against one with a row of ``W`` at a time: 600 x 512 ->
     1280 178 -> 207 GFMA/s, 120 x 256 -> 256 132 -> 162, 8 x 256 -> 256 49 -> 75, right
-    after a torch op). Compiled on first use; callable from other
-    numba kernels (acrobat_kernels/recurrence.py)."""
+    after a torch op). Compiled on first use; callable from other numba kernels
+    (acrobat_kernels/recurrence.py)."""
     global _product
     if _product is not None:
         return _product

@@ -9,8 +9,8 @@ thread's speed whenever a torch op had just run (32 -> 61 µs a step). Started t
 instead, which picks it up at once.
 
 A kernel for :func:`launch` is a numba ``cfunc`` of signature ``void(intp)``: it gets the
-address of its parameter block (int64s), asks the runtime's thread number and team size
-(:func:`functions`) which part is its own, and computes that part.
+address of its parameter block (int64s), asks :func:`row_share` (the runtime's thread
+number and team size) which rows are its own, and computes those.
 
 Only where torch uses GNU OpenMP (libgomp, the Linux wheels); elsewhere :func:`available`
 is False and callers run their kernels on the calling thread alone.
@@ -66,13 +66,36 @@ def available() -> bool:
     return bool(_load())
 
 
-def functions() -> tuple:
-    """``(omp_get_thread_num, omp_get_num_threads)`` of torch's runtime, as ctypes
-    functions numba code can call; only where :func:`available`."""
+_share = None  # the compiled row_share
+
+
+def row_share():
+    """The numba function ``share(rows) -> (r0, r1)``: the rows of a row-split kernel that
+    the calling thread of torch's team takes, in whole blocks of
+    :func:`acrobat_kernels.gemm.rows_product` (eight rows; four for fewer than 16, so
+    that 8 to 15 rows still split); ``r0 == r1`` for a thread left without rows. Callable
+    from the cfuncs :func:`launch` runs (it asks the runtime's thread number and team
+    size); only where :func:`available`."""
+    global _share
+    if _share is not None:
+        return _share
     omp = _load()
     if not omp:
         raise RuntimeError("torch's OpenMP runtime (libgomp) was not found")
-    return omp[1], omp[2]
+    from numba import njit
+
+    thread, team = omp[1], omp[2]
+
+    @njit(cache=False)  # (holds this process's OpenMP function addresses)
+    def share(rows):  # pragma: no cover - compiled by numba
+        parts = team()
+        block = 8 if rows >= 16 else 4
+        per = ((rows + parts - 1) // parts + block - 1) // block * block
+        r0 = min(thread() * per, rows)
+        return r0, min(r0 + per, rows)
+
+    _share = share
+    return share
 
 
 #: A kernel's parameter block: ``Params(*ints)`` (0.5 µs, against 2.3 for a torch tensor).

@@ -93,18 +93,13 @@ def _compile():
 
     _kernel = kernel
     if parallel.available():
-        thread, team = parallel.functions()
+        share = parallel.row_share()
 
         @cfunc(types.void(i), error_model="numpy", cache=False)
         def rows_part(params):  # pragma: no cover - compiled by numba
-            # this thread's share of the rows, for every step, in whole blocks of
-            # product's (eight rows; four for fewer than 16)
             p = carray(as_i64(params), (13,))
-            rows, parts = p[11], team()
-            block = 8 if rows >= 16 else 4
-            per = ((rows + parts - 1) // parts + block - 1) // block * block
-            r0 = min(thread() * per, rows)
-            r1 = min(r0 + per, rows)
+            rows = p[11]
+            r0, r1 = share(rows)  # this thread's rows, for every step
             if r1 > r0:
                 kernel(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
                        rows, p[12], r0, r1)  # fmt: skip
