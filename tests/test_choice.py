@@ -60,17 +60,18 @@ def test_bucket():
 
 
 def test_every_variant_is_correct():
-    """Both matrix-vector variants run during the trials; each must match eager."""
+    """Every matrix-vector variant runs during the trials (bmm, multiply + sum, bmm over
+    the transposed matrices); each must match eager."""
 
     @acrobat.autobatch
     def f(m, v):
         return m @ v
 
-    ms = [torch.randn(5, 5) for _ in range(6)]
-    vs = [torch.randn(5) for _ in range(6)]
+    ms = [torch.randn(5, 3) for _ in range(6)]  # not square: a transposing variant shows
+    vs = [torch.randn(3) for _ in range(6)]
     with torch.no_grad():
-        for _ in range(2 * (choice.TRIALS + 1) + 1):
+        for _ in range(3 * (choice.TRIALS + 1) + 1):
             got = f.map(ms, vs)
             for g, m, v in zip(got, ms, vs):
                 torch.testing.assert_close(g, m @ v)
-    assert any(k[0] == "mv" for k in choice.CHOOSER.decided)
+    assert any(k[0] == "mv" and k[1] == (5, 3) for k in choice.CHOOSER.decided)
