@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from array import array
 from collections.abc import Callable
+from itertools import chain
 from dataclasses import dataclass, field
 
 import torch
@@ -553,10 +555,28 @@ def dropout_rule(node, xs, n):
 # ---- data ops: per-node values, no operands ---------------------------------------------
 
 
+# dtypes whose batch of Python values is packed by an ``array`` and shared with torch
+# (torch.frombuffer): 24 masks of 3 floats 5.5 -> 3.7 µs, 24 ints 2.8 -> 0.9 µs. Not bool:
+# an array of bytes would keep a 2 where torch.tensor makes True.
+_ARRAY_CODES = {torch.float32: "f", torch.float64: "d", torch.int64: "q"}
+
+
 def tensor_data_rule(nodes):
-    info = nodes[0].info
-    dtype = info.metas[0][1]
-    return (torch.tensor([nd.data for nd in nodes], dtype=dtype, device=nodes[0].rt.device),)
+    shape, dtype = nodes[0].info.metas[0]
+    device = nodes[0].rt.device
+    code = _ARRAY_CODES.get(dtype)
+    if code is not None:
+        values = (
+            chain.from_iterable([nd.data for nd in nodes]) if shape else [nd.data for nd in nodes]
+        )
+        try:
+            packed = array(code, values)
+        except (OverflowError, TypeError):  # torch.tensor's own conversion (and error)
+            packed = None
+        if packed:
+            out = torch.frombuffer(packed, dtype=dtype).view(len(nodes), *shape)
+            return (out if device.type == "cpu" else out.to(device),)
+    return (torch.tensor([nd.data for nd in nodes], dtype=dtype, device=device),)
 
 
 def input_data_rule(nodes):

@@ -1484,7 +1484,10 @@ def test_returned_deferred_constant():
 @given(
     st.lists(
         st.tuples(
-            st.integers(-5, 5), st.floats(-3, 3, width=32, allow_subnormal=False), st.booleans()
+            st.integers(-5, 5),
+            st.floats(-3, 3, width=32, allow_subnormal=False),
+            st.booleans(),
+            st.integers(-(2**62), 2**62),
         ),
         min_size=1,
         max_size=6,
@@ -1493,8 +1496,13 @@ def test_returned_deferred_constant():
 def test_tensor_constants(values):
     @acrobat.autobatch
     def f(v):
-        i, x, b = v
+        i, x, b, big = v
         return (
+            torch.tensor([big, i]),  # int64 at full range
+            torch.tensor([x, 0.5], dtype=torch.int64),  # torch's truncation: batched with ^
+            torch.tensor([i, x]),  # mixed ints and floats: the default float dtype
+            torch.tensor([b, b], dtype=torch.float32),  # batched with ^
+            torch.tensor([x, -1e9, 1e39]),  # a mask's NEG; out of float32's range: inf
             torch.tensor(i),
             torch.tensor(x),
             torch.tensor(b),
@@ -1507,7 +1515,7 @@ def test_tensor_constants(values):
         )
 
     stats = check_map(f, values)
-    assert stats.by_op["tensor"][0] <= 7  # one batch per (shape, dtype), not per instance
+    assert stats.by_op["tensor"][0] <= 10  # one batch per (shape, dtype), not per instance
 
 
 def test_lazy_bool_mask_index_is_an_error():
