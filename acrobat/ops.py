@@ -27,8 +27,8 @@ import contextlib
 import threading
 from array import array
 from collections.abc import Callable
-from itertools import chain
 from dataclasses import dataclass, field
+from itertools import chain
 
 import torch
 import torch.nn.functional as F
