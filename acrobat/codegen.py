@@ -19,8 +19,10 @@ import torch
 from acrobat.graph import LazyTensor
 from acrobat.ops import (
     BATCHED_FUNCS,
+    LOOKUP_ROWS,
     batched_addmm,
     batched_linear,
+    batched_lookup_linear,
     cat_rule,
     elementwise_rule,
     linear_operands,
@@ -182,6 +184,85 @@ def _emit_addmm(e, nd, var, into_add):
     return None
 
 
+def _lookups_through_linear(nodes: list, uses: dict) -> dict:
+    """``linear(cat([embedding(i, E), h]), W, b)`` (or ``cat([h, embedding(i, E)])``) of a
+    per-instance index ``i`` into a real table ``E`` of at most ``LOOKUP_ROWS`` rows, each
+    of the embedding and the cat read only by the next: the looked-up part's product
+    ``E W_e^T + b`` is precomputed per table (ops.batched_lookup_linear), so each batch
+    multiplies only ``h`` (a parser's action-history RNN: W_x a_t over 3 actions). Returns
+    {id(linear node): (embedding node, cat node, position of the embedding in the cat)}."""
+    by_id = {id(nd): nd for nd in nodes}
+    found = {}
+    for nd in nodes:
+        operands = linear_operands(nd) if nd.op.rule is linear_rule else None
+        if operands is None:
+            continue
+        x, w, bias = operands
+        if not isinstance(w, torch.Tensor) or w.ndim != 2 or len(x.shape) != 1:
+            continue
+        if bias is not None and not isinstance(bias, torch.Tensor):
+            continue
+        cat = by_id.get(id(x.node))
+        if cat is None or cat.op.name != "cat" or cat.kwargs or uses.get(id(cat)) != 1:
+            continue
+        parts = cat.args[0]
+        dim = cat.args[1] if len(cat.args) > 1 else 0
+        if type(parts) not in (list, tuple) or len(parts) != 2 or dim not in (0, -1):
+            continue
+        if not all(type(p) is LazyTensor and len(p.shape) == 1 for p in parts):
+            continue
+        for pos in (0, 1):
+            emb = by_id.get(id(parts[pos].node))
+            if emb is not None and _small_lookup(emb) and uses.get(id(emb)) == 1:
+                found[id(nd)] = (emb, cat, pos)
+                break
+    return found
+
+
+_EMBEDDING_OPTIONS = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
+
+
+def _embedding_options(nd) -> dict | None:
+    """F.embedding's options of an ``embedding(i, E, ...)`` node by name, or None if its
+    input and weight are not the first two positional arguments."""
+    if nd.op.name != "embedding" or not 2 <= len(nd.args) <= 7:
+        return None
+    options = dict(zip(_EMBEDDING_OPTIONS, nd.args[2:]))
+    for key, value in (nd.kwargs or {}).items():
+        if key not in _EMBEDDING_OPTIONS or key in options:
+            return None
+        options[key] = value
+    return options
+
+
+def _small_lookup(nd) -> bool:
+    """``embedding(i, E)`` of a per-instance scalar index into a real table of at most
+    ``LOOKUP_ROWS`` rows, without max_norm (which writes the table)."""
+    options = _embedding_options(nd)
+    if options is None or options.get("max_norm") is not None:
+        return False
+    idx, table = nd.args[0], nd.args[1]
+    if type(idx) is not LazyTensor or len(idx.shape) != 0 or type(table) is LazyTensor:
+        return False
+    return isinstance(table, torch.Tensor) and table.ndim == 2 and table.shape[0] <= LOOKUP_ROWS
+
+
+def _emit_lookup_linear(e, nd, found, var, k):
+    emb, cat, pos = found
+    _, w, bias = linear_operands(nd)
+    idx = emb.args[0]
+    rest = cat.args[0][1 - pos]
+    d = emb.args[1].shape[1]
+    start, stop = (0, d) if pos == 0 else (w.shape[1] - d, w.shape[1])
+    fn = e.const("lookup_linear", batched_lookup_linear)
+    table = e.const(f"t{k}", emb.args[1])
+    extra = e.const(f"a{k}", _embedding_options(emb))
+    return (
+        f"{fn}({var[(id(idx.node), idx.idx)]}, {table}, {e.const(f'w{k}', w)}, "
+        f"{e.const(f'b{k}', bias)}, {start}, {stop}, {var[(id(rest.node), rest.idx)]}, {extra})"
+    )
+
+
 def _cat_dim0_parts(nd):
     """The parts of ``cat(parts, dim=0)`` of per-instance matrices with equal trailing
     dims, else None."""
@@ -247,16 +328,22 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     into_add = _gemm_epilogues(nodes, uses) if EPILOGUES else {}
     cat_of = _matmuls_over_cat(nodes, uses) if EPILOGUES else {}
     split_cats = {id(cat) for cat in cat_of.values()}
+    lookups = _lookups_through_linear(nodes, uses) if EPILOGUES else {}
+    for key in [key for key in lookups if key in into_add]:
+        del lookups[key]  # (an addmm epilogue has it already)
+    folded = {id(n) for emb, cat, _ in lookups.values() for n in (emb, cat)}
     for k, nd in enumerate(nodes):
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k
             continue
-        if id(nd) in split_cats:  # emitted by its consumer, as bmm + baddbmm
+        if id(nd) in split_cats or id(nd) in folded:  # emitted by their consumer
             continue
         emit = _EMITTERS.get(nd.op.rule)
         expr = None
         if id(nd) in cat_of:
             expr = _emit_matmul_over_cat(e, nd, cat_of[id(nd)], var, k)
+        if id(nd) in lookups:
+            expr = _emit_lookup_linear(e, nd, lookups[id(nd)], var, k)
         if nd.op.rule is elementwise_rule and into_add:
             expr = _emit_addmm(e, nd, var, into_add)
         if expr is None and emit is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -150,6 +151,34 @@ def batched_addmm(y, x, w):
 
 
 _GEMM_DECIDED: dict = {}  # choice key -> "kernel" | "torch", once choice.CHOOSER decided
+
+#: Most rows a table may have for :func:`batched_lookup_linear` to precompute its product.
+LOOKUP_ROWS = 64
+_LOOKUP_TABLES: OrderedDict = OrderedDict()  # (operands' addresses) -> (versions, operands, T)
+
+
+def batched_lookup_linear(idx, table, w, b, start, stop, rest, options=None):
+    """``linear(cat([embedding(idx, table), rest]), w, b)`` (the looked-up part at columns
+    ``start:stop`` of ``w``, at either end) as ``T[idx] + rest @ w_rest.T`` with ``T =
+    linear(table, w[:, start:stop], b)``: a product over the table's few rows (a
+    parser's action embeddings), kept while the parameters are unchanged, instead of
+    ``stop - start`` of the GEMM's columns for every row of every batch. Where autograd
+    records, the ops as written (``options``: F.embedding's keyword arguments)."""
+    left = w[:, :start] if stop == w.shape[1] else w[:, stop:]
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (table, w, b)):
+        looked = F.embedding(idx, table, **(options or {}))
+        parts = [looked, rest] if start == 0 else [rest, looked]
+        return batched_linear(torch.cat(parts, 1), w, b)
+    key = (table.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(), start, stop)
+    versions = (table._version, w._version, None if b is None else b._version)
+    entry = _LOOKUP_TABLES.get(key)
+    if entry is None or entry[0] != versions or entry[1][0] is not table or entry[1][1] is not w:
+        with torch.no_grad():
+            product = F.linear(table, w[:, start:stop], b).contiguous()
+        entry = _LOOKUP_TABLES[key] = (versions, (table, w, b), product)
+        if len(_LOOKUP_TABLES) > 64:
+            _LOOKUP_TABLES.popitem(last=False)
+    return batched_addmm(entry[2].index_select(0, idx), rest, left)
 
 
 def _gemm_trial(key, kernel, torch_gemm):

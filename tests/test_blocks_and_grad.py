@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -460,3 +461,68 @@ def test_a_trace_made_for_one_tensor_passed_twice_serves_two_tensors():
     with torch.no_grad():
         check_map(run, xs)
     check_map(run, [x.requires_grad_() for x in xs])
+
+
+@acrobat.block
+def action_step(table, layer, a, h, first):
+    x = F.embedding(a, table)
+    return torch.tanh(layer(torch.cat([x, h] if first else [h, x])))
+
+
+@acrobat.autobatch
+def action_history(actions, h, table, layer, first):
+    for a in actions:
+        h = action_step(table, layer, torch.tensor(a), h, first)
+    return h
+
+
+@given(
+    runs=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), min_size=1, max_size=5),
+    first=st.booleans(),
+    bias=st.booleans(),
+    grad=st.booleans(),
+)
+@settings(max_examples=30, deadline=None)
+def test_linear_of_a_small_table_lookup_uses_the_tables_product(runs, first, bias, grad):
+    """``linear(cat([embedding(a, E), h]), W, b)`` of a small table E runs as
+    ``(E W_e^T + b)[a] + h W_h^T``: map == eager (gradients of E, W and b included), and
+    an in-place change of E or W is seen by the next map."""
+    g = torch.Generator().manual_seed(len(runs) + 7 * first + 3 * bias)
+    table = torch.randn(4, 3, generator=g).requires_grad_(grad)
+    layer = nn.Linear(3 + 5, 5, bias=bias)
+    hs = [torch.randn(5, generator=g) for _ in runs]
+    action_step.cache.clear()
+    with torch.set_grad_enabled(grad):
+        for _ in range(2):  # the second map: after the parameters changed in place
+            got = action_history.map(runs, hs, table=table, layer=layer, first=first)
+            want = [action_history.eager(r, h, table, layer, first) for r, h in zip(runs, hs)]
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)
+            if grad:
+                params = [table, *layer.parameters()]
+                got_g = torch.autograd.grad(sum(o.sum() for o in got), params)
+                want_g = torch.autograd.grad(sum(o.sum() for o in want), params)
+                for a, b in zip(got_g, want_g):
+                    torch.testing.assert_close(a, b)
+            with torch.no_grad():
+                table.mul_(-0.5)
+                layer.weight.add_(0.25)
+    sources = [t.compiled.source for t in _all_traces(action_step) if t.compiled is not None]
+    assert any("lookup_linear(" in s for s in sources), sources
+
+
+def test_linear_of_a_large_table_lookup_is_left_as_written():
+    """A table of more than ops.LOOKUP_ROWS rows is not multiplied out."""
+    from acrobat import ops
+
+    table = torch.randn(ops.LOOKUP_ROWS + 1, 3)
+    layer = nn.Linear(8, 5)
+    runs = [[1, ops.LOOKUP_ROWS], [0]]
+    hs = [torch.randn(5) for _ in runs]
+    action_step.cache.clear()
+    with torch.no_grad():
+        got = action_history.map(runs, hs, table=table, layer=layer, first=True)
+        for g, r, h in zip(got, runs, hs):
+            torch.testing.assert_close(g, action_history.eager(r, h, table, layer, True))
+    sources = [t.compiled.source for t in _all_traces(action_step) if t.compiled is not None]
+    assert sources and not any("lookup_linear(" in s for s in sources), sources
