@@ -21,8 +21,11 @@ from acrobat.ops import (
     BATCHED_FUNCS,
     LOOKUP_ROWS,
     batched_addmm,
+    batched_addmm_tanh,
     batched_linear,
+    batched_linear_tanh,
     batched_lookup_linear,
+    batched_tanh,
     cat_rule,
     elementwise_rule,
     linear_operands,
@@ -119,6 +122,7 @@ _EMITTERS: dict[Callable, Callable] = {
 
 
 EPILOGUES = True  # peepholes: linear(x, W) + y as addmm, W @ cat([A, B]) as bmm + baddbmm
+TANH_EPILOGUES = True  # tanh(linear(...)) / tanh(addmm(...)) as one kernel call
 _ADDS = (torch.add, torch.Tensor.add, torch.Tensor.__add__)
 
 
@@ -167,7 +171,56 @@ def _plain_linear(nd) -> bool:
     return bias is None and len(x.shape) == 1 and isinstance(w, torch.Tensor) and w.ndim == 2
 
 
-def _emit_addmm(e, nd, var, into_add):
+def _tanh_epilogues(nodes: list, uses: dict, into_add: dict, taken: set) -> dict:
+    """``tanh(linear(x, W, b))`` and ``tanh(linear(x, W) + y)`` (an addmm epilogue), the
+    product read only by the ``tanh``: the GEMM kernel applies the ``tanh`` to its rows
+    (ops.batched_linear_tanh / batched_addmm_tanh). ``taken``: nodes other peepholes
+    emit. Returns {id(tanh node): (kind, product node)}, kind "linear" or "addmm"."""
+    by_id = {id(nd): nd for nd in nodes}
+    found = {}
+    for nd in nodes:
+        if nd.op.rule is not elementwise_rule or BATCHED_FUNCS.get(nd.func) is not batched_tanh:
+            continue
+        if len(nd.args) != 1 or nd.kwargs or type(nd.args[0]) is not LazyTensor:
+            continue
+        src = by_id.get(id(nd.args[0].node))
+        if src is None or uses.get(id(src)) != 1 or id(src) in taken or id(src) in into_add:
+            continue
+        if src.op.rule is linear_rule and _tensor_linear(src):
+            found[id(nd)] = ("linear", src)
+        elif src.op.rule is elementwise_rule and _fused_add(src, into_add):
+            found[id(nd)] = ("addmm", src)
+    return found
+
+
+def _tensor_linear(nd) -> bool:
+    """linear(x, W, b) of a per-instance x, a real 2-D W and a real bias or none."""
+    operands = linear_operands(nd)
+    if operands is None:
+        return False
+    _, w, bias = operands
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        return False
+    return isinstance(w, torch.Tensor) and w.ndim == 2
+
+
+def _fused_add(nd, into_add: dict) -> bool:
+    """Whether the add ``nd`` is emitted as an addmm (one operand a fused linear)."""
+    if nd.func not in _ADDS or len(nd.args) != 2 or nd.kwargs:
+        return False
+    return any(type(a) is LazyTensor and id(a.node) in into_add for a in nd.args)
+
+
+def _emit_tanh_epilogue(e, kind, src, var, into_add, k):
+    if kind == "linear":
+        x, w, bias = linear_operands(src)
+        fn = e.const("linear_tanh", batched_linear_tanh)
+        xv = var[(id(x.node), x.idx)]
+        return f"{fn}({xv}, {e.const(f'w{k}', w)}, {e.const(f'b{k}', bias)})"
+    return _emit_addmm(e, src, var, into_add, batched_addmm_tanh, "addmm_tanh")
+
+
+def _emit_addmm(e, nd, var, into_add, fn=batched_addmm, name="addmm"):
     if nd.func not in _ADDS or len(nd.args) != 2 or nd.kwargs:
         return None
     a, b = nd.args
@@ -179,7 +232,7 @@ def _emit_addmm(e, nd, var, into_add):
             x, weight, _ = linear_operands(lin.node)
             w = e.const(f"w{k}", weight)
             y = var[(id(other.node), other.idx)]
-            addmm = e.const("addmm", batched_addmm)
+            addmm = e.const(name, fn)
             return f"{addmm}({y}, {var[(id(x.node), x.idx)]}, {w})"
     return None
 
@@ -332,6 +385,9 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     for key in [key for key in lookups if key in into_add]:
         del lookups[key]  # (an addmm epilogue has it already)
     folded = {id(n) for emb, cat, _ in lookups.values() for n in (emb, cat)}
+    taken = folded | set(lookups) | set(cat_of) | split_cats
+    squash = _tanh_epilogues(nodes, uses, into_add, taken) if TANH_EPILOGUES and EPILOGUES else {}
+    folded |= {id(src) for _, src in squash.values()}
     for k, nd in enumerate(nodes):
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k
@@ -344,7 +400,10 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             expr = _emit_matmul_over_cat(e, nd, cat_of[id(nd)], var, k)
         if id(nd) in lookups:
             expr = _emit_lookup_linear(e, nd, lookups[id(nd)], var, k)
-        if nd.op.rule is elementwise_rule and into_add:
+        if id(nd) in squash:
+            kind, src = squash[id(nd)]
+            expr = _emit_tanh_epilogue(e, kind, src, var, into_add, k)
+        if expr is None and nd.op.rule is elementwise_rule and into_add:
             expr = _emit_addmm(e, nd, var, into_add)
         if expr is None and emit is not None:
             expr = emit(e, nd, var, k)

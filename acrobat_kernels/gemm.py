@@ -36,7 +36,7 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
-from acrobat_kernels import parallel
+from acrobat_kernels import parallel, unary
 
 #: Most rows a batch may have for the kernel (as far as measured: Berxit's 64 x 32 tokens).
 MAX_ROWS = 4096
@@ -76,16 +76,22 @@ def _compile():
     _kernel = kernel
     if parallel.available():
         share = parallel.row_share()
+        # (the tanh in place over the thread's finished rows while they are in its cache;
+        # not in the disk-cached kernel: numba would not see vecmath.py change)
+        squash = unary.tanh_in_place()
 
         @cfunc(types.void(i), fastmath=fast, error_model="numpy", cache=False)
         def rows_part(params):  # pragma: no cover - compiled by numba
-            p = carray(as_i64(params), (9,))
+            p = carray(as_i64(params), (10,))
             m, k, n, c_rows = p[6], p[7], p[8], p[4]
             r0, r1 = share(m)  # this thread's rows
             if r1 > r0:
                 ca = p[3] + r0 * n * 4 if c_rows > 1 else p[3]
                 c_part = r1 - r0 if c_rows > 1 else c_rows
-                kernel(p[0] + r0 * k * 4, p[1], p[2], ca, c_part, p[5] + r0 * n * 4, r1 - r0, k, n)
+                oa = p[5] + r0 * n * 4
+                kernel(p[0] + r0 * k * 4, p[1], p[2], ca, c_part, oa, r1 - r0, k, n)
+                if p[9]:
+                    squash(oa, (r1 - r0) * n)
 
         _parallel = rows_part.address
     return kernel
@@ -369,7 +375,8 @@ def _multiply(x, w, c, c_rows) -> torch.Tensor:
     return _run(x, w, c, c_rows)
 
 
-def _run(x, w, c, c_rows) -> torch.Tensor:
+def _run(x, w, c, c_rows, act: int = 0) -> torch.Tensor:
+    """The product by the kernel (``act`` 1: its ``tanh``, :func:`unary.tanh`'s, too)."""
     kernel = _kernel or _compile()
     m, k = x.shape
     n = w.shape[0]
@@ -378,9 +385,11 @@ def _run(x, w, c, c_rows) -> torch.Tensor:
     args = (x.data_ptr(), w.data_ptr(), w.stride(0), ca, c_rows, out.data_ptr(), m, k, n)
     threads = torch.get_num_threads()
     if _parallel and threads > 1 and m > 4 and m * k * n >= PARALLEL_WORK:
-        parallel.launch(_parallel, parallel.Params(*args), threads)
+        parallel.launch(_parallel, parallel.Params(*args, act), threads)
     else:
         kernel(*args)
+        if act:
+            unary.tanh_in_place()(args[5], m * n)
     return out
 
 
@@ -410,6 +419,21 @@ def run_linear(x, w, b):
 def run_addmm(y, x, w):
     """``torch.addmm(y, x, w.t())`` by the kernel; only where :func:`usable_addmm`."""
     return _multiply(x, w, y, x.shape[0])
+
+
+def run_linear_tanh(x, w, b):
+    """``tanh(F.linear(x, w, b))`` by the kernel, the ``tanh`` on each thread's rows as
+    they are done (one pass fewer over the output, split over the threads with the
+    product); only where :func:`usable_linear` without autograd recording."""
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    out = _run(rows, w, b, 0 if b is None else 1, act=1)
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], w.shape[0])
+
+
+def run_addmm_tanh(y, x, w):
+    """``tanh(torch.addmm(y, x, w.t()))`` by the kernel, like :func:`run_linear_tanh`; only
+    where :func:`usable_addmm` without autograd recording."""
+    return _run(x, w, y, x.shape[0], act=1)
 
 
 def linear(x, w, b=None):

@@ -28,7 +28,7 @@ import torch
 MIN_NUMEL = 1024
 
 _kernel = None  # compiled on first use: ((address in, address out, n) -> None,
-# (address in, address out, rows, columns, row stride of in) -> None)
+# (address in, address out, rows, columns, row stride of in) -> None, (address, n) -> None)
 
 
 def _compile():
@@ -59,7 +59,16 @@ def _compile():
             for j in range(cols):
                 yr[j] = tanh_f32(xr[j])
 
-    _kernel = (kernel, rows_kernel)
+    @njit(types.void(types.intp, types.intp), error_model="numpy", fastmath=False,
+          nogil=True, cache=False)  # fmt: skip
+    def in_place(address, n):  # pragma: no cover - compiled by numba
+        # one pointer: with two equal ones LLVM's runtime overlap check picks its scalar
+        # loop (13x slower)
+        y = carray(as_f32_ptr(address), (n,))
+        for i in range(n):
+            y[i] = tanh_f32(y[i])
+
+    _kernel = (kernel, rows_kernel, in_place)
     return _kernel
 
 
@@ -91,8 +100,15 @@ def _pointer_cast(ptr_type):
     return as_ptr
 
 
+def tanh_in_place():
+    """The numba function ``kernel(address, n)``: ``tanh`` of ``n`` float32s at ``address``,
+    in place; callable from other numba kernels (the linear kernel's ``tanh`` epilogue,
+    acrobat_kernels/gemm.py)."""
+    return (_kernel or _compile())[2]
+
+
 def _forward(x: torch.Tensor) -> torch.Tensor:
-    kernel, rows_kernel = _kernel or _compile()
+    kernel, rows_kernel, _ = _kernel or _compile()
     out = torch.empty(x.shape, dtype=x.dtype)
     if x.is_contiguous():
         kernel(x.data_ptr(), out.data_ptr(), x.numel())

@@ -371,7 +371,7 @@ def test_linear_plus_add_becomes_one_addmm(bias_h, cell):
     with torch.no_grad(), acrobat.config.override(AUTO_SCANS=False):
         check_map(elman, seqs, m=m, cell=cell)
     sources = [t.compiled.source for t in _all_traces(cell) if t.compiled is not None]
-    fused = any("addmm(" in src for src in sources)
+    fused = any("addmm(" in src or "addmm_tanh(" in src for src in sources)
     assert fused == (not bias_h and cell is elman_cell), sources
 
 
@@ -526,3 +526,65 @@ def test_linear_of_a_large_table_lookup_is_left_as_written():
             torch.testing.assert_close(g, action_history.eager(r, h, table, layer, True))
     sources = [t.compiled.source for t in _all_traces(action_step) if t.compiled is not None]
     assert sources and not any("lookup_linear(" in s for s in sources), sources
+
+
+@acrobat.block
+def squash_cell(m, x, h, reuse):
+    a = m.wx(x)
+    if reuse:  # the product read twice: it must exist, no epilogue
+        return torch.tanh(a) * a
+    return torch.tanh(a) + torch.tanh(m.wh(h) + x)
+
+
+@acrobat.autobatch
+def squash_chain(xs, m, reuse):
+    h = torch.zeros(m.wh.in_features)
+    for x in xs:
+        h = squash_cell(m, x, h, reuse)
+    return h
+
+
+@given(
+    lengths=st.lists(st.integers(2, 4), min_size=1, max_size=6),  # h lazy from step 2
+    bias_h=st.booleans(),
+    reuse=st.booleans(),
+    grad=st.booleans(),
+    backend=st.sampled_from(["kernel", "torch"]),
+)
+@settings(max_examples=30, deadline=None)
+def test_tanh_of_a_product_is_one_kernel_call(lengths, bias_h, reuse, grad, backend):
+    """``tanh(linear(x, W, b))`` and ``tanh(linear(h, W) + y)`` (the product read only by
+    the tanh) are emitted as ``linear_tanh`` / ``addmm_tanh``: map == eager, gradients
+    included, whichever GEMM the choice takes."""
+    from acrobat import ops
+
+    torch.manual_seed(len(lengths))
+    m = Elman(5, bias_h)
+    seqs = [list(torch.randn(k, 5)) for k in lengths]
+    squash_cell.cache.clear()
+    decided = dict(ops._GEMM_DECIDED)
+    ops._GEMM_DECIDED.clear()
+    for kind in ("linear_tanh", "addmm_tanh"):
+        for rows in (1, 2, 4, 8):
+            key = (kind, rows, torch.Size([5, 5]), torch.get_num_threads())
+            if kind == "linear_tanh":
+                key = (*key[:3], False, key[3])
+            ops._GEMM_DECIDED[key] = backend
+    try:
+        with torch.set_grad_enabled(grad), acrobat.config.override(AUTO_SCANS=False):
+            got = squash_chain.map(seqs, m=m, reuse=reuse)
+            want = [squash_chain.eager(s, m, reuse) for s in seqs]
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)
+            if grad:
+                params = list(m.wx.parameters() if reuse else m.parameters())  # (used ones)
+                got_g = torch.autograd.grad(sum(o.sum() for o in got), params)
+                want_g = torch.autograd.grad(sum(o.sum() for o in want), params)
+                for a, b in zip(got_g, want_g):
+                    torch.testing.assert_close(a, b)
+    finally:
+        ops._GEMM_DECIDED.clear()
+        ops._GEMM_DECIDED.update(decided)
+    sources = [t.compiled.source for t in _all_traces(squash_cell) if t.compiled is not None]
+    assert any("linear_tanh(" in s for s in sources) == (not reuse), sources
+    assert any("addmm_tanh(" in s for s in sources) == (not reuse and not bias_h), sources

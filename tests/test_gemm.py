@@ -232,3 +232,53 @@ def test_nan_and_infinities_propagate_as_in_torch():
     assert torch.equal(got[got.isinf()].sign(), want[want.isinf()].sign())
     finite = ~want.isnan() & ~want.isinf()
     torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 300),
+    k=st.integers(1, 70),
+    n=st.integers(1, 40),
+    bias=st.booleans(),
+    split=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_tanh_epilogue_equals_the_kernel_then_tanh(rows, k, n, bias, split, seed):
+    """``run_linear_tanh`` / ``run_addmm_tanh`` (the tanh on each thread's finished rows,
+    in place) give bit for bit what the product and then ``unary.tanh`` give, on one
+    thread and split over torch's threads; and tanh(F.linear) up to rounding."""
+    from acrobat_kernels import unary
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen)
+    w = torch.randn(n, k + 2, generator=gen)[:, 2:]
+    b = torch.randn(n, generator=gen) if bias else None
+    y = torch.randn(rows, n, generator=gen)
+    threads = torch.get_num_threads()
+    old = gemm.PARALLEL_WORK
+    gemm.PARALLEL_WORK = 0 if split else 1 << 62
+    torch.set_num_threads(2 if split else 1)
+    try:
+        got, got_mm = gemm.run_linear_tanh(x, w, b), gemm.run_addmm_tanh(y, x, w)
+        want, want_mm = gemm.run_linear(x, w, b), gemm.run_addmm(y, x, w)
+    finally:
+        torch.set_num_threads(threads)
+        gemm.PARALLEL_WORK = old
+    assert torch.equal(got, unary._forward(want))
+    assert torch.equal(got_mm, unary._forward(want_mm))
+    tol = dict(rtol=1e-5, atol=1e-5 * k)
+    torch.testing.assert_close(got, torch.tanh(F.linear(x, w, b)), **tol)
+    torch.testing.assert_close(got_mm, torch.tanh(torch.addmm(y, x, w.t())), **tol)
+
+
+def test_tanh_in_place_is_vectorised_kernel_output():
+    """The in-place tanh (one pointer) equals the two-pointer kernel's output, specials
+    included."""
+    from acrobat_kernels import unary
+
+    x = torch.tensor([0.0, -0.0, 1e-8, -3.0, 20.0, float("inf"), -float("inf"), float("nan")])
+    x = torch.cat([x, torch.randn(2000)])
+    want = unary._forward(x)
+    y = x.clone()
+    unary.tanh_in_place()(y.data_ptr(), y.numel())
+    torch.testing.assert_close(y, want, rtol=0, atol=0, equal_nan=True)
