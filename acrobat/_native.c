@@ -1077,6 +1077,62 @@ static PyObject *blockbase_call(PyObject *self, PyObject *args, PyObject *kw) {
 
 /* analysis.AutoBlock.__call__: an enabled dispatcher without value parameters, called
  * positionally on the map's thread, calls its block's fast path; the rest AutoBlock._call */
+static PyObject *value_data_fast(PyObject *rt, PyObject *a);
+static PyObject *analysis_mod;
+static PyObject *s_value_block, *s_value_call, *s_VALUE_PARAMS, *s_scalar_data;
+
+/* AutoBlock._call's value parameters in C: where config.VALUE_PARAMS is on and every
+ * value position holds an int or a float, those become data nodes (ops.scalar_data) and
+ * the value block's trace hit records the call; a miss continues in
+ * AutoBlock._value_call with the converted arguments. Returns the outputs, NULL on
+ * error, or `miss` (a new reference) for the Python path when nothing was recorded. */
+static PyObject *autobase_values(PyObject *self, PyObject *values, PyObject *args,
+                                 PyObject *rt, PyObject *fiber) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args), nv = PyTuple_GET_SIZE(values);
+    PyObject *v = PyObject_GetAttr(config_mod, s_VALUE_PARAMS);
+    if (v == NULL) return NULL;
+    int on = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (on <= 0) return on < 0 ? NULL : Py_NewRef(miss);
+    for (Py_ssize_t j = 0; j < nv; j++) {  /* (bools and the rest: the Python path) */
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(values, j));
+        if (i == -1 && PyErr_Occurred()) return NULL;
+        if (i < 0 || i >= n) return Py_NewRef(miss);
+        PyTypeObject *tp = Py_TYPE(PyTuple_GET_ITEM(args, i));
+        if (tp != &PyLong_Type && tp != &PyFloat_Type) return Py_NewRef(miss);
+    }
+    PyObject *call_args = PyTuple_New(n), *blk = NULL, *out = NULL;
+    if (call_args == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(call_args, i, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+    for (Py_ssize_t j = 0; j < nv; j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(values, j));
+        PyObject *a = PyTuple_GET_ITEM(args, i), *x = value_data_fast(rt, a);
+        if (x == NULL) {
+            if (PyErr_Occurred()) goto done;
+            PyObject *f = PyObject_GetAttr(analysis_mod, s_scalar_data);  /* its own way */
+            if (f == NULL) goto done;
+            x = PyObject_CallOneArg(f, a);
+            Py_DECREF(f);
+            if (x == NULL) goto done;
+        }
+        Py_SETREF(((PyTupleObject *)call_args)->ob_item[i], x);
+    }
+    blk = PyObject_GetAttr(self, s_value_block);
+    if (blk == NULL) goto done;
+    out = block_call_impl(blk, call_args, rt, fiber);
+    if (out == miss) {  /* trace it (or learn the body needs the numbers) in Python */
+        Py_DECREF(out);
+        PyObject *pair = PyTuple_Pack(2, args, call_args);
+        out = pair == NULL ? NULL : call_method(self, s_value_call, pair, NULL);
+        Py_XDECREF(pair);
+    }
+done:
+    Py_XDECREF(blk);
+    Py_DECREF(call_args);
+    return out;
+}
+
 static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
     if (miss != NULL && (kw == NULL || PyDict_GET_SIZE(kw) == 0)) {
         PyObject *fiber, *rt = recording_rt(1, &fiber), *v, *out = NULL;
@@ -1084,7 +1140,20 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
             if (PyErr_Occurred()) return NULL;
             return call_method(self, s_call, args, kw);
         }
-        if (dispatch_plain(self) != 1) goto done;  /* (or an error) */
+        int plain = dispatch_plain(self);
+        if (plain == 0 && config_mod != NULL && analysis_mod != NULL) {
+            v = PyObject_GetAttr(self, s_disabled);
+            int off = v == NULL ? -1 : PyObject_IsTrue(v);
+            Py_XDECREF(v);
+            if (off == 0) {
+                v = PyObject_GetAttr(self, s_values);
+                if (v != NULL && PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0)
+                    out = autobase_values(self, v, args, rt, fiber);
+                Py_XDECREF(v);
+            }
+            goto done;
+        }
+        if (plain != 1) goto done;  /* (or an error) */
         v = PyObject_GetAttr(self, s_block);
         if (v == NULL) goto done;
         out = block_call_impl(v, args, rt, fiber);
@@ -1104,7 +1173,8 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
  * self.tensor_args made data nodes (ops.value_data, else torch.tensor as written), then
  * the block's fast path; a miss there continues in RegionBlock._region_block with the
  * converted arguments. Anything else, before anything is recorded: _region_call. */
-static PyObject *analysis_mod;  /* acrobat.analysis: its value_data, read per call */
+/* analysis_mod (declared above): acrobat.analysis, its value_data and scalar_data read
+ * per call */
 static PyObject *torch_mod;     /* torch: its tensor, likewise */
 static PyObject *s_tensor_args, *s_code_like, *s_hits, *s_region_call, *s_region_block,
     *s_value_data, *s_tensor;
@@ -1889,6 +1959,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_region_call, "_region_call");
     INTERN(s_region_block, "_region_block");
     INTERN(s_value_data, "value_data");
+    INTERN(s_value_block, "value_block");
+    INTERN(s_value_call, "_value_call");
+    INTERN(s_VALUE_PARAMS, "VALUE_PARAMS");
+    INTERN(s_scalar_data, "scalar_data");
     INTERN(s_tensor, "tensor");
     INTERN(s_blocked, "blocked");
     INTERN(s_main, "main");

@@ -390,15 +390,26 @@ class AutoBlock(_native.AutoBase if _native is not None else object):  # type: i
             call_args = list(args)
             for i in values:
                 call_args[i] = scalar_data(args[i])
-            assert self.value_block is not None
-            try:
-                return self.value_block(*call_args)
-            except Exception:
-                if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
-                    raise
-                # the body needs the number itself (torch.arange(torch.tensor(n))): from
-                # now on its torch.tensor is a constant of the block's trace again
-                self.values = ()
+            return self._value_call(args, call_args)
+        return self._block_call(args, kwargs)
+
+    def _value_call(self, args, call_args):
+        """The value block's call with the numbers made data nodes (``call_args``); if
+        its body needs the numbers themselves, the plain block's call from now on. (The
+        C call slot comes here when the value block's trace is not a hit.)"""
+        assert self.value_block is not None
+        try:
+            return self.value_block(*call_args)
+        except Exception:
+            if graph.RT.tracer is not None:  # pragma: no cover - the tracer resets itself
+                raise
+            # the body needs the number itself (torch.arange(torch.tensor(n))): from now
+            # on its torch.tensor is a constant of the block's trace again
+            self.values = ()
+        return self._block_call(args, {})
+
+    def _block_call(self, args, kwargs):
+        rt = graph.RT
         try:
             return self.block(*args, **kwargs)
         except LazyValueError:

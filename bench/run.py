@@ -17,10 +17,14 @@ Example::
     python -m bench.run --models treelstm,birnn --sizes small --batches 8,64 --reps 10
     python -m bench.run --quick          # smoke test: small, batch 8, 3 reps
 
-Systems are timed in turn, one run each per round in a shuffled order (DyNet's runs
-served by worker processes), so the machine's slow and fast spells, and what the run
-before left in the caches, reach every system alike and the ratios are side by side in
-time, not only in one report.
+Systems are timed in turn, one timed run each per round in a shuffled order (DyNet's
+runs served by worker processes), so the machine's slow and fast spells reach every
+system alike and the ratios are side by side in time, not only in one report. Each
+timed run comes right after an untimed run of the same system (``--settle``, default
+1): a run right after another system's is slower than in a loop of its own, by what
+the other left in the caches and the allocator (acrobat on DRNN small b64: 14.5 ms in a
+loop, 16.8 right after an eager pass, 13.8 with one of its own runs in between), and
+an application calls one system again and again.
 
 Writes ``<out>.md`` (also printed) and ``<out>.json``.
 """
@@ -257,6 +261,8 @@ def bench_case(
                     if system not in runs:
                         continue  # failed earlier in this round
                     try:
+                        for _ in range(args.settle):  # untimed: its own run just before
+                            runs[system]()
                         measurements[system].times_ms.append(runs[system]())
                     except Exception as error:
                         fail(system, error)
@@ -369,7 +375,8 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
         f"malloc {'holding freed memory' if config.get('malloc_held') else 'as is'}; "
         f"{config['reps']} timed rounds after {config['warmup']} warm-up runs; each round times "
         "every system once, in a shuffled order (seeded per case; DyNet in worker "
-        "processes). Correct: every output "
+        f"processes), each timed run right after {config.get('settle', 0)} untimed run(s) "
+        "of the same system. Correct: every output "
         f"within atol {config['atol']:g} + rtol {config['rtol']:g} of eager.",
         "",
         "## Times",
@@ -425,6 +432,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batches", type=lambda t: [int(b) for b in csv(t)], default=[8, 64])
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions (>= 1)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
+    parser.add_argument(
+        "--settle", type=int, default=1,
+        help="untimed runs of a system right before each of its timed runs (0: none)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads", type=int, default=None,
@@ -445,6 +456,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.out = "bench/results/quick" if args.quick else "bench/results/latest"
     if args.reps < 1:
         parser.error("--reps must be at least 1")
+    if args.settle < 0:
+        parser.error("--settle must be at least 0")
     unknown = [name for name in args.models if name not in MODELS]
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
@@ -485,7 +498,7 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
 
     config = {
         "models": list(modules), "sizes": args.sizes, "batches": args.batches,
-        "reps": args.reps, "warmup": args.warmup, "seed": args.seed,
+        "reps": args.reps, "warmup": args.warmup, "settle": args.settle, "seed": args.seed,
         "atol": args.atol, "rtol": args.rtol, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),

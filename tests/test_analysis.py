@@ -189,7 +189,11 @@ def test_value_parameters_found_from_source():
 @settings(max_examples=15, deadline=None)
 @given(
     st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5), min_size=1, max_size=6),
-    st.lists(st.floats(-4, 4, allow_subnormal=False) | st.integers(-4, 4), min_size=1, max_size=6),
+    st.lists(
+        st.floats(-4, 4, allow_subnormal=False) | st.integers(-4, 4) | st.booleans(),
+        min_size=1,
+        max_size=6,
+    ),
 )
 def test_value_parameters_match_eager_with_one_node_per_call(ids, amounts):
     with torch.no_grad():
@@ -202,6 +206,23 @@ def test_value_parameters_match_eager_with_one_node_per_call(ids, amounts):
     assert "block:word_and_count" not in stats.by_op  # no lazy argument: op by op
     assert "block:word" not in off.by_op and stats.nodes < off.nodes
     assert shifts.by_op["block:shifted"][1] == len(amounts)  # not a lookup: its program ran
+
+
+@pytest.mark.skipif(acrobat.tensor._native is None, reason="the C extension is not built")
+def test_value_parameter_calls_of_numbers_take_the_c_path(monkeypatch):
+    """Ints and floats at value positions are made data nodes and recorded by the C call
+    slot (AutoBlock._call, the Python path, is not entered; bools take it)."""
+    entered = []
+    real = analysis.AutoBlock._call
+    monkeypatch.setattr(
+        analysis.AutoBlock, "_call", lambda self, *a, **k: entered.append(a) or real(self, *a, **k)
+    )
+    with torch.no_grad():
+        for _ in range(2):  # the second map: trace hits
+            check_map(shift_each, [(torch.randn(3), a) for a in (1, 2.5, -3, 0.0)])
+        assert not entered
+        check_map(shift_each, [(torch.randn(3), a) for a in (True, False)])
+    assert entered
 
 
 def _in_place_answers(monkeypatch) -> list:
