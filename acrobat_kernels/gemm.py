@@ -4,8 +4,12 @@ The loop walks ``W`` once per eight rows of ``x``, two rows of ``W`` at a time, 
 the sixteen dot products in registers (LLVM vectorises the reduction over ``K``;
 :func:`rows_product`). A batch at batch size 8 holds 1 to 8 rows (instances diverge: a
 parser's SHIFT and REDUCE steps, loops of different lengths), and torch's CPU GEMM is
-slow there. Larger products are split by rows over torch's own OpenMP threads
-(acrobat_kernels/parallel.py) from :data:`PARALLEL_WORK` multiply-adds; there the loop
+slow there. Larger products are split over torch's own OpenMP threads
+(acrobat_kernels/parallel.py) from :data:`PARALLEL_WORK` multiply-adds, by rows of ``x``,
+or below :data:`COLUMNS_BELOW` rows by rows of ``W`` (each thread streams its half of
+``W`` instead of all of it: 24 x 512 -> 256 with its ``tanh`` 32.0 -> 26.3 µs, 24 x 768
+-> 256 43.2 -> 34.9; StackRNN large b64 86.6 -> 79.9 ms, small b8 13.7 -> 13.2,
+TreeLSTM small b8 2.61 -> 2.46, in-process A/B); there the loop
 also beats the MKL GEMM of torch's CPU wheel on this AMD CPU, which reaches ~110 GFMA/s
 on two threads against the loop's ~190-230. Measured (µs, a torch op run just before
 each call, as in a flush; this kernel / torch on two threads): 4 x 512 -> 256 8.9 /
@@ -57,11 +61,12 @@ def _compile():
     i = types.intp
     fast = {"reassoc", "contract"}
 
-    def kernel(xa, wa, ws, ca, c_rows, oa, m, k, n):  # pragma: no cover - compiled by numba
+    def kernel(xa, wa, ws, ca, c_rows, oa, m, k, n, os):  # pragma: no cover - numba
+        # out's (and a per-row addend's) rows are ``os`` apart: a thread's block of columns
         x = carray(as_f32(xa), (m, k))
         w = carray(as_f32(wa), ((n - 1) * ws + k,))  # row j starts at j * ws
-        out = carray(as_f32(oa), (m, n))
-        c = carray(as_f32(ca), (max(c_rows, 1), n))
+        out = carray(as_f32(oa), (m, os))[:, :n]
+        c = carray(as_f32(ca), (max(c_rows, 1), os))[:, :n]
         product(x, w, ws, out, m, k, n)
         if c_rows == 1:  # the bias, or the addend of addmm
             for r in range(m):
@@ -72,7 +77,7 @@ def _compile():
                 for j in range(n):
                     out[r, j] += c[r, j]
 
-    kernel = _jit(kernel, types.void(*[i] * 9), fastmath=fast, error_model="numpy", nogil=True)
+    kernel = _jit(kernel, types.void(*[i] * 10), fastmath=fast, error_model="numpy", nogil=True)
     _kernel = kernel
     if parallel.available():
         share = parallel.row_share()
@@ -82,14 +87,24 @@ def _compile():
 
         @cfunc(types.void(i), fastmath=fast, error_model="numpy", cache=False)
         def rows_part(params):  # pragma: no cover - compiled by numba
-            p = carray(as_i64(params), (10,))
+            p = carray(as_i64(params), (11,))
             m, k, n, c_rows = p[6], p[7], p[8], p[4]
+            if p[10]:  # by columns: this thread's rows of W, every row of x
+                j0, j1 = share(n)
+                if j1 > j0:
+                    ca = p[3] + j0 * 4 if c_rows > 0 else p[3]
+                    oa = p[5] + j0 * 4
+                    kernel(p[0], p[1] + j0 * p[2] * 4, p[2], ca, c_rows, oa, m, k, j1 - j0, n)
+                    if p[9]:
+                        for r in range(m):
+                            squash(oa + r * n * 4, j1 - j0)
+                return
             r0, r1 = share(m)  # this thread's rows
             if r1 > r0:
                 ca = p[3] + r0 * n * 4 if c_rows > 1 else p[3]
                 c_part = r1 - r0 if c_rows > 1 else c_rows
                 oa = p[5] + r0 * n * 4
-                kernel(p[0] + r0 * k * 4, p[1], p[2], ca, c_part, oa, r1 - r0, k, n)
+                kernel(p[0] + r0 * k * 4, p[1], p[2], ca, c_part, oa, r1 - r0, k, n, n)
                 if p[9]:
                     squash(oa, (r1 - r0) * n)
 
@@ -104,6 +119,11 @@ def _compile():
 PARALLEL_WORK = 1 << 18
 
 _parallel = 0  # address of the row-split cfunc on torch's threads, where available
+
+#: Products of fewer rows than this are split over the threads by W's rows (each thread
+#: reads its part of W and all of x) instead of x's: with few rows the loop streams W
+#: from memory, and a split by x's rows made every thread stream all of it.
+COLUMNS_BELOW = 64
 
 
 _product = None  # the compiled rows_product
@@ -384,10 +404,17 @@ def _run(x, w, c, c_rows, act: int = 0) -> torch.Tensor:
     ca = c.data_ptr() if c is not None else out.data_ptr()  # not read when c_rows == 0
     args = (x.data_ptr(), w.data_ptr(), w.stride(0), ca, c_rows, out.data_ptr(), m, k, n)
     threads = torch.get_num_threads()
-    if _parallel and threads > 1 and m > 4 and m * k * n >= PARALLEL_WORK:
-        parallel.launch(_parallel, parallel.Params(*args, act), threads)
+    if _parallel and threads > 1 and m * k * n >= PARALLEL_WORK:
+        if m < COLUMNS_BELOW and n >= 16 * threads:
+            parallel.launch(_parallel, parallel.Params(*args, act, 1), threads)
+        elif m > 4:
+            parallel.launch(_parallel, parallel.Params(*args, act, 0), threads)
+        else:
+            kernel(*args, n)
+            if act:
+                unary.tanh_in_place()(args[5], m * n)
     else:
-        kernel(*args)
+        kernel(*args, n)
         if act:
             unary.tanh_in_place()(args[5], m * n)
     return out

@@ -39,13 +39,16 @@ def test_kernel_matches_torch(rows, k, n, spare, bias, seed):
 
 @pytest.mark.skipif(not parallel.available(), reason="torch's OpenMP runtime is not libgomp")
 @pytest.mark.parametrize("rows", [2, 6, 9, 63, 200, 1001])
-def test_products_split_over_torchs_threads_match_torch(rows, monkeypatch):
-    """Every row range of the split (uneven, not a multiple of eight, fewer rows than
-    threads' blocks) is computed once, with its own part of a per-row addend."""
+@pytest.mark.parametrize("by", ["rows", "columns"])
+def test_products_split_over_torchs_threads_match_torch(rows, by, monkeypatch):
+    """Every row range (or column range of W) of the split (uneven, not a multiple of
+    eight, fewer rows than threads' blocks) is computed once, with its own part of a
+    per-row addend and of the bias."""
     launches = []
     real = parallel.launch
     monkeypatch.setattr(parallel, "launch", lambda *a: launches.append(a) or real(*a))
     monkeypatch.setattr(gemm, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(gemm, "COLUMNS_BELOW", 1 << 30 if by == "columns" else 0)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -59,7 +62,8 @@ def test_products_split_over_torchs_threads_match_torch(rows, monkeypatch):
         torch.testing.assert_close(gemm.run_addmm(y, x, w), torch.addmm(y, x, w.t()), **tol)
     finally:
         torch.set_num_threads(threads)
-    assert len(launches) == (3 if rows > 4 else 0)  # up to one block of four: one thread
+    # by rows, up to one block of four rows: one thread
+    assert len(launches) == (3 if rows > 4 or by == "columns" else 0)
 
 
 def test_a_linear_layer_over_sequences_runs_on_their_rows():
@@ -240,7 +244,7 @@ def test_nan_and_infinities_propagate_as_in_torch():
     k=st.integers(1, 70),
     n=st.integers(1, 40),
     bias=st.booleans(),
-    split=st.booleans(),
+    split=st.sampled_from(["none", "rows", "columns"]),
     seed=st.integers(0, 1000),
 )
 def test_tanh_epilogue_equals_the_kernel_then_tanh(rows, k, n, bias, split, seed):
@@ -255,15 +259,16 @@ def test_tanh_epilogue_equals_the_kernel_then_tanh(rows, k, n, bias, split, seed
     b = torch.randn(n, generator=gen) if bias else None
     y = torch.randn(rows, n, generator=gen)
     threads = torch.get_num_threads()
-    old = gemm.PARALLEL_WORK
-    gemm.PARALLEL_WORK = 0 if split else 1 << 62
-    torch.set_num_threads(2 if split else 1)
+    old = gemm.PARALLEL_WORK, gemm.COLUMNS_BELOW
+    gemm.PARALLEL_WORK = 1 << 62 if split == "none" else 0
+    gemm.COLUMNS_BELOW = 1 << 30 if split == "columns" else 0
+    torch.set_num_threads(1 if split == "none" else 2)
     try:
         got, got_mm = gemm.run_linear_tanh(x, w, b), gemm.run_addmm_tanh(y, x, w)
         want, want_mm = gemm.run_linear(x, w, b), gemm.run_addmm(y, x, w)
     finally:
         torch.set_num_threads(threads)
-        gemm.PARALLEL_WORK = old
+        gemm.PARALLEL_WORK, gemm.COLUMNS_BELOW = old
     assert torch.equal(got, unary._forward(want))
     assert torch.equal(got_mm, unary._forward(want_mm))
     tol = dict(rtol=1e-5, atol=1e-5 * k)
