@@ -164,11 +164,7 @@ def _gemm_epilogues(nodes: list, uses: dict) -> dict:
 
 def _plain_linear(nd) -> bool:
     """linear(x, W) of a per-instance vector x, a real 2-D W and no bias."""
-    operands = linear_operands(nd)
-    if operands is None:
-        return False
-    x, w, bias = operands
-    return bias is None and len(x.shape) == 1 and isinstance(w, torch.Tensor) and w.ndim == 2
+    return _tensor_linear(nd, plain=True)
 
 
 def _tanh_epilogues(nodes: list, uses: dict, into_add: dict, taken: set) -> dict:
@@ -193,12 +189,15 @@ def _tanh_epilogues(nodes: list, uses: dict, into_add: dict, taken: set) -> dict
     return found
 
 
-def _tensor_linear(nd) -> bool:
-    """linear(x, W, b) of a per-instance x, a real 2-D W and a real bias or none."""
+def _tensor_linear(nd, plain: bool = False) -> bool:
+    """linear(x, W, b) of a per-instance x, a real 2-D W and a real bias or none (with
+    ``plain``: a vector x and no bias)."""
     operands = linear_operands(nd)
     if operands is None:
         return False
-    _, w, bias = operands
+    x, w, bias = operands
+    if plain and (bias is not None or len(x.shape) != 1):
+        return False
     if bias is not None and not isinstance(bias, torch.Tensor):
         return False
     return isinstance(w, torch.Tensor) and w.ndim == 2
