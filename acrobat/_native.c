@@ -249,7 +249,6 @@ static PyTypeObject LazyType = {
 
 static PyTypeObject *node_cls;  /* graph.Node */
 static PyTypeObject *lazy_cls;  /* tensor.LazyTensor */
-static PyObject *queue_fn;      /* graph.queue */
 static PyObject *check_inputs_fn;  /* graph._check_inputs */
 static PyObject *config_mod;    /* acrobat.config (ALIGN_WINDOW) */
 static PyObject *zero;          /* the int 0 */
@@ -260,8 +259,8 @@ static PyObject *s_fiber, *s_phase, *s_instance, *s_buckets, *s_nodes, *s_ALIGN_
     *s_metas, *s_keys, *s_single, *s_struct, *s_plain_tuple;
 
 static PyObject *setup(PyObject *mod, PyObject *args) {
-    PyObject *nc, *lc, *q, *ci, *cfg, *tk;
-    if (!PyArg_ParseTuple(args, "OOOOOO", &nc, &lc, &q, &ci, &cfg, &tk)) return NULL;
+    PyObject *nc, *lc, *ci, *cfg, *tk;
+    if (!PyArg_ParseTuple(args, "OOOOO", &nc, &lc, &ci, &cfg, &tk)) return NULL;
     if (!PyType_Check(nc) || !PyType_IsSubtype((PyTypeObject *)nc, &NodeType) ||
         !PyType_Check(lc) || !PyType_IsSubtype((PyTypeObject *)lc, &LazyType)) {
         PyErr_SetString(PyExc_TypeError, "setup: Node and LazyTensor must subclass the bases");
@@ -269,7 +268,6 @@ static PyObject *setup(PyObject *mod, PyObject *args) {
     }
     Py_INCREF(nc); Py_XSETREF(node_cls, (PyTypeObject *)nc);
     Py_INCREF(lc); Py_XSETREF(lazy_cls, (PyTypeObject *)lc);
-    Py_INCREF(q); Py_XSETREF(queue_fn, q);
     Py_INCREF(ci); Py_XSETREF(check_inputs_fn, ci);
     Py_INCREF(cfg); Py_XSETREF(config_mod, cfg);
     Py_INCREF(tk); Py_XSETREF(type_key_fn, tk);
@@ -350,6 +348,26 @@ fail:
 
 /* ---- add_node -------------------------------------------------------------------- */
 
+static PyObject *s_deferred;
+
+/* graph.queue of a deferred data node (depth graph.DEFERRED, -1): one fewer deferred,
+ * into its depth-0 bucket (MV-RNN's word ids, once per leaf: the Python call cost
+ * ~0.5 us each) */
+static int queue_deferred(PyObject *rt, NodeObject *nd) {
+    if (nd->depth == -1) {
+        PyObject *d = PyObject_GetAttr(rt, s_deferred);
+        if (d == NULL) return -1;
+        PyObject *d1 = PyNumber_Subtract(d, one);
+        Py_DECREF(d);
+        if (d1 == NULL) return -1;
+        int r = PyObject_SetAttr(rt, s_deferred, d1);
+        Py_DECREF(d1);
+        if (r < 0) return -1;
+    }
+    nd->depth = 0;
+    return enqueue(rt, nd);
+}
+
 static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) return -1;
@@ -391,11 +409,8 @@ static NodeObject *add_node_impl(PyObject *rt, PyObject *op, PyObject *func, PyO
             return NULL;
         }
         NodeObject *producer = (NodeObject *)p;
-        if (producer->depth < 0) {  /* a deferred constant: its value is needed after all */
-            PyObject *r = PyObject_CallFunctionObjArgs(queue_fn, rt, p, NULL);
-            if (r == NULL) return NULL;
-            Py_DECREF(r);
-        }
+        if (producer->depth < 0 && queue_deferred(rt, producer) < 0)
+            return NULL;  /* (a deferred constant: its value is needed after all) */
         if (producer->outs != NULL && producer->outs != Py_None) {
             if (producer->rt != rt) {
                 PyObject *r = PyObject_CallFunctionObjArgs(check_inputs_fn, inputs, rt, NULL);
@@ -642,7 +657,6 @@ done:
 
 /* record_data(rt, op, sig, data, shape, dtype, deferred): graph.record_data when the
  * signature's Info exists (None otherwise: the Python function makes it). */
-static PyObject *s_deferred;
 
 static PyObject *record_data_impl(PyObject *rt, PyObject *op, PyObject *sig, PyObject *data,
                                   int deferred);
@@ -1861,7 +1875,7 @@ fail:
 
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)setup, METH_VARARGS,
-     "setup(Node, LazyTensor, queue, check_inputs, config, type_key)"},
+     "setup(Node, LazyTensor, check_inputs, config, type_key)"},
     {"add_node", (PyCFunction)(void (*)(void))add_node, METH_FASTCALL,
      "add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node (graph.add_node)"},
     {"record_node", (PyCFunction)(void (*)(void))record_node, METH_FASTCALL,

@@ -517,7 +517,7 @@ def lint(buckets: dict) -> None:
 # (``_py_add_node`` stays for reference and tests).
 _py_add_node = add_node
 if _native is not None:
-    _native.setup(Node, LazyTensor, queue, _check_inputs, config, type_key)
+    _native.setup(Node, LazyTensor, _check_inputs, config, type_key)
     _native.setup_record(freeze, freeze_kwargs, infer, wrap_outputs)
     has_lazy = _native.has_lazy
     add_node = _native.add_node  # type: ignore[assignment]
