@@ -57,7 +57,7 @@ import acrobat
 from bench.dynet_models import STRATEGIES
 from bench.dynet_models import available as dynet_available
 from bench.registry import MODELS
-from models.common import Task, outputs_close, run_eager
+from models.common import Task, flatten, outputs_close, run_eager
 
 try:
     from tqdm import tqdm
@@ -101,6 +101,46 @@ def acrobat_stats() -> dict | None:
     if hasattr(stats, "as_dict"):
         return dict(stats.as_dict())
     return {key: value for key, value in vars(stats).items() if not key.startswith("_")}
+
+
+def train_step(task: Task, forward: Callable[[], Any]) -> Callable[[], Any]:
+    """A training step over ``forward`` (one pass over the task's batch): the parameters'
+    gradients reset, then those of the sum of every floating output (the outputs come
+    back, the gradients stay on ``task.model``)."""
+    params = [p for p in task.model.parameters() if p.requires_grad]
+
+    def step():
+        for p in params:
+            p.grad = None
+        with torch.enable_grad():
+            out = forward()
+            leaves = [t for t in flatten(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+            sum(t.sum() for t in leaves).backward()
+        return out
+
+    return step
+
+
+def gradients(task: Task) -> list[torch.Tensor]:
+    """Copies of the parameters' gradients after a :func:`train_step` (zeros where none)."""
+    return [
+        p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+        for p in task.model.parameters()
+        if p.requires_grad
+    ]
+
+
+def training_systems(task: Task, plain_task: Task) -> dict[str, Callable[[], list]]:
+    """``--train``: acrobat (blocks, plain) and eager, each a training step. (The
+    hand-batched versions write into preallocated buffers under ``no_grad``; DyNet is
+    not run: the comparison is acrobat's batched backward against the eager loop's.)"""
+    return {
+        "acrobat": train_step(task, lambda: task.fn.map(task.inputs, **task.kwargs)),
+        "acrobat-plain": train_step(
+            plain_task, lambda: plain_task.fn.map(plain_task.inputs, **plain_task.kwargs)
+        ),
+        "eager": train_step(task, lambda: run_eager(task)),
+    }
 
 
 def torch_systems(name: str, task: Task, plain_task: Task) -> dict[str, Callable[[], list]]:
@@ -223,8 +263,11 @@ def bench_case(
 
         return run
 
+    systems = (
+        training_systems(task, plain_task) if args.train else torch_systems(name, task, plain_task)
+    )
     with torch.no_grad():
-        for system, fn in torch_systems(name, task, plain_task).items():
+        for system, fn in systems.items():
             measurements[system] = Measurement(name, size, batch, system, [])
             try:
                 for _ in range(args.warmup):
@@ -235,6 +278,7 @@ def bench_case(
         acrobat.fusion.wait_compiled()  # kernels compiled in the background are not timed
         if (
             args.dynet
+            and not args.train
             and dynet_available()
             and importlib.util.find_spec(f"bench.dynet_models.{name}")
         ):
@@ -276,10 +320,33 @@ def bench_case(
             for worker in workers.values():
                 worker.close()
 
+    want_grads = None
+    if args.train and "eager" in runs:  # one more step each: the gradients agree too
+        systems["eager"]()
+        want_grads = gradients(task)
     for system, measurement in measurements.items():
         if measurement.error is None:
             check = outputs_close(outputs[system], reference, atol=args.atol, rtol=args.rtol)
             measurement.ok, measurement.max_abs_diff = check.ok, check.max_abs_diff
+            if want_grads is not None and system in systems:
+                try:
+                    systems[system]()
+                except Exception as error:
+                    fail(system, error)
+                    continue
+                grads = gradients(plain_task if system == "acrobat-plain" else task)
+                # each gradient on its own scale: an element sums many rounded terms of
+                # up to the largest one's size (DRNN small b64: gradients up to ~1.6e3,
+                # eager in float32 off float64 by 5.5e-4, acrobat by 2.1e-4)
+                scales = [max(1.0, float(w.abs().max())) if w.numel() else 1.0 for w in want_grads]
+                g = outputs_close(
+                    [x / c for x, c in zip(grads, scales)],
+                    [w / c for w, c in zip(want_grads, scales)],
+                    atol=args.atol,
+                    rtol=args.rtol,
+                )
+                measurement.ok = measurement.ok and g.ok
+                measurement.max_abs_diff = max(measurement.max_abs_diff, g.max_abs_diff)
         log(f"  {system:14s} {format_measurement(measurement)}")
     return list(measurements.values())
 
@@ -376,7 +443,15 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
         f"{config['reps']} timed rounds after {config['warmup']} warm-up runs; each round times "
         "every system once, in a shuffled order (seeded per case; DyNet in worker "
         f"processes), each timed run right after {config.get('settle', 0)} untimed run(s) "
-        "of the same system. Correct: every output "
+        "of the same system. "
+        + (
+            "Training steps: forward and backward of the sum of every output, parameters' "
+            "gradients reset first; correct also means every gradient within tolerance of "
+            "eager's, each gradient divided by its largest element (at least 1) first. "
+            if config.get("train")
+            else ""
+        )
+        + "Correct: every output "
         f"within atol {config['atol']:g} + rtol {config['rtol']:g} of eager.",
         "",
         "## Times",
@@ -445,6 +520,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rtol", type=float, default=1e-4)
     parser.add_argument("--no-dynet", dest="dynet", action="store_false", help="skip DyNet")
     parser.add_argument(
+        "--train", action="store_true",
+        help="time training steps (forward + backward of the outputs' sum): acrobat and "
+        "eager only; gradients checked against eager's",
+    )  # fmt: skip
+    parser.add_argument(
         "--out", default=None, help="output path without suffix (bench/results/latest)"
     )
     parser.add_argument("--quick", action="store_true", help="smoke test: small, batch 8, 3 reps")
@@ -499,6 +579,7 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     config = {
         "models": list(modules), "sizes": args.sizes, "batches": args.batches,
         "reps": args.reps, "warmup": args.warmup, "settle": args.settle, "seed": args.seed,
+        "train": args.train,
         "atol": args.atol, "rtol": args.rtol, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),

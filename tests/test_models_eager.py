@@ -156,3 +156,27 @@ def test_bench_harness_writes_report(tmp_path, monkeypatch):
     report = (tmp_path / "results.md").read_text()
     assert "| birnn | small | 2 | acrobat |" in report and "| 100 |" in report
     assert (tmp_path / "results.json").exists()
+
+
+def test_bench_training_steps_check_gradients(tmp_path, monkeypatch):
+    """``--train`` times acrobat and eager training steps and checks every gradient
+    against eager's: a batched backward that got a gradient wrong fails its check."""
+    from bench import run
+
+    out = tmp_path / "train"
+    args = ["--models", "treelstm", "--sizes", "small", "--batches", "3", "--reps", "1"]
+    measurements = run.main([*args, "--warmup", "0", "--train", "--out", str(out)])
+    assert {m.system for m in measurements} == {"acrobat", "acrobat-plain", "eager"}
+    assert all(m.ok and m.error is None for m in measurements)
+    assert "Training steps" in (tmp_path / "train.md").read_text()
+
+    real = run.gradients
+
+    def off_by_one_percent(task):  # acrobat-plain's gradients, perturbed
+        grads = real(task)
+        return [g * 1.01 for g in grads] if task.blocks is False else grads
+
+    monkeypatch.setattr(run, "gradients", off_by_one_percent)
+    measurements = run.main([*args, "--warmup", "0", "--train", "--out", str(out)])
+    verdict = {m.system: m.ok for m in measurements}
+    assert verdict == {"acrobat": True, "acrobat-plain": False, "eager": True}
