@@ -1048,8 +1048,9 @@ no:   /* (and on error, with the exception set) */
     return NULL;
 }
 
-/* Whether an AutoBlock/RegionBlock dispatcher takes the fast path: not disabled and
- * without value parameters (AutoBlock._call's other checks); -1 on error. */
+/* Whether an AutoBlock/RegionBlock dispatcher takes the fast path: 1 when not disabled
+ * and without value parameters (AutoBlock._call's other checks), 2 when not disabled
+ * with value parameters (a tuple of positions), 0 otherwise; -1 on error. */
 static int dispatch_plain(PyObject *self) {
     PyObject *v = PyObject_GetAttr(self, s_disabled);
     if (v == NULL) return -1;
@@ -1058,7 +1059,7 @@ static int dispatch_plain(PyObject *self) {
     if (off) return off < 0 ? -1 : 0;
     v = PyObject_GetAttr(self, s_values);
     if (v == NULL) return -1;
-    int plain = PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 0;
+    int plain = PyTuple_Check(v) ? (PyTuple_GET_SIZE(v) == 0 ? 1 : 2) : 0;
     Py_DECREF(v);
     return plain;
 }
@@ -1155,16 +1156,10 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
             return call_method(self, s_call, args, kw);
         }
         int plain = dispatch_plain(self);
-        if (plain == 0 && config_mod != NULL && analysis_mod != NULL) {
-            v = PyObject_GetAttr(self, s_disabled);
-            int off = v == NULL ? -1 : PyObject_IsTrue(v);
+        if (plain == 2 && config_mod != NULL && analysis_mod != NULL) {
+            v = PyObject_GetAttr(self, s_values);
+            if (v != NULL) out = autobase_values(self, v, args, rt, fiber);
             Py_XDECREF(v);
-            if (off == 0) {
-                v = PyObject_GetAttr(self, s_values);
-                if (v != NULL && PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0)
-                    out = autobase_values(self, v, args, rt, fiber);
-                Py_XDECREF(v);
-            }
             goto done;
         }
         if (plain != 1) goto done;  /* (or an error) */

@@ -246,13 +246,10 @@ def _lookups_through_linear(nodes: list, uses: dict) -> dict:
     by_id = {id(nd): nd for nd in nodes}
     found = {}
     for nd in nodes:
-        operands = linear_operands(nd) if nd.op.rule is linear_rule else None
-        if operands is None:
+        if nd.op.rule is not linear_rule or not _tensor_linear(nd):
             continue
-        x, w, bias = operands
-        if not isinstance(w, torch.Tensor) or w.ndim != 2 or len(x.shape) != 1:
-            continue
-        if bias is not None and not isinstance(bias, torch.Tensor):
+        x = linear_operands(nd)[0]
+        if len(x.shape) != 1:
             continue
         cat = by_id.get(id(x.node))
         if cat is None or cat.op.name != "cat" or cat.kwargs or uses.get(id(cat)) != 1:

@@ -126,11 +126,7 @@ def batched_linear(x, w, b=None):
         rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
         grad = gemm.records(x, w, b)  # (then the kernel's backward too: its own choice)
         key = ("linear", choice.bucket(rows), w.shape, b is None, torch.get_num_threads(), grad)
-        name = _GEMM_DECIDED.get(key)
-        if name is None:
-            return _gemm_trial(key, lambda: gemm.run_linear(x, w, b), lambda: F.linear(x, w, b))
-        if name == "kernel":
-            return gemm.run_linear(x, w, b)
+        return _gemm_chosen(key, lambda: gemm.run_linear(x, w, b), lambda: F.linear(x, w, b))
     return F.linear(x, w, b)
 
 
@@ -140,13 +136,9 @@ def batched_addmm(y, x, w):
     if config.FAST_GEMM and gemm.usable_addmm(y, x, w, grad_ok=True):
         grad = gemm.records(x, w, y)
         key = ("addmm", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads(), grad)
-        name = _GEMM_DECIDED.get(key)
-        if name is None:
-            return _gemm_trial(
-                key, lambda: gemm.run_addmm(y, x, w), lambda: torch.addmm(y, x, w.t())
-            )
-        if name == "kernel":
-            return gemm.run_addmm(y, x, w)
+        return _gemm_chosen(
+            key, lambda: gemm.run_addmm(y, x, w), lambda: torch.addmm(y, x, w.t())
+        )
     return torch.addmm(y, x, w.t())
 
 
@@ -162,16 +154,9 @@ def batched_linear_tanh(x, w, b=None):
     if config.FAST_GEMM and config.FAST_TANH and gemm.usable_linear(x, w, b):
         rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
         key = ("linear_tanh", choice.bucket(rows), w.shape, b is None, torch.get_num_threads())
-        name = _GEMM_DECIDED.get(key)
-        if name is None:
-            return _gemm_trial(
-                key,
-                lambda: gemm.run_linear_tanh(x, w, b),
-                lambda: unary.tanh(F.linear(x, w, b)),
-            )
-        if name == "kernel":
-            return gemm.run_linear_tanh(x, w, b)
-        return unary.tanh(F.linear(x, w, b))
+        return _gemm_chosen(
+            key, lambda: gemm.run_linear_tanh(x, w, b), lambda: unary.tanh(F.linear(x, w, b))
+        )
     return batched_tanh(batched_linear(x, w, b))
 
 
@@ -179,16 +164,11 @@ def batched_addmm_tanh(y, x, w):
     """``tanh(torch.addmm(y, x, w.t()))`` of a batch, like :func:`batched_linear_tanh`."""
     if config.FAST_GEMM and config.FAST_TANH and gemm.usable_addmm(y, x, w):
         key = ("addmm_tanh", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads())
-        name = _GEMM_DECIDED.get(key)
-        if name is None:
-            return _gemm_trial(
-                key,
-                lambda: gemm.run_addmm_tanh(y, x, w),
-                lambda: unary.tanh(torch.addmm(y, x, w.t())),
-            )
-        if name == "kernel":
-            return gemm.run_addmm_tanh(y, x, w)
-        return unary.tanh(torch.addmm(y, x, w.t()))
+        return _gemm_chosen(
+            key,
+            lambda: gemm.run_addmm_tanh(y, x, w),
+            lambda: unary.tanh(torch.addmm(y, x, w.t())),
+        )
     return batched_tanh(batched_addmm(y, x, w))
 
 #: Most rows a table may have for :func:`batched_lookup_linear` to precompute its product.
@@ -203,11 +183,11 @@ def batched_lookup_linear(idx, table, w, b, start, stop, rest, options=None):
     parser's action embeddings), kept while the parameters are unchanged, instead of
     ``stop - start`` of the GEMM's columns for every row of every batch. Where autograd
     records, the ops as written (``options``: F.embedding's keyword arguments)."""
-    left = w[:, :start] if stop == w.shape[1] else w[:, stop:]
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (table, w, b)):
         looked = F.embedding(idx, table, **(options or {}))
         parts = [looked, rest] if start == 0 else [rest, looked]
         return batched_linear(torch.cat(parts, 1), w, b)
+    left = w[:, :start] if stop == w.shape[1] else w[:, stop:]
     key = (table.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(), start, stop)
     versions = (table._version, w._version, None if b is None else b._version)
     entry = _LOOKUP_TABLES.get(key)
@@ -220,7 +200,11 @@ def batched_lookup_linear(idx, table, w, b, start, stop, rest, options=None):
     return batched_addmm(entry[2].index_select(0, idx), rest, left)
 
 
-def _gemm_trial(key, kernel, torch_gemm):
+def _gemm_chosen(key, kernel, torch_gemm):
+    """``kernel()`` or ``torch_gemm()``, as decided for ``key``; the next trial until then."""
+    name = _GEMM_DECIDED.get(key)
+    if name is not None:
+        return kernel() if name == "kernel" else torch_gemm()
     out = choice.CHOOSER.run(key, {"kernel": kernel, "torch": torch_gemm})
     decided = choice.CHOOSER.decided.get(key)
     if decided is not None:

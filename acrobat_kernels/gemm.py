@@ -404,15 +404,14 @@ def _run(x, w, c, c_rows, act: int = 0) -> torch.Tensor:
     ca = c.data_ptr() if c is not None else out.data_ptr()  # not read when c_rows == 0
     args = (x.data_ptr(), w.data_ptr(), w.stride(0), ca, c_rows, out.data_ptr(), m, k, n)
     threads = torch.get_num_threads()
+    split = None  # over torch's threads: 1 by columns (rows of W), 0 by rows of x
     if _parallel and threads > 1 and m * k * n >= PARALLEL_WORK:
         if m < COLUMNS_BELOW and n >= 16 * threads:
-            parallel.launch(_parallel, parallel.Params(*args, act, 1), threads)
+            split = 1
         elif m > 4:
-            parallel.launch(_parallel, parallel.Params(*args, act, 0), threads)
-        else:
-            kernel(*args, n)
-            if act:
-                unary.tanh_in_place()(args[5], m * n)
+            split = 0
+    if split is not None:
+        parallel.launch(_parallel, parallel.Params(*args, act, split), threads)
     else:
         kernel(*args, n)
         if act:
