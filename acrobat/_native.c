@@ -17,6 +17,8 @@
  *                analysis.RegionBlock: the checks of their __call__ and block_call_impl, the
  *                rest in Python (_call, _region_call)
  *   column, finish_rows, copy_rows, heights: the executor's and scheduler's per-row loops
+ *   row_addresses, gemm_batch  operands read in place: the rows' addresses, and MKL's
+ *                batched GEMM over pointer lists (acrobat/rows.py)
  *   value_read   fibers.demand_py's common path (LazyBase.tolist, tensor.DEMAND_PY): a
  *                suspension and the read of a converted batch's row
  *
@@ -26,6 +28,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
 #include <string.h>
 
 /* ---- NodeBase ------------------------------------------------------------------- */
@@ -1811,30 +1814,20 @@ done:
  * ``bases`` caches each source buffer's row-0 address (source_base), entered here the
  * first time a source is read. Every row's address is found before any is copied: a
  * source that a byte copy cannot read (None) makes the answer False, nothing copied. */
-static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (n != 7 || !PyList_Check(a[1]) || !PyDict_Check(a[2]) || !PyList_Check(a[4]) ||
-        PyList_GET_SIZE(a[4]) != PyList_GET_SIZE(a[1])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "copy_rows(dst, slots: list, bases: dict, nbytes, ts: list, shape, dtype)");
-        return NULL;
-    }
-    char *dst = (char *)PyLong_AsVoidPtr(a[0]);
-    if (dst == NULL && PyErr_Occurred()) return NULL;
-    PyObject *slots = a[1], *bases = a[2], *ts = a[4], *shape = a[5], *dtype = a[6];
-    Py_ssize_t nbytes = PyLong_AsSsize_t(a[3]);
-    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+/* The address of each row ``slots`` names (see copy_rows) into ``src``: 1, or 0 where a
+ * source cannot be read by address, or -1 with an exception set. */
+static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject *shape,
+                        PyObject *dtype, Py_ssize_t nbytes, char **src) {
     Py_ssize_t m = PyList_GET_SIZE(slots);
-    char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
-    if (src == NULL) return PyErr_NoMemory();
     long long last_key = -1;
     char *last_base = NULL;
     for (Py_ssize_t i = 0; i < m; i++) {
         long long slot = PyLong_AsLongLong(PyList_GET_ITEM(slots, i));
-        if (slot == -1 && PyErr_Occurred()) goto fail;
+        if (slot == -1 && PyErr_Occurred()) return -1;
         long long key = slot >> 24;
         if (key != last_key) {
             PyObject *k = PyLong_FromLongLong(key);
-            if (k == NULL) goto fail;
+            if (k == NULL) return -1;
             PyObject *b = PyDict_GetItemWithError(bases, k); /* borrowed */
             if (b == NULL && !PyErr_Occurred()) {
                 PyObject *t = PyList_GET_ITEM(ts, i);
@@ -1847,23 +1840,125 @@ static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
                 }
             }
             Py_DECREF(k);
-            if (b == NULL) goto fail;
-            if (b == Py_None) {
-                PyMem_Free(src);
-                Py_RETURN_FALSE;
-            }
+            if (b == NULL) return -1;
+            if (b == Py_None) return 0;
             last_base = (char *)PyLong_AsVoidPtr(b);
-            if (last_base == NULL && PyErr_Occurred()) goto fail;
+            if (last_base == NULL && PyErr_Occurred()) return -1;
             last_key = key;
         }
         src[i] = last_base + (slot & 0xFFFFFF) * nbytes;
     }
-    for (Py_ssize_t i = 0; i < m; i++) memcpy(dst + i * nbytes, src[i], (size_t)nbytes);
+    return 1;
+}
+
+/* copy_rows's and row_addresses's arguments: 1 if well formed, else 0 with TypeError */
+static int rows_args(PyObject *const *a, Py_ssize_t n, const char *name) {
+    if (n != 7 || !PyList_Check(a[1]) || !PyDict_Check(a[2]) || !PyList_Check(a[4]) ||
+        PyList_GET_SIZE(a[4]) != PyList_GET_SIZE(a[1])) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(dst, slots: list, bases: dict, nbytes, ts: list, shape, dtype)", name);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (!rows_args(a, n, "copy_rows")) return NULL;
+    char *dst = (char *)PyLong_AsVoidPtr(a[0]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(a[3]);
+    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(a[1]);
+    char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
+    if (src == NULL) return PyErr_NoMemory();
+    int found = row_pointers(a[1], a[2], a[4], a[5], a[6], nbytes, src);
+    if (found == 1)
+        for (Py_ssize_t i = 0; i < m; i++) memcpy(dst + i * nbytes, src[i], (size_t)nbytes);
     PyMem_Free(src);
-    Py_RETURN_TRUE;
-fail:
-    PyMem_Free(src);
-    return NULL;
+    if (found < 0) return NULL;
+    return PyBool_FromLong(found);
+}
+
+/* row_addresses(dst, slots, bases, nbytes, ts, shape, dtype): copy_rows without the
+ * copy: the address of each row is written at ``dst`` (an int64 array of len(slots)),
+ * for a kernel that reads the rows where they are (acrobat/rows.py). */
+static PyObject *row_addresses(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (!rows_args(a, n, "row_addresses")) return NULL;
+    char **dst = (char **)PyLong_AsVoidPtr(a[0]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(a[3]);
+    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    int found = row_pointers(a[1], a[2], a[4], a[5], a[6], nbytes, dst);
+    if (found < 0) return NULL;
+    return PyBool_FromLong(found);
+}
+
+/* ---- batched GEMM over pointer lists --------------------------------------------- */
+
+/* MKL's cblas_sgemm_batch / cblas_dgemm_batch, found by acrobat_kernels/blas.py in the
+ * BLAS torch links (NULL: not there). Every integer MKL reads through a pointer is
+ * stored here as 64 bits: on a little-endian machine the LP64 interface (32-bit ints)
+ * reads the low half, which holds the same value, and the ILP64 one the whole. */
+typedef void (*gemm_batch_fn)(int layout, const int *ta, const int *tb, const long long *m,
+                              const long long *n, const long long *k, const void *alpha,
+                              const void **a, const long long *lda, const void **b,
+                              const long long *ldb, const void *beta, void **c,
+                              const long long *ldc, long long groups, const long long *size);
+static gemm_batch_fn gemm_batch_fns[2];
+
+static PyObject *set_gemm_batch(PyObject *mod, PyObject *args) {
+    unsigned long long s, d;
+    if (!PyArg_ParseTuple(args, "KK", &s, &d)) return NULL;
+    gemm_batch_fns[0] = (gemm_batch_fn)(uintptr_t)s;
+    gemm_batch_fns[1] = (gemm_batch_fn)(uintptr_t)d;
+    Py_RETURN_NONE;
+}
+
+/* Fill ptrs[i] = base + i * step, or copy the list at ``base`` where step == -1. */
+static void fill_pointers(const void **ptrs, unsigned long long base, long long step,
+                          long long count) {
+    if (step == -1) {
+        memcpy(ptrs, (const void *)(uintptr_t)base, (size_t)count * sizeof(void *));
+        return;
+    }
+    for (long long i = 0; i < count; i++) ptrs[i] = (const char *)(uintptr_t)base + i * step;
+}
+
+/* gemm_batch(double, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, beta, c, c_step,
+ * ldc, count): C_i = op(A_i) @ op(B_i) + beta * C_i for i < count, row-major, one MKL
+ * group. Each of a, b, c is a base address whose i-th matrix starts at base + i * step
+ * bytes (step 0: one matrix for all), or with step -1 the address of count int64
+ * addresses. ta, tb: 0 as stored, 1 transposed. */
+static PyObject *gemm_batch(PyObject *mod, PyObject *args) {
+    int dbl, ta, tb;
+    long long m, nn, k, lda, ldb, ldc, a_step, b_step, c_step, count;
+    unsigned long long a, b, c;
+    double beta;
+    if (!PyArg_ParseTuple(args, "pppLLLKLLKLLdKLLL", &dbl, &ta, &tb, &m, &nn, &k, &a, &a_step,
+                          &lda, &b, &b_step, &ldb, &beta, &c, &c_step, &ldc, &count))
+        return NULL;
+    gemm_batch_fn fn = gemm_batch_fns[dbl];
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "gemm_batch: no batched GEMM was found");
+        return NULL;
+    }
+    if (count <= 0) Py_RETURN_NONE;
+    const void **ptrs = PyMem_Malloc((size_t)(3 * count) * sizeof(void *));
+    if (ptrs == NULL) return PyErr_NoMemory();
+    fill_pointers(ptrs, a, a_step, count);
+    fill_pointers(ptrs + count, b, b_step, count);
+    fill_pointers(ptrs + 2 * count, c, c_step, count);
+    int tra = ta ? 112 : 111, trb = tb ? 112 : 111; /* CblasTrans, CblasNoTrans */
+    float alpha_s = 1.0f, beta_s = (float)beta;
+    double alpha_d = 1.0;
+    const void *alpha = dbl ? (const void *)&alpha_d : (const void *)&alpha_s;
+    const void *beta_p = dbl ? (const void *)&beta : (const void *)&beta_s;
+    Py_BEGIN_ALLOW_THREADS
+    fn(101 /* CblasRowMajor */, &tra, &trb, &m, &nn, &k, alpha, ptrs, &lda, ptrs + count,
+       &ldb, beta_p, (void **)(ptrs + 2 * count), &ldc, 1, &count);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(ptrs);
+    Py_RETURN_NONE;
 }
 
 /* ---- module ---------------------------------------------------------------------- */
@@ -1882,6 +1977,14 @@ static PyMethodDef methods[] = {
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
      "copy_rows(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (a source "
      "that cannot be read by address; nothing copied)"},
+    {"row_addresses", (PyCFunction)(void (*)(void))row_addresses, METH_FASTCALL,
+     "row_addresses(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (as "
+     "copy_rows, writing each row's address at dst instead of copying it)"},
+    {"set_gemm_batch", (PyCFunction)set_gemm_batch, METH_VARARGS,
+     "set_gemm_batch(sgemm_batch_address, dgemm_batch_address): MKL's batched GEMMs"},
+    {"gemm_batch", (PyCFunction)gemm_batch, METH_VARARGS,
+     "gemm_batch(double, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, beta, c, c_step, "
+     "ldc, count): C_i = op(A_i) op(B_i) + beta C_i over pointer lists"},
     {"record_data", (PyCFunction)(void (*)(void))record_data, METH_FASTCALL,
      "record_data(rt, op, sig, data, shape, dtype, deferred) -> LazyTensor | None"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,

@@ -180,6 +180,8 @@ class Trace:
                 )
                 run = self.interpret
             self.compiled = run
+            if self.fusion is None:  # (a fused kernel reads its operands as tensors)
+                self.op.row_args = getattr(run, "row_args", frozenset())
         return run(xs, n)
 
     def interpret(self, xs, n):

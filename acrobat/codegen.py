@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from acrobat import rows
 from acrobat.graph import LazyTensor
 from acrobat.ops import (
     BATCHED_FUNCS,
@@ -364,6 +365,85 @@ def _emit_matmul_over_cat(e, nd, cat, var, k):
     return expr
 
 
+def _product_operands(nd):
+    """``(x, y)`` of a matmul that ``rows.matmul`` can run: per-instance operands of 1 or
+    2 dims or one real 2-D CPU tensor shared by all, not two vectors, not two shared,
+    one float dtype; else None."""
+    if nd.op.rule is not matmul_rule or nd.kwargs or len(nd.args) != 2:
+        return None
+    x, y = nd.args
+    dims, dtypes = [], set()
+    for a in (x, y):
+        if type(a) is LazyTensor:
+            dims.append(len(a.shape))
+        elif isinstance(a, torch.Tensor) and a.ndim == 2 and a.device.type == "cpu":
+            dims.append(0)  # shared
+        else:
+            return None
+        dtypes.add(a.dtype)
+    if dims == [1, 1] or dims == [0, 0] or (0 in dims and 1 in dims):
+        return None  # (a shared matrix with a vector: one GEMM over the batch already)
+    if len(dtypes) != 1 or dtypes.pop() not in (torch.float32, torch.float64):
+        return None
+    return x, y
+
+
+def row_operands(placeholders: list, nodes: list, outputs: list, cat_of: dict) -> set:
+    """Positions of the placeholders that only matrix products read (see acrobat/rows.py):
+    the executor may pass them as ``rows.Rows``, their addresses, instead of gathering
+    them. ``cat_of``: _matmuls_over_cat's finding (their cats' parts qualify too)."""
+    if not rows.available():
+        return set()
+    readers: dict[int, bool] = {}  # id(placeholder) -> every reader so far is a product
+    metas: dict[int, LazyTensor] = {}
+    products = {id(cat) for cat in cat_of.values()}
+    for mm in nodes:
+        if id(mm) in cat_of and _product_operands(mm) is None:
+            products.discard(id(cat_of[id(mm)]))
+    for nd in nodes:
+        ok = id(nd) in products or _product_operands(nd) is not None
+        for t in nd.inputs:
+            readers[id(t.node)] = readers.get(id(t.node), True) and ok
+            metas[id(t.node)] = t
+    for t in outputs:
+        readers[id(t.node)] = False
+    found = set()
+    for i, ph in enumerate(placeholders):
+        t = metas.get(id(ph))
+        if t is None or not readers[id(ph)] or t.dtype not in (torch.float32, torch.float64):
+            continue
+        if len(t.shape) in (1, 2) and t.shape.numel() >= rows.MIN_NUMEL:
+            found.add(i)
+    return found
+
+
+def _if_usable(e, fast: str, slow: str, operands, var) -> str:
+    """``fast`` (products over addresses) where rows.usable says so at run time."""
+    names = ", ".join(dict.fromkeys(var[(id(t.node), t.idx)] for t in operands))
+    return f"{fast} if {e.const('rows_usable', rows.usable)}({names}) else {slow}"
+
+
+def _emit_row_product(e, nd, var, k):
+    x, y = _product_operands(nd)
+    args = []
+    for j, a in enumerate((x, y)):
+        if type(a) is LazyTensor:
+            args += [var[(id(a.node), a.idx)], "False"]
+        else:
+            args += [e.const(f"w{k}_{j}", a), "True"]
+    return f"{e.const('rows_matmul', rows.matmul)}({', '.join(args)}, n)"
+
+
+def _emit_row_products_over_cat(e, nd, cat, var, k):
+    w = e.const(f"w{k}", nd.args[0])
+    terms, start = [], 0
+    for p in _cat_dim0_parts(cat):
+        rows_ = p.shape[0]
+        terms.append(f"({w}[:, {start}:{start + rows_}], True, {var[(id(p.node), p.idx)]}, False)")
+        start += rows_
+    return f"{e.const('rows_matmul_sum', rows.matmul_sum)}([{', '.join(terms)}], n)"
+
+
 def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -> Callable:
     """``run(xs, n) -> tuple of outputs`` for a block program (see the module doc)."""
     e = _Emitter()
@@ -384,6 +464,8 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     taken = folded | set(lookups) | set(cat_of) | split_cats
     squash = _tanh_epilogues(nodes, uses, into_add, taken) if TANH_EPILOGUES and EPILOGUES else {}
     folded |= {id(src) for _, src in squash.values()}
+    in_place = row_operands(placeholders, nodes, outputs, cat_of)
+    row_nodes = {id(placeholders[i]) for i in in_place}
     for k, nd in enumerate(nodes):
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k
@@ -394,6 +476,15 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
         expr = None
         if id(nd) in cat_of:
             expr = _emit_matmul_over_cat(e, nd, cat_of[id(nd)], var, k)
+            parts = _cat_dim0_parts(cat_of[id(nd)])
+            if any(id(p.node) in row_nodes for p in parts):
+                fast = _emit_row_products_over_cat(e, nd, cat_of[id(nd)], var, k)
+                expr = _if_usable(e, fast, expr, parts, var)
+        elif any(id(t.node) in row_nodes for t in nd.inputs):  # a product (row_operands)
+            rule = e.const(f"rule{k}", nd.op.rule)
+            ins = ", ".join(var[(id(t.node), t.idx)] for t in nd.inputs)
+            slow = f"{rule}({e.const(f'node{k}', nd)}, [{ins}], n)[0]"
+            expr = _if_usable(e, _emit_row_product(e, nd, var, k), slow, nd.inputs, var)
         if id(nd) in lookups:
             expr = _emit_lookup_linear(e, nd, lookups[id(nd)], var, k)
         if id(nd) in squash:
@@ -414,9 +505,11 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
         for j in range(len(nd.info.metas)):
             var[(id(nd), j)] = f"v{k}" if single else f"v{k}[{j}]"
     outs = "".join(f"{var[(id(t.node), t.idx)]}, " for t in outputs)
+    run_rows = frozenset(in_place)
     lines.append(f"    return ({outs})")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<acrobat {name}>", "exec"), e.consts)
     run = e.consts.pop("run")  # (left in its own globals, a reference cycle)
     run.source = source
+    run.row_args = run_rows  # placeholders the executor may pass as rows.Rows
     return run

@@ -172,3 +172,9 @@ def override(**flags):
         yield
     finally:
         g.update(old)
+
+#: Block inputs read only by matrix products (MV-RNN's phrase matrices) are not gathered:
+#: the products read each instance's matrix where its producer wrote it, through MKL's
+#: batched GEMM over address lists (acrobat/rows.py), on CPU without autograd, where
+#: torch's BLAS has it. Off: gathered like every operand.
+ROW_OPERANDS: bool = bool(_env_int("ACROBAT_ROW_OPERANDS", 1))

@@ -19,6 +19,7 @@ import torch
 from acrobat import config
 from acrobat.errors import AcrobatError
 from acrobat.ops import DATA_OPS, ROW_VIEWS, TAKE, TENSOR, reshape_rule
+from acrobat.rows import rows_of
 from acrobat.scan import looping
 from acrobat.tensor import _native, index_tensor
 from acrobat_kernels.gather import gather_rows
@@ -315,12 +316,19 @@ def run_batch(nodes: list, stats) -> None:
         in_place = op.source_args
         if in_place and (config.KERNEL_BACKEND == "off" or torch.is_grad_enabled()):
             in_place = ()
+        by_address = op.row_args
+        if by_address and torch.is_grad_enabled():
+            by_address = ()
         for j in range(len(n0.inputs)):
             if j in in_place:
                 xs.append(gather_source([nd.inputs[j] for nd in nodes], n, stats))
             elif _native is not None and type(nodes) is list:  # operands, slots: one C loop
                 column, slots = _native.column(nodes, j)
-                xs.append(gather(column, n, stats, (op, j), slots))
+                x = None
+                if j in by_address and not _is_range(slots):
+                    x = rows_of(column, slots, _bases)  # (None: a source torch must read)
+                    stats.gathers_fused += x is not None
+                xs.append(gather(column, n, stats, (op, j), slots) if x is None else x)
             else:
                 xs.append(gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)))
         t1 = time.perf_counter()

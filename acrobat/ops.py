@@ -57,6 +57,7 @@ class Op:
     launches: int = 1
     doc: str = ""
     source_args: frozenset = frozenset()  # operands a fused kernel reads in place
+    row_args: frozenset = frozenset()  # operands read by address (acrobat/rows.py)
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:
