@@ -317,7 +317,7 @@ def run_batch(nodes: list, stats) -> None:
         if in_place and (config.KERNEL_BACKEND == "off" or torch.is_grad_enabled()):
             in_place = ()
         by_address = op.row_args
-        if by_address and torch.is_grad_enabled():
+        if by_address and (torch.is_grad_enabled() or not config.ROW_OPERANDS):
             by_address = ()
         for j in range(len(n0.inputs)):
             if j in in_place:

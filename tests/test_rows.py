@@ -282,3 +282,20 @@ def test_products_over_addresses_are_found_in_generated_code_only_when_available
     """With the path off, row_operands finds nothing and the program is as before."""
     monkeypatch.setattr(config, "ROW_OPERANDS", False)
     assert codegen.row_operands([], [], [], {}) == set()
+
+
+def test_turning_the_flag_off_after_compiling_gathers_again(monkeypatch):
+    """config.ROW_OPERANDS is read at every batch: off, a compiled program gets gathered
+    tensors (and computes the same)."""
+    m = Phrases(8)
+    trees = [((0, 1), ((2, 3), 4)), (((5, 0), 1), 2), (3, (4, (5, (0, 1))))]
+    compose.cache.clear()
+    with torch.no_grad():
+        on, on_stats = encode.map(trees, m=m, cell=compose, stats=True)
+        assert on_stats.gathers_fused > 0
+        monkeypatch.setattr(config, "ROW_OPERANDS", False)
+        off, off_stats = encode.map(trees, m=m, cell=compose, stats=True)
+    assert off_stats.gathers_fused == 0 and off_stats.gathers > on_stats.gathers
+    for g, w in zip(off, on):
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b)
