@@ -167,6 +167,19 @@ def _sources(cell) -> list[str]:
     return [t.compiled.source for t in cell.cache.values() if t.compiled is not None]
 
 
+def _maps_equal_eager(trees, m, cell):
+    """Two maps (the first compiles the block's program): the second's results equal the
+    eager loop's; its stats."""
+    with torch.no_grad():
+        for _ in range(2):
+            got, stats = encode.map(trees, m=m, cell=cell, stats=True)
+        want = [encode.eager(t, m, cell) for t in trees]
+    for g, w in zip(got, want):
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b)
+    return stats
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     trees=st.lists(_trees, min_size=1, max_size=6),
@@ -205,13 +218,7 @@ def test_scattered_children_are_read_by_address():
     m = Phrases(8)
     trees = [((0, 1), ((2, 3), 4)), (((5, 0), 1), 2), (3, (4, (5, (0, 1))))]
     compose.cache.clear()
-    with torch.no_grad():
-        encode.map(trees, m=m, cell=compose)
-        got, stats = encode.map(trees, m=m, cell=compose, stats=True)
-        want = [encode.eager(t, m, compose) for t in trees]
-    for g, w in zip(got, want):
-        for a, b in zip(g, w):
-            torch.testing.assert_close(a, b)
+    stats = _maps_equal_eager(trees, m, compose)
     assert stats.gathers_fused > 0, stats
     (source,) = _sources(compose)
     assert "rows_matmul_sum(" in source and "rows_matmul(" in source, source
@@ -222,13 +229,7 @@ def test_an_input_read_by_another_op_is_gathered():
     m = Phrases(8)
     trees = [((0, 1), ((2, 3), 4)), (((5, 0), 1), 2)]
     compose_reads_twice.cache.clear()
-    with torch.no_grad():
-        for _ in range(2):
-            got = encode.map(trees, m=m, cell=compose_reads_twice)
-        want = [encode.eager(t, m, compose_reads_twice) for t in trees]
-    for g, w in zip(got, want):
-        for a, b in zip(g, w):
-            torch.testing.assert_close(a, b)
+    _maps_equal_eager(trees, m, compose_reads_twice)
     (trace,) = [t for t in compose_reads_twice.cache.values() if t.compiled is not None]
     # (a, A, b, B): A is read by A * 0.5 too, the vectors are under rows.MIN_NUMEL
     assert trace.op.row_args == {3}, trace.op.row_args
@@ -268,13 +269,7 @@ def test_a_source_that_cannot_be_read_by_address_is_gathered(monkeypatch):
         return got
 
     monkeypatch.setattr(executor, "rows_of", unreadable)
-    with torch.no_grad():
-        for _ in range(2):
-            got = encode.map(trees, m=m, cell=compose)
-        want = [encode.eager(t, m, compose) for t in trees]
-    for g, w in zip(got, want):
-        for a, b in zip(g, w):
-            torch.testing.assert_close(a, b)
+    _maps_equal_eager(trees, m, compose)
     assert seen and all(r is None for r in seen)
 
 
