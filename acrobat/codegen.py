@@ -505,11 +505,10 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
         for j in range(len(nd.info.metas)):
             var[(id(nd), j)] = f"v{k}" if single else f"v{k}[{j}]"
     outs = "".join(f"{var[(id(t.node), t.idx)]}, " for t in outputs)
-    run_rows = frozenset(in_place)
     lines.append(f"    return ({outs})")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<acrobat {name}>", "exec"), e.consts)
     run = e.consts.pop("run")  # (left in its own globals, a reference cycle)
     run.source = source
-    run.row_args = run_rows  # placeholders the executor may pass as rows.Rows
+    run.row_args = frozenset(in_place)  # placeholders the executor may pass as rows.Rows
     return run
