@@ -1862,21 +1862,45 @@ static int rows_args(PyObject *const *a, Py_ssize_t n, const char *name) {
     return 1;
 }
 
-static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (!rows_args(a, n, "copy_rows")) return NULL;
+/* The rows of ``slots`` copied to ``dst``, ``stride`` bytes apart: True, False (a source
+ * that cannot be read by address; nothing copied), or NULL with an exception set.
+ * ``a``: (dst, slots, bases, nbytes, ts, shape, dtype). */
+static PyObject *copy_strided(PyObject *const *a, Py_ssize_t stride) {
     char *dst = (char *)PyLong_AsVoidPtr(a[0]);
     if (dst == NULL && PyErr_Occurred()) return NULL;
     Py_ssize_t nbytes = PyLong_AsSsize_t(a[3]);
     if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    if (stride < 0) stride = nbytes;
     Py_ssize_t m = PyList_GET_SIZE(a[1]);
     char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
     if (src == NULL) return PyErr_NoMemory();
     int found = row_pointers(a[1], a[2], a[4], a[5], a[6], nbytes, src);
     if (found == 1)
-        for (Py_ssize_t i = 0; i < m; i++) memcpy(dst + i * nbytes, src[i], (size_t)nbytes);
+        for (Py_ssize_t i = 0; i < m; i++) memcpy(dst + i * stride, src[i], (size_t)nbytes);
     PyMem_Free(src);
     if (found < 0) return NULL;
     return PyBool_FromLong(found);
+}
+
+static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (!rows_args(a, n, "copy_rows")) return NULL;
+    return copy_strided(a, -1);
+}
+
+/* copy_rows_into(dst, stride, slots, bases, nbytes, ts, shape, dtype): copy_rows with
+ * the rows written ``stride`` bytes apart: the rows of one part of a concatenation
+ * gathered straight into their columns of the joined buffer (executor._join). */
+static PyObject *copy_rows_into(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 8) {
+        PyErr_SetString(PyExc_TypeError, "copy_rows_into(dst, stride, slots, bases, nbytes, "
+                                         "ts, shape, dtype)");
+        return NULL;
+    }
+    Py_ssize_t stride = PyLong_AsSsize_t(a[1]);
+    if (stride == -1 && PyErr_Occurred()) return NULL;
+    PyObject *const rest[7] = {a[0], a[2], a[3], a[4], a[5], a[6], a[7]};
+    if (!rows_args(rest, 7, "copy_rows_into")) return NULL;
+    return copy_strided(rest, stride);
 }
 
 /* row_addresses(dst, slots, bases, nbytes, ts, shape, dtype): copy_rows without the
@@ -1977,6 +2001,9 @@ static PyMethodDef methods[] = {
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
      "copy_rows(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (a source "
      "that cannot be read by address; nothing copied)"},
+    {"copy_rows_into", (PyCFunction)(void (*)(void))copy_rows_into, METH_FASTCALL,
+     "copy_rows_into(dst, stride, slots, bases, nbytes, ts, shape, dtype) -> True, or False "
+     "(as copy_rows, the rows written stride bytes apart)"},
     {"row_addresses", (PyCFunction)(void (*)(void))row_addresses, METH_FASTCALL,
      "row_addresses(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (as "
      "copy_rows, writing each row's address at dst instead of copying it)"},

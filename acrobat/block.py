@@ -182,6 +182,7 @@ class Trace:
             self.compiled = run
             if self.fusion is None:  # (a fused kernel reads its operands as tensors)
                 self.op.row_args = getattr(run, "row_args", frozenset())
+                self.op.joins = getattr(run, "joins", ())
         return run(xs, n)
 
     def interpret(self, xs, n):

@@ -417,6 +417,39 @@ def row_operands(placeholders: list, nodes: list, outputs: list, cat_of: dict) -
     return found
 
 
+def joined_cats(placeholders: list, nodes: list, outputs: list) -> dict:
+    """``{id(cat node): positions}`` for each ``cat([a, b, ...], -1)`` of per-instance
+    vectors that are block inputs nothing else reads: the executor may gather them
+    straight into their columns of one (n, total) buffer (executor._join), so the
+    concatenation costs no second copy; the program then gets that buffer at the first
+    position and None at the others."""
+    position: dict[int, int] = {}
+    for i, ph in enumerate(placeholders):
+        position.setdefault(id(ph), i)
+    uses = _uses(nodes, outputs)
+    found: dict[int, tuple] = {}
+    claimed: set[int] = set()
+    for nd in nodes:
+        if nd.op.name != "cat" or nd.op.rule is not cat_rule or nd.kwargs or not nd.args:
+            continue
+        parts = nd.args[0]
+        if nd.args[1:] not in ((), (0,), (-1,)) or type(parts) not in (list, tuple):
+            continue
+        if len(parts) < 2 or not all(
+            type(p) is LazyTensor and p.idx == 0 and id(p.node) in position and len(p.shape) == 1
+            for p in parts
+        ):
+            continue
+        ids = [id(p.node) for p in parts]
+        if len(set(ids)) != len(ids) or claimed.intersection(ids):
+            continue
+        if any(uses.get(i) != 1 for i in ids) or len({p.dtype for p in parts}) != 1:
+            continue
+        found[id(nd)] = tuple(position[i] for i in ids)
+        claimed.update(ids)
+    return found
+
+
 def _if_usable(e, fast: str, slow: str, operands, var) -> str:
     """``fast`` (products over addresses) where rows.usable says so at run time."""
     names = ", ".join(dict.fromkeys(var[(id(t.node), t.idx)] for t in operands))
@@ -466,6 +499,7 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     folded |= {id(src) for _, src in squash.values()}
     in_place = row_operands(placeholders, nodes, outputs, cat_of)
     row_nodes = {id(placeholders[i]) for i in in_place}
+    joins = joined_cats(placeholders, nodes, outputs)
     for k, nd in enumerate(nodes):
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k
@@ -474,7 +508,10 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             continue
         emit = _EMITTERS.get(nd.op.rule)
         expr = None
-        if id(nd) in cat_of:
+        if id(nd) in joins:  # gathered joined by the executor, where it could
+            first, second = (f"p{i}" for i in joins[id(nd)][:2])
+            expr = f"{first} if {second} is None else {_emit_cat(e, nd, var, k)}"
+        elif id(nd) in cat_of:
             expr = _emit_matmul_over_cat(e, nd, cat_of[id(nd)], var, k)
             parts = _cat_dim0_parts(cat_of[id(nd)])
             if any(id(p.node) in row_nodes for p in parts):
@@ -511,4 +548,5 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     run = e.consts.pop("run")  # (left in its own globals, a reference cycle)
     run.source = source
     run.row_args = frozenset(in_place)  # placeholders the executor may pass as rows.Rows
+    run.joins = tuple(joins.values())  # placeholders it may gather as one buffer
     return run

@@ -180,3 +180,9 @@ def override(**flags):
 #: gathered like every operand (read at every batch; programs compiled while it was off
 #: keep gathering).
 ROW_OPERANDS: bool = bool(_env_int("ACROBAT_ROW_OPERANDS", 1))
+
+#: A block's ``cat([a, b, ...], -1)`` of inputs that nothing else reads is gathered as one
+#: buffer: each part's rows copied from their addresses straight into its columns
+#: (executor._join, codegen.joined_cats) instead of a gather per part and a ``torch.cat``
+#: of the copies. On CPU without autograd, with the C extension. Off: a gather per part.
+JOIN_GATHERS: bool = bool(_env_int("ACROBAT_JOIN_GATHERS", 1))

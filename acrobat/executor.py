@@ -319,8 +319,11 @@ def run_batch(nodes: list, stats) -> None:
         by_address = op.row_args
         if by_address and (torch.is_grad_enabled() or not config.ROW_OPERANDS):
             by_address = ()
+        joined = _join(nodes, op.joins, n, stats) if op.joins else None
         for j in range(len(n0.inputs)):
-            if j in in_place:
+            if joined is not None and j in joined:
+                xs.append(joined[j])
+            elif j in in_place:
                 xs.append(gather_source([nd.inputs[j] for nd in nodes], n, stats))
             elif _native is not None and type(nodes) is list:  # operands, slots: one C loop
                 column, slots = _native.column(nodes, j)
@@ -338,6 +341,40 @@ def run_batch(nodes: list, stats) -> None:
             _explain_failure(nodes, exc)
             raise
     _finish_batch(nodes, outs, n, stats, t0, t1)
+
+
+def _join(nodes: list, groups: tuple, n: int, stats) -> dict | None:
+    """The operand groups of a block's concatenations (codegen.joined_cats) gathered each
+    into one (n, total) buffer, every part's rows copied from their addresses straight
+    into its columns: ``{first position: buffer, other positions: None}``. A group whose
+    rows the C copy cannot all read (or with autograd on, or without the C extension) is
+    left out: its parts are gathered one by one and the program concatenates them."""
+    if _native is None or type(nodes) is not list or torch.is_grad_enabled():
+        return None
+    if not config.JOIN_GATHERS or not config.FAST_GATHER:
+        return None
+    joined: dict = {}
+    for group in groups:
+        columns = [_native.column(nodes, j) for j in group]
+        t0 = columns[0][0][0]
+        dtype = t0.dtype
+        width = sum(column[0].shape[0] for column, _ in columns)
+        out = torch.empty((n, width), dtype=dtype)
+        stride = width * dtype.itemsize
+        at = out.data_ptr()
+        for column, slots in columns:
+            shape = column[0].shape
+            nbytes = shape[0] * dtype.itemsize
+            if not _native.copy_rows_into(at, stride, slots, _bases, nbytes, column, shape, dtype):
+                break
+            at += nbytes
+        else:
+            joined[group[0]] = out
+            for j in group[1:]:
+                joined[j] = None
+            stats.gathers += 1
+            stats.gather_bytes += out.nbytes
+    return joined
 
 
 def _trip_count(node) -> int:

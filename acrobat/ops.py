@@ -58,6 +58,7 @@ class Op:
     doc: str = ""
     source_args: frozenset = frozenset()  # operands a fused kernel reads in place
     row_args: frozenset = frozenset()  # operands read by address (acrobat/rows.py)
+    joins: tuple = ()  # groups of operands gathered as one concatenation (executor._join)
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:

@@ -239,3 +239,130 @@ def test_native_copy_rows_copies_the_rows_its_slots_name(shape, dtype, heights, 
             for t in ts:
                 if t.node.outs[0] is odd:
                     t.node.outs = (sources[s0],)
+
+
+# Concatenations of block inputs gathered as one buffer (executor._join): a tree of
+# vectors whose composition reads cat([left, right]) of children from many batches.
+
+
+@acrobat.block
+def pair_cell(w, a, b):
+    return torch.tanh(w @ torch.cat([a, b]))
+
+
+@acrobat.block
+def pair_cell_reads_twice(w, a, b):
+    return torch.tanh(w @ torch.cat([a, b])) + a  # a also read by the add: not joined
+
+
+@acrobat.block
+def pair_leaf(table, word):
+    return table[word]
+
+
+def _pair(tree, w, table, cell):
+    if isinstance(tree, int):
+        return pair_leaf(table, torch.tensor(tree))
+    return cell(w, _pair(tree[0], w, table, cell), _pair(tree[1], w, table, cell))
+
+
+@acrobat.autobatch
+def pair_tree(tree, w, table, cell):
+    return _pair(tree, w, table, cell)
+
+
+_pair_trees = st.recursive(st.integers(0, 4), lambda t: st.tuples(t, t), max_leaves=7)
+
+
+def _pair_model(dim: int, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(dim)
+    w = (torch.randn(dim, 2 * dim, generator=gen) / dim).to(dtype)
+    return w, torch.randn(5, dim, generator=gen).to(dtype)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    trees=st.lists(_pair_trees, min_size=1, max_size=6),
+    dim=st.integers(1, 9),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    join=st.booleans(),
+    grad=st.booleans(),
+)
+def test_joined_concatenations_match_eager(trees, dim, dtype, join, grad):
+    """map == eager with the parts of cat([a, b]) gathered into one buffer or one by one,
+    and under autograd (parts gathered one by one, gradients as eager's)."""
+    w, table = _pair_model(dim, dtype)
+    w.requires_grad_(grad)
+    with pytest.MonkeyPatch.context() as mp, torch.set_grad_enabled(grad):
+        mp.setattr(config, "JOIN_GATHERS", join)
+        for _ in range(2):  # the second map: the compiled program
+            got = pair_tree.map(trees, w=w, table=table, cell=pair_cell)
+        want = [pair_tree.eager(t, w, table, pair_cell) for t in trees]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        if grad:
+            got_g = torch.autograd.grad(sum(g.sum() for g in got), w)
+            want_g = torch.autograd.grad(sum(g.sum() for g in want), w)
+            torch.testing.assert_close(got_g, want_g)
+
+
+def _pair_sources(cell) -> list[str]:
+    return [t.compiled.source for t in cell.cache.values() if t.compiled is not None]
+
+
+def test_a_joined_concatenation_is_one_gather(monkeypatch):
+    """Children from many batches: each composition batch gathers both parts with one
+    buffer (fewer gathers than one per part), and equals the path with joins off."""
+    w, table = _pair_model(6)
+    trees = [((0, 1), ((2, 3), 4)), (((1, 0), 1), 2), (3, (4, (2, (0, 1))))]
+    pair_cell.cache.clear()
+    with torch.no_grad():
+        pair_tree.map(trees, w=w, table=table, cell=pair_cell)
+        joined, on = pair_tree.map(trees, w=w, table=table, cell=pair_cell, stats=True)
+        monkeypatch.setattr(config, "JOIN_GATHERS", False)
+        apart, off = pair_tree.map(trees, w=w, table=table, cell=pair_cell, stats=True)
+    for a, b in zip(joined, apart):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert on.gathers < off.gathers, (on, off)
+    (trace,) = [t for t in pair_cell.cache.values() if t.compiled is not None]
+    assert trace.op.joins == ((0, 1),)
+    assert "is None else torch.cat(" in trace.compiled.source
+
+
+def test_a_part_read_elsewhere_is_not_joined():
+    w, table = _pair_model(6)
+    trees = [((0, 1), ((2, 3), 4)), (((1, 0), 1), 2)]
+    pair_cell_reads_twice.cache.clear()
+    with torch.no_grad():
+        for _ in range(2):
+            got = pair_tree.map(trees, w=w, table=table, cell=pair_cell_reads_twice)
+        want = [pair_tree.eager(t, w, table, pair_cell_reads_twice) for t in trees]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    traces = [t for t in pair_cell_reads_twice.cache.values() if t.compiled is not None]
+    assert traces and all(t.op.joins == () for t in traces)
+
+
+def test_a_join_whose_rows_cannot_all_be_read_gathers_the_parts(monkeypatch):
+    """A source the C copy cannot read (marked so in the address table) makes the group
+    fall back to one gather per part; the result is the same."""
+    w, table = _pair_model(6)
+    trees = [((0, 1), ((2, 3), 4)), (((1, 0), 1), 2)]
+    pair_cell.cache.clear()
+    real = executor._native.copy_rows_into
+    calls = []
+
+    def unreadable(dst, stride, slots, bases, *rest):
+        for s in slots:
+            bases[s >> executor._ROW_BITS] = None
+        calls.append(1)
+        return real(dst, stride, slots, bases, *rest)
+
+    with torch.no_grad():
+        pair_tree.map(trees, w=w, table=table, cell=pair_cell)
+        monkeypatch.setattr(executor._native, "copy_rows_into", unreadable)
+        got = pair_tree.map(trees, w=w, table=table, cell=pair_cell)
+        want = [pair_tree.eager(t, w, table, pair_cell) for t in trees]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert calls
