@@ -16,7 +16,8 @@
  *   BlockBase, AutoBase, RegionBase  C call slots of block.Block, analysis.AutoBlock and
  *                analysis.RegionBlock: the checks of their __call__ and block_call_impl, the
  *                rest in Python (_call, _region_call)
- *   column, finish_rows, copy_rows, heights: the executor's and scheduler's per-row loops
+ *   column, finish_rows, copy_rows, copy_rows_into, heights: the executor's and
+ *                scheduler's per-row loops
  *   row_addresses, gemm_batch  operands read in place: the rows' addresses, and MKL's
  *                batched GEMM over pointer lists (acrobat/rows.py)
  *   value_read   fibers.demand_py's common path (LazyBase.tolist, tensor.DEMAND_PY): a
@@ -1851,7 +1852,8 @@ static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject
     return 1;
 }
 
-/* copy_rows's and row_addresses's arguments: 1 if well formed, else 0 with TypeError */
+/* copy_rows's, copy_rows_into's (after its stride) and row_addresses's arguments: 1 if
+ * well formed, else 0 with TypeError */
 static int rows_args(PyObject *const *a, Py_ssize_t n, const char *name) {
     if (n != 7 || !PyList_Check(a[1]) || !PyDict_Check(a[2]) || !PyList_Check(a[4]) ||
         PyList_GET_SIZE(a[4]) != PyList_GET_SIZE(a[1])) {

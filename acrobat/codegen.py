@@ -352,16 +352,24 @@ def _matmuls_over_cat(nodes: list, uses: dict) -> dict:
     return found
 
 
-def _emit_matmul_over_cat(e, nd, cat, var, k):
+def _weight_slices(e, nd, cat, var, k) -> list:
+    """``(W's column slice, its width, the part's variable)`` per part of ``W @ cat``; the
+    slices are sliced per batch in the generated code (views made under the current grad
+    mode)."""
     w = e.const(f"w{k}", nd.args[0])
-    expr, start = None, 0
+    slices, start = [], 0
     for p in _cat_dim0_parts(cat):
-        rows = p.shape[0]
-        wp = f"{w}[:, {start}:{start + rows}]"  # sliced per batch: views made under the
-        wp = f"{wp}.expand(n, {nd.args[0].shape[0]}, {rows})"  # current grad mode
-        pv = var[(id(p.node), p.idx)]
+        height = p.shape[0]
+        slices.append((f"{w}[:, {start}:{start + height}]", height, var[(id(p.node), p.idx)]))
+        start += height
+    return slices
+
+
+def _emit_matmul_over_cat(e, nd, cat, var, k):
+    expr = None
+    for wp, height, pv in _weight_slices(e, nd, cat, var, k):
+        wp = f"{wp}.expand(n, {nd.args[0].shape[0]}, {height})"
         expr = f"torch.bmm({wp}, {pv})" if expr is None else f"torch.baddbmm({expr}, {wp}, {pv})"
-        start += rows
     return expr
 
 
@@ -468,12 +476,7 @@ def _emit_row_product(e, nd, var, k):
 
 
 def _emit_row_products_over_cat(e, nd, cat, var, k):
-    w = e.const(f"w{k}", nd.args[0])
-    terms, start = [], 0
-    for p in _cat_dim0_parts(cat):
-        rows_ = p.shape[0]
-        terms.append(f"({w}[:, {start}:{start + rows_}], True, {var[(id(p.node), p.idx)]}, False)")
-        start += rows_
+    terms = [f"({wp}, True, {pv}, False)" for wp, _, pv in _weight_slices(e, nd, cat, var, k)]
     return f"{e.const('rows_matmul_sum', rows.matmul_sum)}([{', '.join(terms)}], n)"
 
 

@@ -356,8 +356,7 @@ def _join(nodes: list, groups: tuple, n: int, stats) -> dict | None:
     joined: dict = {}
     for group in groups:
         columns = [_native.column(nodes, j) for j in group]
-        t0 = columns[0][0][0]
-        dtype = t0.dtype
+        dtype = columns[0][0][0].dtype
         width = sum(column[0].shape[0] for column, _ in columns)
         out = torch.empty((n, width), dtype=dtype)
         stride = width * dtype.itemsize

@@ -28,9 +28,9 @@ def _compile():
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from acrobat_kernels.unary import _pointer_cast
+    from acrobat_kernels.unary import address_casts
 
-    as_i64_ptr = _pointer_cast(types.CPointer(types.int64))
+    as_i64_ptr = address_casts()[1]
 
     @intrinsic
     def memcpy(typingctx, dst, src, nbytes):

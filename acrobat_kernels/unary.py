@@ -49,22 +49,10 @@ def address_casts() -> tuple:
     if _casts is None:
         from numba import types
 
-        _casts = tuple(_pointer_cast(types.CPointer(t)) for t in (types.float32, types.int64))
+        from acrobat_kernels.vecmath import pointer_cast
+
+        _casts = tuple(pointer_cast(types.CPointer(t)) for t in (types.float32, types.int64))
     return _casts
-
-
-def _pointer_cast(ptr_type):
-    """An intrinsic turning an integer address into a ``ptr_type`` (numba has no builtin)."""
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def as_ptr(typingctx, address):
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], context.get_value_type(ptr_type))
-
-        return ptr_type(address), codegen
-
-    return as_ptr
 
 
 def tanh_in_place():

@@ -211,15 +211,21 @@ def erf_f32(x):
 # load in ~0.05 s instead of ~0.9 s of compiling in every process (the first map).
 
 
-@intrinsic
-def _as_f32(typingctx, address):
-    """An integer address as a float32 pointer (for ``numba.carray``)."""
-    ptr = types.CPointer(types.float32)
+def pointer_cast(ptr_type):
+    """An intrinsic turning an integer address into a ``ptr_type`` (numba has no builtin),
+    for ``numba.carray`` over an address (acrobat_kernels.unary.address_casts)."""
 
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(ptr))
+    @intrinsic
+    def as_ptr(typingctx, address):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(ptr_type))
 
-    return ptr(address), codegen
+        return ptr_type(address), codegen
+
+    return as_ptr
+
+
+_as_f32 = pointer_cast(types.CPointer(types.float32))
 
 
 def _tanh_buffer(src, dst, n):  # pragma: no cover - compiled by numba
