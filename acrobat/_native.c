@@ -1408,36 +1408,72 @@ static PyObject *setup_block(PyObject *mod, PyObject *args) {
 
 static PyObject *demand_py_fn;  /* fibers.demand_py */
 static PyObject *host_list_fn;  /* fibers._host_list */
-static PyObject *s_blocked, *s_main, *s_waiting, *s_host, *s_switch, *s_py_rows;
+static PyObject *switch_away_fn;  /* fibers.switch_away */
+static PyObject *s_blocked, *s_waiting, *s_host, *s_switch, *s_py_rows, *s_ready, *s_failed,
+    *s_glet, *s_popleft;
 
 static PyObject *setup_fibers(PyObject *mod, PyObject *args) {
-    PyObject *d, *h;
-    if (!PyArg_ParseTuple(args, "OO", &d, &h)) return NULL;
+    PyObject *d, *h, *w;
+    if (!PyArg_ParseTuple(args, "OOO", &d, &h, &w)) return NULL;
     Py_INCREF(d); Py_XSETREF(demand_py_fn, d);
     Py_INCREF(h); Py_XSETREF(host_list_fn, h);
+    Py_INCREF(w); Py_XSETREF(switch_away_fn, w);
     Py_RETURN_NONE;
+}
+
+/* fibers.switch_away(rt) with its common case in C: the next ready fiber has started
+ * (it is suspended): pop it, make it rt's running fiber and switch to its greenlet.
+ * Anything else (none ready, a failed fiber, one to start) is the Python function. */
+static int switch_away(PyObject *rt) {
+    PyObject *ready = PyObject_GetAttr(rt, s_ready), *failed = NULL, *head = NULL;
+    PyObject *g = NULL, *res = NULL;
+    int r = -1;
+    if (ready == NULL) return -1;
+    Py_ssize_t n = PyObject_Length(ready);
+    if (n < 0) goto done;
+    if (n > 0) {
+        if ((failed = PyObject_GetAttr(rt, s_failed)) == NULL) goto done;
+        if (failed == Py_None) {
+            if ((head = PySequence_GetItem(ready, 0)) == NULL) goto done;
+            if ((g = PyObject_GetAttr(head, s_glet)) == NULL) goto done;
+        }
+    }
+    if (g == NULL || g == Py_None) {
+        res = PyObject_CallOneArg(switch_away_fn, rt);
+    } else {
+        PyObject *callargs[2] = {NULL, ready};
+        PyObject *popped = PyObject_VectorcallMethod(
+            s_popleft, callargs + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (popped == NULL) goto done;
+        Py_DECREF(popped);  /* (head: the deque holds no other reference now) */
+        if (PyObject_SetAttr(rt, s_fiber, head) < 0) goto done;
+        callargs[1] = g;
+        res = PyObject_VectorcallMethod(
+            s_switch, callargs + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    if (res == NULL) goto done;  /* thrown into the fiber (map cleanup): unwinds */
+    Py_DECREF(res);
+    r = 0;
+done:
+    Py_XDECREF(g);
+    Py_XDECREF(head);
+    Py_XDECREF(failed);
+    Py_DECREF(ready);
+    return r;
 }
 
 /* suspend ``fiber``, the running fiber of ``rt``, until a flush computes ``t``; 1 when
  * it resumed with a host copy in *host (a new reference), 0 without, -1 on error */
 static int suspend(PyObject *rt, PyObject *fiber, PyObject *t, PyObject **host) {
-    PyObject *blocked = NULL, *main = NULL;
+    PyObject *blocked = NULL;
     int r = -1;
     *host = NULL;
     blocked = PyObject_GetAttr(rt, s_blocked);
     if (blocked == NULL) goto done;
-    main = PyObject_GetAttr(rt, s_main);
-    if (main == NULL) goto done;
     if (PyObject_SetAttr(fiber, s_waiting, t) < 0 || PyList_Append(blocked, fiber) < 0)
         goto done;
     Py_CLEAR(blocked);
-    {
-        PyObject *callargs[2] = {NULL, main};
-        PyObject *res = PyObject_VectorcallMethod(
-            s_switch, callargs + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (res == NULL) goto done;  /* thrown into the fiber (map cleanup): unwinds */
-        Py_DECREF(res);
-    }
+    if (switch_away(rt) < 0) goto done;
     if (PyObject_SetAttr(fiber, s_waiting, Py_None) < 0) goto done;
     PyObject *h = PyObject_GetAttr(fiber, s_host);
     if (h == NULL) goto done;
@@ -1451,7 +1487,6 @@ static int suspend(PyObject *rt, PyObject *fiber, PyObject *t, PyObject **host) 
         r = 1;
     }
 done:
-    Py_XDECREF(main);
     Py_XDECREF(blocked);
     return r;
 }
@@ -2035,7 +2070,7 @@ static PyMethodDef methods[] = {
     {"value_read", (PyCFunction)value_read, METH_O,
      "value_read(t) -> t.tolist() (fibers.demand_py, its common path in C)"},
     {"setup_fibers", (PyCFunction)setup_fibers, METH_VARARGS,
-     "setup_fibers(demand_py, host_list)"},
+     "setup_fibers(demand_py, host_list, switch_away)"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,
      "setup_block(_key, _finish_call, split_call, _MISS)"},
     {NULL, NULL, 0, NULL}};
@@ -2106,7 +2141,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_scalar_data, "scalar_data");
     INTERN(s_tensor, "tensor");
     INTERN(s_blocked, "blocked");
-    INTERN(s_main, "main");
+    INTERN(s_ready, "ready");
+    INTERN(s_failed, "failed");
+    INTERN(s_glet, "glet");
+    INTERN(s_popleft, "popleft");
     INTERN(s_waiting, "waiting");
     INTERN(s_host, "host");
     INTERN(s_switch, "switch");

@@ -5,6 +5,11 @@ demands a value (``bool(t)``, ``t.item()``...). When no fiber can make progress,
 pending graph is executed batched across ALL suspended instances and the fibers whose
 values now exist resume (ACRoBat section 4.2). Code that never demands a value runs each
 fiber once, start to end: no suspension, one flush at the end.
+
+Fibers hand over to each other directly: one that blocks switches straight to the next
+ready fiber (``switch_away``), and a worker whose fiber ended runs the next one itself;
+only when none is ready (time to flush), to start a new worker, or to raise a fiber's
+error does control go back to the driver.
 """
 
 from __future__ import annotations
@@ -153,7 +158,7 @@ class Future:
                 child.joiners.append(me)
             me.waiting = child
             rt.stats.suspensions += 1
-            rt.main.switch()
+            switch_away(rt)
             me.waiting = None
             if me.phase < child.phase:
                 me.phase = child.phase
@@ -212,7 +217,8 @@ def _fiber_main(rt: Runtime, fiber: Fiber) -> None:
 
 
 # Creating a greenlet costs ~9 us (a fresh frame stack), switching to a parked one ~0.3 us:
-# fibers run on pooled worker greenlets, one pool per thread, so a fork costs a switch.
+# fibers run on pooled worker greenlets, one pool per thread, so a fork costs a switch at
+# most (none when the worker that ran the fiber before it is free).
 _LOCAL = threading.local()
 _POOL_MAX = 1024
 
@@ -228,25 +234,74 @@ def _worker() -> None:
     """A worker greenlet: runs fibers, parking in the pool between them. Its first fiber
     comes through ``_LOCAL.handoff``, not as an argument: the argument tuple of a
     greenlet's run stays alive as long as the greenlet (pooled: for good), and with it
-    that fiber's whole graph."""
+    that fiber's whole graph. When its fiber ends it runs the next ready fiber itself if
+    that one has not started (no switch at all), else parks and switches straight to it."""
     me = greenlet.getcurrent()
     pool = _pool()  # a greenlet never leaves its thread
     fiber = _LOCAL.handoff
     _LOCAL.handoff = None
     while True:
-        _fiber_main(graph.RT, fiber)  # type: ignore[arg-type]  # set while fibers run
+        rt: Any = graph.RT  # set while fibers run
+        _fiber_main(rt, fiber)
+        nxt = None
+        if fiber.error is not None:
+            rt.failed = fiber  # the driver raises it
+        elif rt.ready:
+            nxt = rt.ready.popleft()
         fiber = None  # type: ignore[assignment]  # hold nothing of a finished run
+        if nxt is not None and nxt.glet is None:  # not started: run it on this worker
+            nxt.glet = me
+            rt.fiber = fiber = nxt
+            continue
         if len(pool) >= _POOL_MAX:
-            return
+            if nxt is not None:
+                rt.ready.appendleft(nxt)
+            return  # to the parent, the driver
         pool.append(me)
-        fiber = me.parent.switch()
+        if nxt is None:
+            to = rt.main
+        else:
+            rt.fiber = nxt
+            to = nxt.glet
+        rt = nxt = None  # parked, hold nothing of this map
+        fiber = to.switch()
 
 
 def _start(rt: Runtime, fiber: Fiber) -> None:
-    """Start ``fiber`` on a new worker greenlet (the driver reuses parked ones itself)."""
+    """Start ``fiber`` on a new worker greenlet; only the driver does (every worker's
+    stack then starts at the same depth)."""
     g = greenlet(_worker, parent=rt.main)
     fiber.glet = g
     _LOCAL.handoff = fiber
+    g.switch()
+
+
+def switch_away(rt: Runtime) -> None:
+    """The running fiber blocks (a value demand or a join): switch straight to the next
+    ready fiber, or to the driver when none is ready (it flushes) or a fiber failed. Half
+    the switches of a round trip through the driver; the order fibers run in is the
+    driver's (one FIFO queue, whoever pops it)."""
+    ready = rt.ready
+    if not ready or rt.failed is not None:
+        rt.main.switch()
+        return
+    fiber = ready[0]
+    g = fiber.glet
+    if g is None:  # not started: on a parked worker, else the driver starts a new one
+        pool = _pool()
+        if not pool:  # (a greenlet made here would have its stack below this fiber's:
+            rt.main.switch()  # nested ones would deepen the C stack without bound)
+            return
+        g = pool.pop()
+        if g.parent is not rt.main:
+            g.parent = rt.main
+        fiber.glet = g
+        ready.popleft()
+        rt.fiber = fiber
+        g.switch(fiber)
+        return
+    ready.popleft()
+    rt.fiber = fiber
     g.switch()
 
 
@@ -299,7 +354,7 @@ def _wait(t: LazyTensor):
     fiber = rt.fiber
     fiber.waiting = t
     rt.blocked.append(fiber)  # (counted as suspensions when the driver flushes them)
-    rt.main.switch()
+    switch_away(rt)
     fiber.waiting = None
     host = fiber.host
     fiber.host = None
@@ -352,7 +407,7 @@ def _host_list(host: torch.Tensor):
 
 if tensor._native is not None:  # the common path of a read in C (_native.value_read):
     # a suspension and the row of the converted batch without a Python frame
-    tensor._native.setup_fibers(demand_py, _host_list)
+    tensor._native.setup_fibers(demand_py, _host_list, switch_away)
     tensor.DEMAND_PY = tensor._native.value_read
     LazyTensor.tolist = tensor._native.LazyBase.tolist  # type: ignore[method-assign]
 else:
@@ -450,8 +505,8 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
                     g.switch(fiber)
                 else:
                     _start(rt, fiber)
-                if fiber.error is not None:
-                    _raise_fiber_error(fiber, fn_name)
+                if rt.failed is not None:
+                    _raise_fiber_error(rt.failed, fn_name)
         rt.fiber = None
         stats.t_record += time.perf_counter() - t0
         blocked = rt.blocked
@@ -590,6 +645,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
 
 def _kill(rt: Runtime) -> None:
     """Unwind every suspended fiber so no greenlet (or its frames) leaks."""
+    rt.ready.clear()  # an unwinding fiber that blocks again goes back to the driver
     for f in rt.all_fibers:
         g = f.glet
         if not f.done and g is not None and g and not g.dead:

@@ -123,6 +123,7 @@ class Runtime:
         self.ready: deque = deque()
         self.blocked: list = []
         self.main = None  # the scheduler's greenlet
+        self.failed = None  # a fiber whose code raised: the driver re-raises its error
         self.all_fibers: list = []
         self.live: list = []  # fibers not known to be done (pruned at each flush)
         self.phased = False  # acrobat.phase entered: flushes bound by the fibers' phases

@@ -359,6 +359,66 @@ def test_a_map_leaves_no_reference_cycles():
     assert not cyclic, f"{len(cyclic)} acrobat objects in reference cycles"
 
 
+
+def test_a_map_leaves_nothing_alive_once_it_returns():
+    """A fiber that blocks switches straight to the next ready one, and a worker whose
+    fiber ended parks and switches on: the parked workers' frames must not keep the
+    finished map's runtime (and with it the graph) alive until they run again."""
+    import weakref
+
+    seen = []
+
+    @acrobat.autobatch
+    def f(x):
+        if acrobat.graph.RT is not None:  # (check_map runs eager too)
+            seen.append(weakref.ref(acrobat.graph.RT))
+        kid = acrobat.fork(lambda: (torch.tanh(x).sum() > 0).item())
+        return x * 2 if kid.result() and (x.sum() > 0).item() else x
+
+    with torch.no_grad():
+        stats = check_map(f, [torch.randn(5) for _ in range(9)])
+    assert stats.suspensions > 9
+    assert seen and all(ref() is None for ref in seen)
+
+
+def test_worker_stacks_do_not_nest():
+    """Workers start on the driver's greenlet only: one made by a blocking fiber would
+    have its C stack below that fiber's, and thousands of fibers nested that way overflow
+    a thread's stack (they raised RecursionError here). 4000 instances that each block
+    three times, in a thread with a 1 MiB stack."""
+    import threading
+
+    @acrobat.autobatch
+    def f(x):
+        for _ in range(3):
+            if (x.sum() > 100).item():
+                x = x + 1
+            x = x * 1.5
+        return x
+
+    xs = [torch.randn(3) for _ in range(4000)]
+    out: dict = {}
+
+    def run():
+        try:
+            with torch.no_grad():
+                out["got"] = f.map(xs)
+        except BaseException as exc:  # (re-raised below, in the test's thread)
+            out["error"] = exc
+
+    old = threading.stack_size(1 << 20)
+    try:
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(old)
+    if "error" in out:
+        raise out["error"]
+    for g, x in zip(out["got"], xs):
+        torch.testing.assert_close(g, f.eager(x))
+
+
 _MODELS = ["berxit", "birnn", "drnn", "mvrnn", "nestedrnn", "stackrnn", "treelstm"]
 
 
