@@ -172,6 +172,10 @@ typedef struct {
 
 static PyTypeObject LazyType;
 static PyObject *lazy_tolist(PyObject *self, PyObject *unused);  /* value reads, below */
+static PyObject *lazy_item(PyObject *self, PyObject *unused);
+static PyObject *lazy_int(PyObject *self);
+static PyObject *lazy_float(PyObject *self);
+static int lazy_bool(PyObject *self);
 static PyObject *type_key_fn;  /* tensor.type_key */
 
 static int lazy_traverse(LazyObject *self, visitproc visit, void *arg) {
@@ -232,7 +236,16 @@ static PyMemberDef lazy_members[] = {LAZY_OBJ(node), LAZY_OBJ(idx), LAZY_OBJ(sha
 static PyMethodDef lazy_methods[] = {
     {"tolist", (PyCFunction)lazy_tolist, METH_NOARGS,
      "The value as Python numbers (fibers.demand_py; suspends until it is computed)."},
+    {"item", (PyCFunction)lazy_item, METH_NOARGS,
+     "The value of a one-element tensor as a Python number (suspends until computed)."},
     {NULL, NULL, 0, NULL}};
+
+/* int(t), float(t), bool(t): the read of ``item`` without a Python frame */
+static PyNumberMethods lazy_number = {
+    .nb_bool = (inquiry)lazy_bool,
+    .nb_int = (unaryfunc)lazy_int,
+    .nb_float = (unaryfunc)lazy_float,
+};
 
 static PyTypeObject LazyType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -245,6 +258,7 @@ static PyTypeObject LazyType = {
     .tp_dealloc = (destructor)lazy_dealloc,
     .tp_members = lazy_members,
     .tp_methods = lazy_methods,
+    .tp_as_number = &lazy_number,
     .tp_init = (initproc)lazy_init,
     .tp_new = PyType_GenericNew,
 };
@@ -1565,6 +1579,63 @@ fail:
 
 static PyObject *lazy_tolist(PyObject *self, PyObject *unused) {
     return value_read(NULL, self);
+}
+
+/* tensor.LazyTensor.item: a one-element tensor's value (nested one-element lists of a
+ * (1,)- or (1, 1)-shaped tensor unwrapped), else torch's ValueError */
+static PyObject *lazy_item(PyObject *self, PyObject *unused) {
+    PyObject *shape = ((LazyObject *)self)->shape;
+    if (shape == NULL || !PyTuple_Check(shape)) {
+        PyErr_SetString(PyExc_TypeError, "item(): a LazyTensor without a shape");
+        return NULL;
+    }
+    Py_ssize_t numel = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (d == -1 && PyErr_Occurred()) return NULL;
+        numel *= d;
+    }
+    if (numel != 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "a Tensor with %zd elements cannot be converted to Scalar", numel);
+        return NULL;
+    }
+    PyObject *value = value_read(NULL, self);
+    while (value != NULL && PyList_Check(value)) {
+        if (PyList_GET_SIZE(value) != 1) {
+            PyErr_SetString(PyExc_ValueError, "item(): the value read has not one element");
+            Py_DECREF(value);
+            return NULL;
+        }
+        PyObject *first = Py_NewRef(PyList_GET_ITEM(value, 0));
+        Py_DECREF(value);
+        value = first;
+    }
+    return value;
+}
+
+static PyObject *lazy_int(PyObject *self) {
+    PyObject *v = lazy_item(self, NULL), *out;
+    if (v == NULL) return NULL;
+    out = PyNumber_Long(v);
+    Py_DECREF(v);
+    return out;
+}
+
+static PyObject *lazy_float(PyObject *self) {
+    PyObject *v = lazy_item(self, NULL), *out;
+    if (v == NULL) return NULL;
+    out = PyNumber_Float(v);
+    Py_DECREF(v);
+    return out;
+}
+
+static int lazy_bool(PyObject *self) {
+    PyObject *v = lazy_item(self, NULL);
+    if (v == NULL) return -1;
+    int out = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return out;
 }
 
 /* ---- has_lazy: graph.has_lazy ---------------------------------------------------- */

@@ -410,6 +410,10 @@ if tensor._native is not None:  # the common path of a read in C (_native.value_
     tensor._native.setup_fibers(demand_py, _host_list, switch_away)
     tensor.DEMAND_PY = tensor._native.value_read
     LazyTensor.tolist = tensor._native.LazyBase.tolist  # type: ignore[method-assign]
+    # item() and int(t), float(t), bool(t) over it: the same read, no Python frame
+    LazyTensor.item = tensor._native.LazyBase.item  # type: ignore[method-assign]
+    for _slot in ("__int__", "__float__", "__bool__"):
+        setattr(LazyTensor, _slot, getattr(tensor._native.LazyBase, _slot))
 else:
     tensor.DEMAND_PY = demand_py
     LazyTensor.tolist = demand_py  # type: ignore[method-assign]  # t.tolist(): no extra frame

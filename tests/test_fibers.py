@@ -477,7 +477,16 @@ def read_values(x, shape, dtype):
         first.append("mutated")  # the caller owns its list: a second read is unaffected
     again = v.tolist()
     scalar = v.reshape(-1)[2:3].item()
-    return first, again, scalar, bool(v.reshape(-1)[0]), int(v.reshape(-1)[1])
+    nested = v.reshape(-1)[3:4].reshape(1, 1).item()  # (1, 1): one number
+    return (
+        first,
+        again,
+        scalar,
+        nested,
+        bool(v.reshape(-1)[0]),
+        int(v.reshape(-1)[1]),
+        float(v.reshape(-1)[4]),
+    )
 
 
 @given(
@@ -495,6 +504,20 @@ def test_values_read_as_python_equal_eager(shape, dtype, n, seed):
     for g, w in zip(got, want):
         _same_python(g, w)
 
+
+
+@acrobat.autobatch
+def _read_whole(x, how):
+    return how(x)
+
+
+@pytest.mark.parametrize("how", [int, float, bool, lambda t: t.item()])
+def test_reading_a_tensor_of_several_elements_as_one_number_is_an_error(how):
+    """``int(t)``, ``float(t)``, ``bool(t)`` and ``t.item()`` of a (3,) tensor: torch's
+    ValueError (read in C with the extension: the same message), naming the instance."""
+    with pytest.raises(ValueError, match="3 elements cannot be converted to Scalar") as err:
+        _read_whole.map([torch.randn(3), torch.randn(3)], [how, how])
+    assert any("instance 0" in n for n in err.value.__notes__)
 
 def _same_python(g, w):
     """Equal Python values of the same types (floats within rounding of batched sums)."""
