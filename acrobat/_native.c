@@ -1614,21 +1614,18 @@ static PyObject *lazy_item(PyObject *self, PyObject *unused) {
     return value;
 }
 
-static PyObject *lazy_int(PyObject *self) {
+/* ``convert(t.item())`` */
+static PyObject *item_as(PyObject *self, PyObject *(*convert)(PyObject *)) {
     PyObject *v = lazy_item(self, NULL), *out;
     if (v == NULL) return NULL;
-    out = PyNumber_Long(v);
+    out = convert(v);
     Py_DECREF(v);
     return out;
 }
 
-static PyObject *lazy_float(PyObject *self) {
-    PyObject *v = lazy_item(self, NULL), *out;
-    if (v == NULL) return NULL;
-    out = PyNumber_Float(v);
-    Py_DECREF(v);
-    return out;
-}
+static PyObject *lazy_int(PyObject *self) { return item_as(self, PyNumber_Long); }
+
+static PyObject *lazy_float(PyObject *self) { return item_as(self, PyNumber_Float); }
 
 static int lazy_bool(PyObject *self) {
     PyObject *v = lazy_item(self, NULL);
