@@ -1822,6 +1822,69 @@ static PyObject *finish_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+/* lookup_rows(nodes, size): executor._lookup_in_place's indices, the Python int that
+ * each node's first input was made from by torch.tensor(i) (ops.TENSOR), or None where
+ * one is not such an int in [0, size) */
+static PyObject *lookup_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 2 || !PyList_Check(a[0]) || tensor_op == NULL) {
+        PyErr_SetString(PyExc_TypeError, "lookup_rows(nodes: list, size) after setup_values");
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(a[1]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(a[0]);
+    PyObject *out = PyList_New(m);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *nd = PyList_GET_ITEM(a[0], i), *ins, *t, *src, *data;
+        if (!PyObject_TypeCheck(nd, &NodeType)) goto none;
+        ins = ((NodeObject *)nd)->inputs;
+        if (ins == NULL || !PyList_Check(ins) || PyList_GET_SIZE(ins) < 1) goto none;
+        t = PyList_GET_ITEM(ins, 0);
+        if (!PyObject_TypeCheck(t, &LazyType)) goto none;
+        src = ((LazyObject *)t)->node;
+        if (src == NULL || !PyObject_TypeCheck(src, &NodeType)) goto none;
+        if (((NodeObject *)src)->op != tensor_op) goto none;
+        data = ((NodeObject *)src)->data;
+        if (data == NULL || !PyLong_CheckExact(data)) goto none;  /* (not a bool either) */
+        Py_ssize_t v = PyLong_AsSsize_t(data);
+        if (v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();  /* beyond any table */
+            goto none;
+        }
+        if (v < 0 || v >= size) goto none;
+        PyList_SET_ITEM(out, i, Py_NewRef(data));
+    }
+    return out;
+none:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
+/* place_rows(nodes, rows, base): each node's row is rows[i] and its slot base + rows[i]
+ * (executor._in_place_rows: a batch whose outputs are whole tables) */
+static PyObject *place_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyList_Check(a[0]) || !PyList_Check(a[1]) ||
+        PyList_GET_SIZE(a[0]) != PyList_GET_SIZE(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "place_rows(nodes: list, rows: list of one length, base)");
+        return NULL;
+    }
+    long long base = PyLong_AsLongLong(a[2]);
+    if (base == -1 && PyErr_Occurred()) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(a[0]); i++) {
+        PyObject *nd = PyList_GET_ITEM(a[0], i);
+        if (!PyObject_TypeCheck(nd, &NodeType)) {
+            PyErr_SetString(PyExc_TypeError, "place_rows: not a Node");
+            return NULL;
+        }
+        Py_ssize_t r = PyLong_AsSsize_t(PyList_GET_ITEM(a[1], i));
+        if (r == -1 && PyErr_Occurred()) return NULL;
+        ((NodeObject *)nd)->row = r;
+        ((NodeObject *)nd)->slot = base + r;
+    }
+    Py_RETURN_NONE;
+}
+
 /* heights(batches): scheduler.relevel's pass, each node's longest path to a node nothing
  * in this flush reads (``height``; 0 at first), consumers visited before producers. */
 static PyObject *heights(PyObject *mod, PyObject *batches) {
@@ -2101,6 +2164,11 @@ static PyMethodDef methods[] = {
      "record_node(rt, op, func, args, kwargs) -> outputs (graph.record's tail)"},
     {"has_lazy", (PyCFunction)has_lazy, METH_O,
      "has_lazy(a) -> whether a LazyTensor is in a (tuples, lists, dicts, slices)"},
+    {"lookup_rows", (PyCFunction)(void (*)(void))lookup_rows, METH_FASTCALL,
+     "lookup_rows(nodes, size) -> the torch.tensor(i) index of each node's first input, "
+     "or None"},
+    {"place_rows", (PyCFunction)(void (*)(void))place_rows, METH_FASTCALL,
+     "place_rows(nodes, rows, base): row rows[i] and slot base + rows[i] of each node"},
     {"heights", (PyCFunction)heights, METH_O,
      "heights(batches): scheduler.relevel's longest-path pass"},
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,

@@ -458,6 +458,9 @@ def _in_place_rows(nodes: list, outs, rows, stats, t0: float, t1: float) -> None
     nodes[0].rt.tables.add(id(outs))
     _finish_batch(nodes, outs, len(nodes), stats, t0, t1)
     base = nodes[0].slot - nodes[0].row
+    if _native is not None and type(nodes) is list and type(rows) is list:
+        _native.place_rows(nodes, rows, base)
+        return
     for nd, r in zip(nodes, rows):
         nd.row = r
         nd.slot = base + r
@@ -485,13 +488,18 @@ def _lookup_in_place(nodes: list, lookup, stats, t0: float) -> bool:
     size = lookup.size
     if size > _ROW_MASK:
         return False
-    rows = []
-    for nd in nodes:
-        src = nd.inputs[0].node
-        i = src.data
-        if src.op is not TENSOR or type(i) is not int or not 0 <= i < size:
-            return False  # (embedding takes no negative index)
-        rows.append(i)
+    if _native is not None and type(nodes) is list:  # the loop below, in C
+        rows = _native.lookup_rows(nodes, size)
+        if rows is None:
+            return False
+    else:
+        rows = []
+        for nd in nodes:
+            src = nd.inputs[0].node
+            i = src.data
+            if src.op is not TENSOR or type(i) is not int or not 0 <= i < size:
+                return False  # (embedding takes no negative index)
+            rows.append(i)
     t1 = time.perf_counter()
     _in_place_rows(nodes, lookup.outputs(), rows, stats, t0, t1)
     return True

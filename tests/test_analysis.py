@@ -258,6 +258,62 @@ def test_lookup_blocks_copy_nothing_and_train(monkeypatch):
         p.grad = None
 
 
+table = nn.Embedding(VOCAB, DIM)
+
+
+def looked_up(word_id):
+    """A lookup block of its own (the tests below leave ``word``'s state alone)."""
+    return table(torch.tensor(word_id))
+
+
+@acrobat.autobatch
+def looked_up_sum(ids):
+    return torch.stack([looked_up(i) for i in ids]).sum(0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ids=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5), min_size=1))
+def test_lookups_read_in_place_equal_eager(ids):
+    """Every word id in range: each batch of lookup blocks is done in place (its ids read
+    from the torch.tensor(i) nodes, in C with the extension) and the results equal
+    eager's."""
+    from acrobat import executor
+
+    answers = []
+    original = executor._lookup_in_place
+
+    def spy(*args):
+        answers.append(original(*args))
+        return answers[-1]
+
+    executor._lookup_in_place = spy
+    try:
+        with torch.no_grad():
+            got = looked_up_sum.map(ids)
+            want = [looked_up_sum.eager(x) for x in ids]
+    finally:
+        executor._lookup_in_place = original
+    assert answers and all(answers)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("bad", [-1, VOCAB, True])
+def test_a_word_id_the_table_has_no_row_for_runs_the_program(monkeypatch, bad):
+    """An id out of range (or a bool, which embedding refuses) is not looked up in place:
+    the block's program runs and reports it, naming the instance, as eager raises."""
+    in_place = _in_place_answers(monkeypatch)
+    ids = [[1, 2], [bad], [3]]
+    with pytest.raises((IndexError, RuntimeError)):  # (eager's embedding refuses it)
+        looked_up_sum.eager(ids[1])
+    with torch.no_grad(), pytest.raises(Exception, match="instance 1"):
+        looked_up_sum.map(ids)
+    assert not any(in_place)
+    with torch.no_grad():
+        for g, x in zip(looked_up_sum.map([[1, 2], [3]]), [[1, 2], [3]]):  # usable again
+            torch.testing.assert_close(g, looked_up_sum.eager(x))
+
+
 def test_bad_value_parameter_names_the_instance():
     with pytest.raises(Exception, match="instance 1") as info:
         phrase.map([[1], [VOCAB + 3], [2]])
