@@ -16,7 +16,7 @@
  *   BlockBase, AutoBase, RegionBase  C call slots of block.Block, analysis.AutoBlock and
  *                analysis.RegionBlock: the checks of their __call__ and block_call_impl, the
  *                rest in Python (_call, _region_call)
- *   column, finish_rows, copy_rows, copy_rows_into, heights: the executor's and
+ *   column, finish_rows, copy_rows, join_into, heights: the executor's and
  *                scheduler's per-row loops
  *   row_addresses, gemm_batch  operands read in place: the rows' addresses, and MKL's
  *                batched GEMM over pointer lists (acrobat/rows.py)
@@ -1925,7 +1925,8 @@ static PyObject *heights(PyObject *mod, PyObject *batches) {
 /* What ``bases`` holds for the buffer LazyTensor ``t`` reads (executor._note_bases):
  * row 0's address when a byte copy reads its rows (a contiguous CPU tensor of rows of
  * ``dtype`` and ``shape``), else None. A new reference. */
-static PyObject *s_device, *s_type, *s_cpu, *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr;
+static PyObject *s_device, *s_type, *s_cpu, *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr,
+    *s_itemsize;
 
 static PyObject *source_base(PyObject *t, PyObject *shape, PyObject *dtype) {
     NodeObject *node = (NodeObject *)((LazyObject *)t)->node;
@@ -2018,7 +2019,7 @@ static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject
     return 1;
 }
 
-/* copy_rows's, copy_rows_into's (after its stride) and row_addresses's arguments: 1 if
+/* copy_rows's and row_addresses's arguments: 1 if
  * well formed, else 0 with TypeError */
 static int rows_args(PyObject *const *a, Py_ssize_t n, const char *name) {
     if (n != 7 || !PyList_Check(a[1]) || !PyDict_Check(a[2]) || !PyList_Check(a[4]) ||
@@ -2030,45 +2031,107 @@ static int rows_args(PyObject *const *a, Py_ssize_t n, const char *name) {
     return 1;
 }
 
-/* The rows of ``slots`` copied to ``dst``, ``stride`` bytes apart: True, False (a source
- * that cannot be read by address; nothing copied), or NULL with an exception set.
- * ``a``: (dst, slots, bases, nbytes, ts, shape, dtype). */
-static PyObject *copy_strided(PyObject *const *a, Py_ssize_t stride) {
+/* copy_rows(dst, slots, bases, nbytes, ts, shape, dtype): the rows of ``slots`` copied
+ * to ``dst`` back to back: True, False (a source that cannot be read by address; nothing
+ * copied), or NULL with an exception set. */
+static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (!rows_args(a, n, "copy_rows")) return NULL;
     char *dst = (char *)PyLong_AsVoidPtr(a[0]);
     if (dst == NULL && PyErr_Occurred()) return NULL;
     Py_ssize_t nbytes = PyLong_AsSsize_t(a[3]);
     if (nbytes == -1 && PyErr_Occurred()) return NULL;
-    if (stride < 0) stride = nbytes;
     Py_ssize_t m = PyList_GET_SIZE(a[1]);
     char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
     if (src == NULL) return PyErr_NoMemory();
     int found = row_pointers(a[1], a[2], a[4], a[5], a[6], nbytes, src);
     if (found == 1)
-        for (Py_ssize_t i = 0; i < m; i++) memcpy(dst + i * stride, src[i], (size_t)nbytes);
+        for (Py_ssize_t i = 0; i < m; i++) memcpy(dst + i * nbytes, src[i], (size_t)nbytes);
     PyMem_Free(src);
     if (found < 0) return NULL;
     return PyBool_FromLong(found);
 }
 
-static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (!rows_args(a, n, "copy_rows")) return NULL;
-    return copy_strided(a, -1);
-}
-
-/* copy_rows_into(dst, stride, slots, bases, nbytes, ts, shape, dtype): copy_rows with
- * the rows written ``stride`` bytes apart: the rows of one part of a concatenation
- * gathered straight into their columns of the joined buffer (executor._join). */
-static PyObject *copy_rows_into(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (n != 8) {
-        PyErr_SetString(PyExc_TypeError, "copy_rows_into(dst, stride, slots, bases, nbytes, "
-                                         "ts, shape, dtype)");
+/* join_into(dst, stride, nodes, group, bases): executor._join's copies without its
+ * columns: operand j of every node, for each position j of ``group`` in turn, copied
+ * from its producer's buffer (by address, ``bases`` as copy_rows keeps it) into row i
+ * of ``dst`` (rows ``stride`` bytes apart), the parts side by side. True, or False with
+ * nothing copied where a source cannot be read by address. */
+static PyObject *join_into(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 5 || !PyList_Check(a[2]) || !PyTuple_Check(a[3]) || !PyDict_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "join_into(dst, stride, nodes: list, group: tuple, bases: dict)");
         return NULL;
     }
+    char *dst = (char *)PyLong_AsVoidPtr(a[0]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
     Py_ssize_t stride = PyLong_AsSsize_t(a[1]);
     if (stride == -1 && PyErr_Occurred()) return NULL;
-    PyObject *const rest[7] = {a[0], a[2], a[3], a[4], a[5], a[6], a[7]};
-    if (!rows_args(rest, 7, "copy_rows_into")) return NULL;
-    return copy_strided(rest, stride);
+    PyObject *nodes = a[2], *group = a[3], *bases = a[4];
+    Py_ssize_t m = PyList_GET_SIZE(nodes), parts = PyTuple_GET_SIZE(group);
+    if (m == 0 || parts == 0) Py_RETURN_TRUE;
+    char **src = PyMem_Malloc((size_t)(m * parts) * sizeof(char *));
+    Py_ssize_t *widths = PyMem_Malloc((size_t)parts * sizeof(Py_ssize_t));
+    PyObject *ts = PyList_New(m), *slots = PyList_New(m), *out = NULL;
+    if (src == NULL || widths == NULL || ts == NULL || slots == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t p = 0; p < parts; p++) {
+        Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, p));
+        if (j == -1 && PyErr_Occurred()) goto done;
+        for (Py_ssize_t i = 0; i < m; i++) {  /* column(nodes, j), into reused lists */
+            PyObject *nd = PyList_GET_ITEM(nodes, i), *ins, *t;
+            if (!PyObject_TypeCheck(nd, &NodeType)) {
+                PyErr_SetString(PyExc_TypeError, "join_into: not a Node");
+                goto done;
+            }
+            ins = ((NodeObject *)nd)->inputs;
+            if (ins == NULL || !PyList_CheckExact(ins) || j < 0 || j >= PyList_GET_SIZE(ins)) {
+                PyErr_SetString(PyExc_IndexError, "join_into: a node has no operand j");
+                goto done;
+            }
+            t = PyList_GET_ITEM(ins, j);
+            Py_XDECREF(PyList_GET_ITEM(ts, i));
+            Py_XDECREF(PyList_GET_ITEM(slots, i));
+            PyList_SET_ITEM(ts, i, NULL);
+            PyList_SET_ITEM(slots, i, NULL);
+            if (put_operand(t, ts, slots, i, "join_into") < 0) goto done;
+        }
+        LazyObject *t0 = (LazyObject *)PyList_GET_ITEM(ts, 0);
+        Py_ssize_t numel = 1;
+        if (!PyTuple_Check(t0->shape)) {
+            PyErr_SetString(PyExc_TypeError, "join_into: an operand without a shape");
+            goto done;
+        }
+        for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(t0->shape); d++) {
+            Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(t0->shape, d));
+            if (k == -1 && PyErr_Occurred()) goto done;
+            numel *= k;
+        }
+        Py_ssize_t itemsize;
+        if (get_ssize(t0->dtype, s_itemsize, &itemsize) < 0) goto done;
+        widths[p] = numel * itemsize;
+        int found = row_pointers(slots, bases, ts, t0->shape, t0->dtype, widths[p], src + p * m);
+        if (found < 0) goto done;
+        if (found == 0) {
+            out = Py_NewRef(Py_False);
+            goto done;
+        }
+    }
+    Py_ssize_t offset = 0;
+    for (Py_ssize_t p = 0; p < parts; p++) {
+        char **from = src + p * m;
+        for (Py_ssize_t i = 0; i < m; i++)
+            memcpy(dst + i * stride + offset, from[i], (size_t)widths[p]);
+        offset += widths[p];
+    }
+    out = Py_NewRef(Py_True);
+done:
+    PyMem_Free(src);
+    PyMem_Free(widths);
+    Py_XDECREF(ts);
+    Py_XDECREF(slots);
+    return out;
 }
 
 /* row_addresses(dst, slots, bases, nbytes, ts, shape, dtype): copy_rows without the
@@ -2174,9 +2237,9 @@ static PyMethodDef methods[] = {
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
      "copy_rows(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (a source "
      "that cannot be read by address; nothing copied)"},
-    {"copy_rows_into", (PyCFunction)(void (*)(void))copy_rows_into, METH_FASTCALL,
-     "copy_rows_into(dst, stride, slots, bases, nbytes, ts, shape, dtype) -> True, or False "
-     "(as copy_rows, the rows written stride bytes apart)"},
+    {"join_into", (PyCFunction)(void (*)(void))join_into, METH_FASTCALL,
+     "join_into(dst, stride, nodes, group, bases) -> True, or False (executor._join's "
+     "copies: operand j of every node for each j of group, side by side in each row)"},
     {"row_addresses", (PyCFunction)(void (*)(void))row_addresses, METH_FASTCALL,
      "row_addresses(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (as "
      "copy_rows, writing each row's address at dst instead of copying it)"},
@@ -2229,6 +2292,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_dtype, "dtype");
     INTERN(s_shape, "shape");
     INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_itemsize, "itemsize");
     INTERN(s_fiber, "fiber");
     INTERN(s_phase, "phase");
     INTERN(s_instance, "instance");

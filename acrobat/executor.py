@@ -354,20 +354,12 @@ def _join(nodes: list, groups: tuple, n: int, stats) -> dict | None:
     if not config.JOIN_GATHERS or not config.FAST_GATHER:
         return None
     joined: dict = {}
+    inputs = nodes[0].inputs
     for group in groups:
-        columns = [_native.column(nodes, j) for j in group]
-        dtype = columns[0][0][0].dtype
-        width = sum(column[0].shape[0] for column, _ in columns)
+        dtype = inputs[group[0]].dtype
+        width = sum(inputs[j].shape[0] for j in group)
         out = torch.empty((n, width), dtype=dtype)
-        stride = width * dtype.itemsize
-        at = out.data_ptr()
-        for column, slots in columns:
-            shape = column[0].shape
-            nbytes = shape[0] * dtype.itemsize
-            if not _native.copy_rows_into(at, stride, slots, _bases, nbytes, column, shape, dtype):
-                break
-            at += nbytes
-        else:
+        if _native.join_into(out.data_ptr(), width * dtype.itemsize, nodes, group, _bases):
             joined[group[0]] = out
             for j in group[1:]:
                 joined[j] = None

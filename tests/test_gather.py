@@ -349,18 +349,21 @@ def test_a_join_whose_rows_cannot_all_be_read_gathers_the_parts(monkeypatch):
     w, table = _pair_model(6)
     trees = [((0, 1), ((2, 3), 4)), (((1, 0), 1), 2)]
     pair_cell.cache.clear()
-    real = executor._native.copy_rows_into
+    real = executor._native.join_into
     calls = []
 
-    def unreadable(dst, stride, slots, bases, *rest):
-        for s in slots:
-            bases[s >> executor._ROW_BITS] = None
+    def unreadable(dst, stride, nodes, group, bases):
+        for j in group:
+            for s in executor._native.column(nodes, j)[1]:
+                bases[s >> executor._ROW_BITS] = None
         calls.append(1)
-        return real(dst, stride, slots, bases, *rest)
+        found = real(dst, stride, nodes, group, bases)
+        assert found is False
+        return found
 
     with torch.no_grad():
         pair_tree.map(trees, w=w, table=table, cell=pair_cell)
-        monkeypatch.setattr(executor._native, "copy_rows_into", unreadable)
+        monkeypatch.setattr(executor._native, "join_into", unreadable)
         got = pair_tree.map(trees, w=w, table=table, cell=pair_cell)
         want = [pair_tree.eager(t, w, table, pair_cell) for t in trees]
     for a, b in zip(got, want):
