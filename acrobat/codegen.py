@@ -425,16 +425,15 @@ def row_operands(placeholders: list, nodes: list, outputs: list, cat_of: dict) -
     return found
 
 
-def joined_cats(placeholders: list, nodes: list, outputs: list) -> dict:
+def joined_cats(placeholders: list, nodes: list, uses: dict) -> dict:
     """``{id(cat node): positions}`` for each ``cat([a, b, ...], -1)`` of per-instance
     vectors that are block inputs nothing else reads: the executor may gather them
     straight into their columns of one (n, total) buffer (executor._join), so the
     concatenation costs no second copy; the program then gets that buffer at the first
-    position and None at the others."""
+    position and None at the others. ``uses``: _uses of the program."""
     position: dict[int, int] = {}
     for i, ph in enumerate(placeholders):
         position.setdefault(id(ph), i)
-    uses = _uses(nodes, outputs)
     found: dict[int, tuple] = {}
     claimed: set[int] = set()
     for nd in nodes:
@@ -489,7 +488,7 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
         if (id(ph), 0) not in var:
             var[(id(ph), 0)] = f"p{i}"
             lines.append(f"    p{i} = xs[{i}]")
-    uses = _uses(nodes, outputs) if EPILOGUES else {}
+    uses = _uses(nodes, outputs)
     into_add = _gemm_epilogues(nodes, uses) if EPILOGUES else {}
     cat_of = _matmuls_over_cat(nodes, uses) if EPILOGUES else {}
     split_cats = {id(cat) for cat in cat_of.values()}
@@ -502,7 +501,7 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     folded |= {id(src) for _, src in squash.values()}
     in_place = row_operands(placeholders, nodes, outputs, cat_of)
     row_nodes = {id(placeholders[i]) for i in in_place}
-    joins = joined_cats(placeholders, nodes, outputs)
+    joins = joined_cats(placeholders, nodes, uses)
     for k, nd in enumerate(nodes):
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k

@@ -292,17 +292,22 @@ def switch_away(rt: Runtime) -> None:
         if not pool:  # (a greenlet made here would have its stack below this fiber's:
             rt.main.switch()  # nested ones would deepen the C stack without bound)
             return
-        g = pool.pop()
-        if g.parent is not rt.main:
-            g.parent = rt.main
-        fiber.glet = g
         ready.popleft()
-        rt.fiber = fiber
-        g.switch(fiber)
+        _run_parked(rt, fiber, pool)
         return
     ready.popleft()
     rt.fiber = fiber
     g.switch()
+
+
+def _run_parked(rt: Runtime, fiber: Fiber, pool: list) -> None:
+    """Run ``fiber``, not started, on the last parked worker of ``pool``."""
+    g = pool.pop()
+    if g.parent is not rt.main:
+        g.parent = rt.main
+    fiber.glet = g
+    rt.fiber = fiber
+    g.switch(fiber)
 
 
 def fork(fn, *args, **kwargs) -> Future:
@@ -491,7 +496,6 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
     stats = rt.stats
     ready = rt.ready
     pool = _pool()
-    main = rt.main
     while True:
         t0 = time.perf_counter()
         with mode:
@@ -502,11 +506,7 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
                 if g is not None:
                     g.switch()
                 elif pool:  # a parked worker greenlet runs it
-                    g = pool.pop()
-                    if g.parent is not main:
-                        g.parent = main
-                    fiber.glet = g
-                    g.switch(fiber)
+                    _run_parked(rt, fiber, pool)
                 else:
                     _start(rt, fiber)
                 if rt.failed is not None:
