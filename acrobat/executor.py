@@ -404,14 +404,10 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     column = [t for nd in nodes for t in nd.inputs]
     x = gather(column, len(column), stats)
     t1 = time.perf_counter()
-    rule = nodes[0].op.rule
-    start = 0
-    for nd in nodes:
-        count = len(nd.inputs)
-        nd.outs = (rule(nd, x, start, count).unsqueeze(0),)
+    for nd, out in zip(nodes, nodes[0].op.rule(nodes, x)):
+        nd.outs = (out,)
         nd.row = 0
         nd.slot = next(_batches) << _BATCH_SHIFT
-        start += count
     _account(nodes, n, stats, t0, t1)
 
 
