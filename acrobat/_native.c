@@ -11,7 +11,9 @@
  *   record_node  graph.record after its runtime checks: signature, Info, node, outputs
  *   record_data  graph.record_data once the signature's Info exists
  *   has_lazy     graph.has_lazy
- *   block_call_impl  the fast path of a block call: key, cache hit, node, output
+ *   block_call_impl  the fast path of a block call: key, cache hit, node, output; a
+ *                block remembers its last hits in a map (BlockBase's memo) so a call
+ *                keyed by the same objects skips building and hashing the key
  *   trace_hit    block.Block.trace_for's cache hit (the same key and lookup)
  *   BlockBase, AutoBase, RegionBase  C call slots of block.Block, analysis.AutoBlock and
  *                analysis.RegionBlock: the checks of their __call__ and block_call_impl, the
@@ -22,6 +24,7 @@
  *                batched GEMM over pointer lists (acrobat/rows.py)
  *   value_read   fibers.demand_py's common path (LazyBase.tolist, tensor.DEMAND_PY): a
  *                suspension and the read of a converted batch's row
+ *   switch_away  fibers.switch_away: a blocked fiber hands over to the next ready one
  *
  * Semantics are those of the Python functions named above; keep them in step (the
  * tests run both: tests/test_native.py).
@@ -824,6 +827,148 @@ done:
     return out;
 }
 
+/* ---- the last hits of a block's trace cache --------------------------------------
+ * A call's cache key is built from its arguments (a LazyTensor's shape-and-dtype key, a
+ * module or constant by identity, numbers by value) and hashed: ~1,500 instructions a
+ * call, the largest part of a block call. A block (BlockBase) remembers its last
+ * MEMO_WAYS hits in the running map: the object that keyed each argument (a
+ * LazyTensor's key object, else the argument itself; strong references) and the trace.
+ * A call whose arguments key by the same objects has the same key, so it takes that
+ * trace after a comparison of pointers. Calls with a tuple, list or dict argument (keyed
+ * by structure) always build the key. Entries hold the map's id (rt.id: a trace found
+ * valid in a map stays valid in it) and are dropped when the map ends (clear_memos:
+ * they must not keep a model or a map's constants alive). */
+
+#define MEMO_ARGS 8
+#define MEMO_WAYS 4
+
+typedef struct {
+    PyObject *trace;  /* NULL: empty */
+    long long run;
+    Py_ssize_t nargs;
+    PyObject *parts[MEMO_ARGS];
+} MemoEntry;
+
+typedef struct {
+    PyObject_HEAD
+    MemoEntry memo[MEMO_WAYS];
+    int next;  /* the entry the next store replaces */
+} BlockBaseObject;
+
+static PyTypeObject BlockBaseType;
+static PyObject *s_memo_blocks;
+
+static void memo_clear_entry(MemoEntry *e) {
+    Py_CLEAR(e->trace);
+    for (Py_ssize_t i = 0; i < e->nargs; i++) Py_CLEAR(e->parts[i]);
+    e->nargs = 0;
+    e->run = -1;
+}
+
+static int blockbase_traverse(BlockBaseObject *self, visitproc visit, void *arg) {
+    for (int w = 0; w < MEMO_WAYS; w++) {
+        Py_VISIT(self->memo[w].trace);
+        for (Py_ssize_t i = 0; i < self->memo[w].nargs; i++) Py_VISIT(self->memo[w].parts[i]);
+    }
+    return 0;
+}
+
+static int blockbase_clear(BlockBaseObject *self) {
+    for (int w = 0; w < MEMO_WAYS; w++) memo_clear_entry(&self->memo[w]);
+    return 0;
+}
+
+static void blockbase_dealloc(BlockBaseObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    blockbase_clear(self);
+    tp->tp_free((PyObject *)self);
+}
+
+static inline PyObject *memo_part(PyObject *x) {
+    return Py_TYPE(x) == lazy_cls ? ((LazyObject *)x)->key : x;
+}
+
+/* the remembered trace of a call of ``b`` with ``args`` in map ``run`` (a new reference;
+ * *inputs_out its LazyTensor operands), or NULL (with an exception on error) */
+static PyObject *memo_lookup(BlockBaseObject *b, PyObject *args, long long run,
+                             PyObject **inputs_out) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    for (int w = 0; w < MEMO_WAYS; w++) {
+        MemoEntry *e = &b->memo[w];
+        if (e->trace == NULL || e->run != run || e->nargs != n) continue;
+        Py_ssize_t i = 0;
+        while (i < n && memo_part(PyTuple_GET_ITEM(args, i)) == e->parts[i]) i++;
+        if (i < n) continue;
+        PyObject *inputs = PyList_New(0);
+        if (inputs == NULL) return NULL;
+        for (i = 0; i < n; i++) {
+            PyObject *x = PyTuple_GET_ITEM(args, i);
+            if (Py_TYPE(x) == lazy_cls && PyList_Append(inputs, x) < 0) {
+                Py_DECREF(inputs);
+                return NULL;
+            }
+        }
+        *inputs_out = inputs;
+        return Py_NewRef(e->trace);
+    }
+    return NULL;
+}
+
+/* remember that a call of ``b`` with ``args`` found ``trace`` in map ``rt`` (``run``);
+ * the block is entered in rt.memo_blocks when it is its first entry of this map */
+static int memo_store(BlockBaseObject *b, PyObject *args, long long run, PyObject *trace,
+                      PyObject *rt) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyTypeObject *tp = Py_TYPE(PyTuple_GET_ITEM(args, i));
+        if (tp == &PyTuple_Type || tp == &PyList_Type || tp == &PyDict_Type) return 0;
+    }
+    int first = 1;
+    for (int w = 0; w < MEMO_WAYS; w++)
+        if (b->memo[w].trace != NULL && b->memo[w].run == run) first = 0;
+    if (first) {
+        PyObject *blocks = PyObject_GetAttr(rt, s_memo_blocks);
+        if (blocks == NULL) return -1;
+        int err = PyList_Check(blocks) ? PyList_Append(blocks, (PyObject *)b) : 0;
+        Py_DECREF(blocks);
+        if (err < 0) return -1;
+        if (!PyList_Check(blocks)) return 0;  /* (nothing would clear it) */
+    }
+    MemoEntry *e = &b->memo[b->next];
+    b->next = (b->next + 1) % MEMO_WAYS;
+    memo_clear_entry(e);
+    for (Py_ssize_t i = 0; i < n; i++) e->parts[i] = Py_NewRef(memo_part(PyTuple_GET_ITEM(args, i)));
+    e->nargs = n;
+    e->run = run;
+    e->trace = Py_NewRef(trace);
+    return 0;
+}
+
+/* memo_entries(block): how many cache hits the block remembers (tests) */
+static PyObject *memo_entries(PyObject *mod, PyObject *b) {
+    if (!PyObject_TypeCheck(b, &BlockBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "memo_entries(block: BlockBase)");
+        return NULL;
+    }
+    long k = 0;
+    for (int w = 0; w < MEMO_WAYS; w++) k += ((BlockBaseObject *)b)->memo[w].trace != NULL;
+    return PyLong_FromLong(k);
+}
+
+/* clear_memos(blocks): drop the remembered hits of these blocks (a map ended) */
+static PyObject *clear_memos(PyObject *mod, PyObject *blocks) {
+    if (!PyList_Check(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "clear_memos(blocks: list)");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
+        PyObject *b = PyList_GET_ITEM(blocks, i);
+        if (PyObject_TypeCheck(b, &BlockBaseType)) blockbase_clear((BlockBaseObject *)b);
+    }
+    Py_RETURN_NONE;
+}
+
 /* The trace a call of ``blk`` with positional ``args`` hits in its cache during map
  * ``rt`` (a new reference; *inputs_out its LazyTensor operands, a new list), or NULL:
  * with an exception on error, without one when the call needs the Python path (no
@@ -832,6 +977,18 @@ done:
 static PyObject *cached_trace(PyObject *blk, PyObject *args, PyObject *rt,
                               PyObject **inputs_out) {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    BlockBaseObject *memo_blk = NULL;
+    long long run = -1;
+    if (nargs <= MEMO_ARGS && PyObject_TypeCheck(blk, &BlockBaseType)) {
+        PyObject *rid = PyObject_GetAttr(rt, s_id);
+        if (rid == NULL) return NULL;
+        run = PyLong_AsLongLong(rid);
+        Py_DECREF(rid);
+        if (run == -1 && PyErr_Occurred()) return NULL;
+        memo_blk = (BlockBaseObject *)blk;
+        PyObject *hit = memo_lookup(memo_blk, args, run, inputs_out);
+        if (hit != NULL || PyErr_Occurred()) return hit;
+    }
     PyObject *inputs = PyList_New(0), *key = NULL, *made = NULL, *cache = NULL,
              *trace = NULL, *v = NULL;
     if (inputs == NULL) return NULL;
@@ -898,6 +1055,7 @@ static PyObject *cached_trace(PyObject *blk, PyObject *args, PyObject *rt,
         if (same < 0) goto done;
         if (!same) goto take_python;
     }
+    if (memo_blk != NULL && memo_store(memo_blk, args, run, trace, rt) < 0) goto done;
     *inputs_out = inputs;
     inputs = NULL;
     goto done;
@@ -1378,11 +1536,22 @@ done:
 CALL_SLOT_TYPE(RegionBaseType, "RegionBase",
                "analysis.RegionBlock's call in C (see RegionBlock._region_call)",
                regionbase_call)
-CALL_SLOT_TYPE(BlockBaseType, "BlockBase", "block.Block's call in C (see Block._call)",
-               blockbase_call)
 CALL_SLOT_TYPE(AutoBaseType, "AutoBase", "analysis.AutoBlock's call in C (see AutoBlock._call)",
                autobase_call)
 #undef CALL_SLOT_TYPE
+
+static PyTypeObject BlockBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "acrobat._native.BlockBase",
+    .tp_basicsize = sizeof(BlockBaseObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "block.Block's call in C (see Block._call) and its last cache hits",
+    .tp_traverse = (traverseproc)blockbase_traverse,
+    .tp_clear = (inquiry)blockbase_clear,
+    .tp_dealloc = (destructor)blockbase_dealloc,
+    .tp_call = blockbase_call,
+    .tp_new = PyType_GenericNew,
+};
 
 static PyObject *setup_calls(PyObject *mod, PyObject *args) {
     PyObject *g, *an, *tm;
@@ -1422,25 +1591,33 @@ static PyObject *setup_block(PyObject *mod, PyObject *args) {
 
 static PyObject *demand_py_fn;  /* fibers.demand_py */
 static PyObject *host_list_fn;  /* fibers._host_list */
-static PyObject *switch_away_fn;  /* fibers.switch_away */
 static PyObject *s_blocked, *s_waiting, *s_host, *s_switch, *s_py_rows, *s_ready, *s_failed,
-    *s_glet, *s_popleft;
+    *s_glet, *s_popleft, *s_pool, *s_main, *s_parent;
 
 static PyObject *setup_fibers(PyObject *mod, PyObject *args) {
-    PyObject *d, *h, *w;
-    if (!PyArg_ParseTuple(args, "OOO", &d, &h, &w)) return NULL;
+    PyObject *d, *h;
+    if (!PyArg_ParseTuple(args, "OO", &d, &h)) return NULL;
     Py_INCREF(d); Py_XSETREF(demand_py_fn, d);
     Py_INCREF(h); Py_XSETREF(host_list_fn, h);
-    Py_INCREF(w); Py_XSETREF(switch_away_fn, w);
     Py_RETURN_NONE;
 }
 
-/* fibers.switch_away(rt) with its common case in C: the next ready fiber has started
- * (it is suspended): pop it, make it rt's running fiber and switch to its greenlet.
- * Anything else (none ready, a failed fiber, one to start) is the Python function. */
+/* g.switch(*args) for 0 or 1 argument; the value switched back with (a new reference) */
+static PyObject *switch_to(PyObject *g, PyObject *arg) {
+    PyObject *callargs[3] = {NULL, g, arg};
+    return PyObject_VectorcallMethod(s_switch, callargs + 1,
+                                     (arg == NULL ? 1 : 2) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* fibers.switch_away(rt): the running fiber blocks (a value demand or a join); switch
+ * straight to the next ready fiber: one that has started (it is suspended) on its own
+ * greenlet, one that has not on the last parked worker of rt.pool. To the driver
+ * (rt.main) when none is ready, a fiber failed, or a fiber must start and no worker is
+ * parked (only the driver creates workers: a greenlet made here would have its C stack
+ * below this fiber's, and nested ones would deepen it without bound). */
 static int switch_away(PyObject *rt) {
     PyObject *ready = PyObject_GetAttr(rt, s_ready), *failed = NULL, *head = NULL;
-    PyObject *g = NULL, *res = NULL;
+    PyObject *g = NULL, *res = NULL, *pool = NULL, *main = NULL, *parent = NULL;
     int r = -1;
     if (ready == NULL) return -1;
     Py_ssize_t n = PyObject_Length(ready);
@@ -1452,28 +1629,58 @@ static int switch_away(PyObject *rt) {
             if ((g = PyObject_GetAttr(head, s_glet)) == NULL) goto done;
         }
     }
-    if (g == NULL || g == Py_None) {
-        res = PyObject_CallOneArg(switch_away_fn, rt);
-    } else {
-        PyObject *callargs[2] = {NULL, ready};
-        PyObject *popped = PyObject_VectorcallMethod(
-            s_popleft, callargs + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (popped == NULL) goto done;
-        Py_DECREF(popped);  /* (head: the deque holds no other reference now) */
-        if (PyObject_SetAttr(rt, s_fiber, head) < 0) goto done;
-        callargs[1] = g;
-        res = PyObject_VectorcallMethod(
-            s_switch, callargs + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (g == Py_None) {  /* not started: on a parked worker, if one is */
+        Py_CLEAR(g);
+        if ((pool = PyObject_GetAttr(rt, s_pool)) == NULL) goto done;
+        if (!PyList_Check(pool)) {
+            PyErr_SetString(PyExc_TypeError, "switch_away: rt.pool must be a list");
+            goto done;
+        }
+        Py_ssize_t parked = PyList_GET_SIZE(pool);
+        if (parked > 0) {
+            g = Py_NewRef(PyList_GET_ITEM(pool, parked - 1));
+            if (PyList_SetSlice(pool, parked - 1, parked, NULL) < 0) goto done;
+        }
     }
-    if (res == NULL) goto done;  /* thrown into the fiber (map cleanup): unwinds */
-    Py_DECREF(res);
-    r = 0;
+    if ((main = PyObject_GetAttr(rt, s_main)) == NULL) goto done;
+    if (g == NULL) {  /* none ready, a failed fiber, or no worker parked */
+        res = switch_to(main, NULL);
+        goto done;
+    }
+    PyObject *callargs[2] = {NULL, ready};
+    PyObject *popped = PyObject_VectorcallMethod(
+        s_popleft, callargs + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (popped == NULL) goto done;
+    Py_DECREF(popped);  /* (head: the deque holds no other reference now) */
+    if (pool != NULL) {  /* a parked worker: under the driver, given the fiber to run */
+        if ((parent = PyObject_GetAttr(g, s_parent)) == NULL) goto done;
+        if (parent != main && PyObject_SetAttr(g, s_parent, main) < 0) goto done;
+        if (PyObject_SetAttr(head, s_glet, g) < 0) goto done;
+        if (PyObject_SetAttr(rt, s_fiber, head) < 0) goto done;
+        res = switch_to(g, head);
+    } else {
+        if (PyObject_SetAttr(rt, s_fiber, head) < 0) goto done;
+        res = switch_to(g, NULL);
+    }
 done:
+    if (res != NULL) {
+        Py_DECREF(res);
+        r = 0;
+    }  /* (NULL: thrown into the fiber, map cleanup: unwinds) */
+    Py_XDECREF(parent);
+    Py_XDECREF(main);
+    Py_XDECREF(pool);
     Py_XDECREF(g);
     Py_XDECREF(head);
     Py_XDECREF(failed);
     Py_DECREF(ready);
     return r;
+}
+
+/* switch_away(rt), for the joins of fibers.py */
+static PyObject *py_switch_away(PyObject *mod, PyObject *rt) {
+    if (switch_away(rt) < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 /* suspend ``fiber``, the running fiber of ``rt``, until a flush computes ``t``; 1 when
@@ -1984,13 +2191,29 @@ done:
  * source that a byte copy cannot read (None) makes the answer False, nothing copied. */
 /* The address of each row ``slots`` names (see copy_rows) into ``src``: 1, or 0 where a
  * source cannot be read by address, or -1 with an exception set. */
+/* PyLong_AsLongLong for a slot: an int of one or two 30-bit digits read directly on
+ * CPython 3.10/3.11 (the slots of a map are below 2**60); the generic conversion (~130
+ * instructions through _PyLong_AsByteArray for a multi-digit int) otherwise */
+static inline long long slot_value(PyObject *v) {
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    if (PyLong_CheckExact(v)) {
+        Py_ssize_t size = Py_SIZE(v);
+        const digit *d = ((PyLongObject *)v)->ob_digit;
+        if (size == 1) return (long long)d[0];
+        if (size == 2) return (long long)d[0] | ((long long)d[1] << PyLong_SHIFT);
+        if (size == 0) return 0;
+    }
+#endif
+    return PyLong_AsLongLong(v);
+}
+
 static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject *shape,
                         PyObject *dtype, Py_ssize_t nbytes, char **src) {
     Py_ssize_t m = PyList_GET_SIZE(slots);
     long long last_key = -1;
     char *last_base = NULL;
     for (Py_ssize_t i = 0; i < m; i++) {
-        long long slot = PyLong_AsLongLong(PyList_GET_ITEM(slots, i));
+        long long slot = slot_value(PyList_GET_ITEM(slots, i));
         if (slot == -1 && PyErr_Occurred()) return -1;
         long long key = slot >> 24;
         if (key != last_key) {
@@ -2269,7 +2492,13 @@ static PyMethodDef methods[] = {
     {"value_read", (PyCFunction)value_read, METH_O,
      "value_read(t) -> t.tolist() (fibers.demand_py, its common path in C)"},
     {"setup_fibers", (PyCFunction)setup_fibers, METH_VARARGS,
-     "setup_fibers(demand_py, host_list, switch_away)"},
+     "setup_fibers(demand_py, host_list)"},
+    {"memo_entries", (PyCFunction)memo_entries, METH_O,
+     "memo_entries(block): how many cache hits the block remembers"},
+    {"clear_memos", (PyCFunction)clear_memos, METH_O,
+     "clear_memos(blocks): drop the blocks' remembered cache hits (a map ended)"},
+    {"switch_away", (PyCFunction)py_switch_away, METH_O,
+     "switch_away(rt): fibers.switch_away in C"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,
      "setup_block(_key, _finish_call, split_call, _MISS)"},
     {NULL, NULL, 0, NULL}};
@@ -2345,6 +2574,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_failed, "failed");
     INTERN(s_glet, "glet");
     INTERN(s_popleft, "popleft");
+    INTERN(s_pool, "pool");
+    INTERN(s_memo_blocks, "memo_blocks");
+    INTERN(s_main, "main");
+    INTERN(s_parent, "parent");
     INTERN(s_waiting, "waiting");
     INTERN(s_host, "host");
     INTERN(s_switch, "switch");

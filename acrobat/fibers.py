@@ -280,7 +280,8 @@ def switch_away(rt: Runtime) -> None:
     """The running fiber blocks (a value demand or a join): switch straight to the next
     ready fiber, or to the driver when none is ready (it flushes) or a fiber failed. Half
     the switches of a round trip through the driver; the order fibers run in is the
-    driver's (one FIFO queue, whoever pops it)."""
+    driver's (one FIFO queue, whoever pops it). ``_native.switch_away`` is the same in C
+    and replaces it where the extension is built."""
     ready = rt.ready
     if not ready or rt.failed is not None:
         rt.main.switch()
@@ -288,7 +289,7 @@ def switch_away(rt: Runtime) -> None:
     fiber = ready[0]
     g = fiber.glet
     if g is None:  # not started: on a parked worker, else the driver starts a new one
-        pool = _pool()
+        pool = rt.pool
         if not pool:  # (a greenlet made here would have its stack below this fiber's:
             rt.main.switch()  # nested ones would deepen the C stack without bound)
             return
@@ -412,7 +413,8 @@ def _host_list(host: torch.Tensor):
 
 if tensor._native is not None:  # the common path of a read in C (_native.value_read):
     # a suspension and the row of the converted batch without a Python frame
-    tensor._native.setup_fibers(demand_py, _host_list, switch_away)
+    tensor._native.setup_fibers(demand_py, _host_list)
+    switch_away = tensor._native.switch_away  # the same, in C (joins use it)
     tensor.DEMAND_PY = tensor._native.value_read
     LazyTensor.tolist = tensor._native.LazyBase.tolist  # type: ignore[method-assign]
     # item() and int(t), float(t), bool(t) over it: the same read, no Python frame
@@ -495,7 +497,7 @@ def _suspended_at(fiber: Fiber) -> str:
 def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
     stats = rt.stats
     ready = rt.ready
-    pool = _pool()
+    pool = rt.pool
     while True:
         t0 = time.perf_counter()
         with mode:
@@ -606,6 +608,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     rt = Runtime(stats)
     reset_slots()
     rt.main = greenlet.getcurrent()
+    rt.pool = _pool()
     rt.all_fibers = []
     for i, args in enumerate(arg_tuples):
         fiber = Fiber(i, 0, (fn, args, kwargs, True))
@@ -637,11 +640,15 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         rt.all_fibers = rt.live = []
         rt.ready.clear()
         rt.main = None
+        rt.pool = []
         rt.constants = {}  # their nodes point back at rt: a cycle the paused collector
         # would leave for a later (full) collection
         for split in rt.used_splits:  # traces outlive the map; this run's graph must not
             split.memo = {}
         rt.used_splits = []
+        if rt.memo_blocks:  # (their last cache hits hold this run's arguments)
+            tensor._native.clear_memos(rt.memo_blocks)
+            rt.memo_blocks = []
         if gc_was_enabled:
             gc.enable()
     return results

@@ -123,6 +123,7 @@ class Runtime:
         self.ready: deque = deque()
         self.blocked: list = []
         self.main = None  # the scheduler's greenlet
+        self.pool: list = []  # the thread's parked worker greenlets (fibers._pool)
         self.failed = None  # a fiber whose code raised: the driver re-raises its error
         self.all_fibers: list = []
         self.live: list = []  # fibers not known to be done (pruned at each flush)
@@ -135,6 +136,7 @@ class Runtime:
         self.tables: set[int] = set()  # id(outs) of batches whose outputs are a real
         # tensor's rows in place (executor: row lookups, row-wise views of them)
         self.used_splits: list = []  # hoisting.Split objects whose memo holds this run
+        self.memo_blocks: list = []  # blocks that remember cache hits of this run (C)
         # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)
         # keys its trace by how the constant was made, not by the per-run object
         self.factory_keys: dict[int, tuple] = {}

@@ -313,6 +313,66 @@ def test_trace_hit_returns_the_cached_trace_and_the_lazy_operands():
         assert no_lazy is None and new_shape is None
 
 
+# Six layers over three input widths: two of each width, so calls that key alike by
+# their tensors differ only by the layer (keyed by identity); more than the four hits a
+# block remembers (_native's MEMO_WAYS).
+_LAYERS = [torch.nn.Linear(k, 3) for k in (2, 3, 4, 2, 3, 4)]
+
+
+@acrobat.block
+def _project(layer, x):
+    return torch.tanh(layer(x))
+
+
+@acrobat.autobatch
+def _projections(x, order):
+    inputs = {k: x[:k] for k in (2, 3, 4)}
+    return [_project(_LAYERS[i], inputs[_LAYERS[i].in_features]) for i in order]
+
+
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(
+    order=st.lists(st.integers(0, 5), min_size=1, max_size=14),
+    n=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_remembered_cache_hits_give_each_call_its_own_trace(order, n, seed):
+    """A block remembers its last cache hits by the objects that keyed the call (a
+    LazyTensor's key, a module by identity): a call of another layer or another shape,
+    in any order, still gets its own trace; results equal eager's."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(4, generator=gen) for _ in range(n)]
+    with torch.no_grad():
+        got = _projections.map(xs, order=order)
+        want = [_projections.eager(x, order=order) for x in xs]
+    for g, w in zip(got, want):
+        assert len(g) == len(w) == len(order)
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b)
+
+
+@needs_native
+def test_remembered_cache_hits_last_one_map():
+    """The hits are stored on a call that found its trace in the cache and dropped when
+    the map ends (they hold the call's arguments: a model, a map's constants)."""
+    layer = torch.nn.Linear(4, 3)
+    seen = []
+
+    @acrobat.autobatch
+    def f(x):
+        h = _project(layer, x)  # (traced by the first instance)
+        h = _project(layer, x)
+        seen.append(_native.memo_entries(_project))
+        return h
+
+    with torch.no_grad():
+        out = f.map([torch.randn(4) for _ in range(3)])
+    assert out[0].shape == (3,)
+    assert seen[-1] >= 1  # a cache hit was remembered during the map
+    assert _native.memo_entries(_project) == 0  # and dropped at its end
+
+
 _STEPS = 3
 
 
@@ -353,12 +413,12 @@ def test_value_reads_take_the_c_path_with_eager_values(shape, n, seed):
         slow.append(1)
         return fibers.demand_py(t)
 
-    _native.setup_fibers(spy, fibers._host_list, fibers.switch_away)
+    _native.setup_fibers(spy, fibers._host_list)
     try:
         with torch.no_grad():
             got = _reads.map(xs, k=1.5)
     finally:
-        _native.setup_fibers(fibers.demand_py, fibers._host_list, fibers.switch_away)
+        _native.setup_fibers(fibers.demand_py, fibers._host_list)
     assert got == [_reads.eager(x, k=1.5) for x in xs]
     reads = n * (2 * _STEPS + 1)  # tolist + float per step, int at the end
     if len(shape) <= 1:  # flat rows: demand_py makes each batch's rows once
