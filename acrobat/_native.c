@@ -35,6 +35,90 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ---- slot caches: attributes of __slots__ classes read at their offsets ----------
+ * graph.Runtime, fibers.Fiber, graph.Info, block.Trace and hoisting.Split keep their
+ * fields in __slots__. PyObject_GetAttr on one costs ~100 instructions (a type lookup,
+ * the member descriptor's call); each call site below remembers the type (and its
+ * version tag, which changes if the type is modified) and the slot's offset, and reads
+ * the field directly. Any other type, an unset slot or a name that is not a plain slot
+ * takes PyObject_GetAttr / PyObject_SetAttr as before. */
+
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    Py_ssize_t offset;  /* -1: not a plain slot of this type (use Get/SetAttr) */
+} SlotCache;
+
+static void slot_cache_fill(PyTypeObject *tp, PyObject *name, SlotCache *c) {
+    c->type = NULL;
+    PyObject *d = _PyType_Lookup(tp, name);  /* borrowed; no exception set */
+    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return;
+    c->offset = -1;
+    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) c->offset = m->offset;
+    }
+    c->type = tp;
+    c->version = tp->tp_version_tag;
+}
+
+static inline PyObject **slot_at(PyObject *obj, PyObject *name, SlotCache *c) {
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp != c->type || tp->tp_version_tag != c->version) slot_cache_fill(tp, name, c);
+    if (c->type != tp || c->offset < 0) return NULL;
+    return (PyObject **)((char *)obj + c->offset);
+}
+
+static inline PyObject *slot_get(PyObject *obj, PyObject *name, SlotCache *c) {
+    PyObject **at = slot_at(obj, name, c);
+    if (at == NULL || *at == NULL) return PyObject_GetAttr(obj, name);
+    return Py_NewRef(*at);
+}
+
+static inline int slot_set(PyObject *obj, PyObject *name, PyObject *v, SlotCache *c) {
+    PyObject **at = slot_at(obj, name, c);
+    if (at == NULL) return PyObject_SetAttr(obj, name, v);
+    Py_XSETREF(*at, Py_NewRef(v));
+    return 0;
+}
+
+/* PyLong_AsLongLong for a slot: an int of one or two 30-bit digits read directly on
+ * CPython 3.10/3.11 (the slots of a map are below 2**60); the generic conversion (~130
+ * instructions through _PyLong_AsByteArray for a multi-digit int) otherwise */
+static inline long long slot_value(PyObject *v) {
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    if (PyLong_CheckExact(v)) {
+        Py_ssize_t size = Py_SIZE(v);
+        const digit *d = ((PyLongObject *)v)->ob_digit;
+        if (size == 1) return (long long)d[0];
+        if (size == 2) return (long long)d[0] | ((long long)d[1] << PyLong_SHIFT);
+        if (size == 0) return 0;
+    }
+#endif
+    return PyLong_AsLongLong(v);
+}
+
+#if defined(__GNUC__)
+#define SLOT_GET(obj, name) \
+    __extension__({ static SlotCache c_; slot_get((obj), (name), &c_); })
+#define SLOT_SET(obj, name, v) \
+    __extension__({ static SlotCache c_; slot_set((obj), (name), (v), &c_); })
+#else
+#define SLOT_GET(obj, name) PyObject_GetAttr((obj), (name))
+#define SLOT_SET(obj, name, v) PyObject_SetAttr((obj), (name), (v))
+#endif
+
+/* *out = v as a Py_ssize_t, consuming the reference v (NULL: an error is set) */
+static int ssize_of(PyObject *v, Py_ssize_t *out) {
+    if (v == NULL) return -1;
+    *out = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* *out = obj.name as a Py_ssize_t (a slot cache per call site) */
+#define get_ssize(obj, name, out) ssize_of(SLOT_GET((obj), (name)), (out))
+
 /* ---- NodeBase ------------------------------------------------------------------- */
 
 typedef struct {
@@ -317,7 +401,7 @@ static PyObject *bucket_key(Py_ssize_t phase, Py_ssize_t depth, PyObject *sig) {
 /* graph._enqueue: append to the (phase, depth, sig) bucket, or the nearest later bucket
  * of that signature within ALIGN_WINDOW levels (moving the node there). */
 static int enqueue(PyObject *rt, NodeObject *nd) {
-    PyObject *buckets = PyObject_GetAttr(rt, s_buckets);
+    PyObject *buckets = SLOT_GET(rt, s_buckets);
     if (buckets == NULL) return -1;
     if (!PyDict_CheckExact(buckets)) {
         PyErr_SetString(PyExc_TypeError, "rt.buckets must be a dict");
@@ -376,12 +460,12 @@ static PyObject *s_deferred;
  * ~0.5 us each) */
 static int queue_deferred(PyObject *rt, NodeObject *nd) {
     if (nd->depth == -1) {
-        PyObject *d = PyObject_GetAttr(rt, s_deferred);
+        PyObject *d = SLOT_GET(rt, s_deferred);
         if (d == NULL) return -1;
         PyObject *d1 = PyNumber_Subtract(d, one);
         Py_DECREF(d);
         if (d1 == NULL) return -1;
-        int r = PyObject_SetAttr(rt, s_deferred, d1);
+        int r = SLOT_SET(rt, s_deferred, d1);
         Py_DECREF(d1);
         if (r < 0) return -1;
     }
@@ -389,13 +473,6 @@ static int queue_deferred(PyObject *rt, NodeObject *nd) {
     return enqueue(rt, nd);
 }
 
-static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return -1;
-    *out = PyLong_AsSsize_t(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
 
 /* graph.add_node; ``inputs`` is a list of LazyTensors; ``fiber`` rt.fiber if the caller
  * has it, else NULL. Returns a new reference. */
@@ -408,7 +485,7 @@ static NodeObject *add_node_impl(PyObject *rt, PyObject *op, PyObject *func, PyO
     }
     if (fiber != NULL)
         Py_INCREF(fiber);
-    else if ((fiber = PyObject_GetAttr(rt, s_fiber)) == NULL)
+    else if ((fiber = SLOT_GET(rt, s_fiber)) == NULL)
         return NULL;
     Py_ssize_t phase, instance;
     if (get_ssize(fiber, s_phase, &phase) < 0 || get_ssize(fiber, s_instance, &instance) < 0) {
@@ -503,9 +580,9 @@ static PyObject *lazy_k(PyObject *node, PyObject *metas, PyObject *keys, Py_ssiz
 /* An Info's (metas, keys) as new references, checked to be tuples of one length of at
  * least ``least``; 0, or -1 with an exception. */
 static int info_tuples(PyObject *info, Py_ssize_t least, PyObject **metas, PyObject **keys) {
-    *metas = PyObject_GetAttr(info, s_metas);
+    *metas = SLOT_GET(info, s_metas);
     if (*metas == NULL) return -1;
-    *keys = PyObject_GetAttr(info, s_keys);
+    *keys = SLOT_GET(info, s_keys);
     if (*keys == NULL) {
         Py_CLEAR(*metas);
         return -1;
@@ -536,7 +613,7 @@ static PyObject *lazy1(PyObject *node, PyObject *info) {
  * multi-output node's outputs when they are a plain tuple (info.struct is None); NULL
  * without an exception when they are not. */
 static PyObject *lazy_all(PyObject *node, PyObject *info) {
-    PyObject *st = PyObject_GetAttr(info, s_struct);
+    PyObject *st = SLOT_GET(info, s_struct);
     if (st == NULL) return NULL;
     int plain = st == Py_None;
     Py_DECREF(st);
@@ -601,7 +678,7 @@ static PyObject *s_sig_info;
 
 /* The outputs of ``node``: lazy1 for one output, else graph.wrap_outputs. */
 static PyObject *outputs_of(PyObject *node, PyObject *info) {
-    PyObject *single = PyObject_GetAttr(info, s_single);
+    PyObject *single = SLOT_GET(info, s_single);
     if (single == NULL) return NULL;
     int one = PyObject_IsTrue(single);
     Py_DECREF(single);
@@ -653,7 +730,7 @@ static PyObject *record_node(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         sig = PyTuple_Pack(2, func, parts);
     }
     if (sig == NULL) goto done;
-    sig_info = PyObject_GetAttr(rt, s_sig_info);
+    sig_info = SLOT_GET(rt, s_sig_info);
     if (sig_info == NULL) goto done;
     info = PyDict_GetItemWithError(sig_info, sig);
     if (info != NULL) {
@@ -696,7 +773,7 @@ static PyObject *record_data(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
 /* graph.record_data once the signature's Info exists; None when it does not */
 static PyObject *record_data_impl(PyObject *rt, PyObject *op, PyObject *sig, PyObject *data,
                                   int deferred) {
-    PyObject *sig_info = PyObject_GetAttr(rt, s_sig_info);
+    PyObject *sig_info = SLOT_GET(rt, s_sig_info);
     if (sig_info == NULL) return NULL;
     PyObject *info = PyDict_Check(sig_info) ? PyDict_GetItemWithError(sig_info, sig) : NULL;
     Py_XINCREF(info);
@@ -709,7 +786,7 @@ static PyObject *record_data_impl(PyObject *rt, PyObject *op, PyObject *sig, PyO
     NodeObject *nd = NULL;
     Py_ssize_t phase, instance;
     if (empty == NULL) goto done;
-    fiber = PyObject_GetAttr(rt, s_fiber);
+    fiber = SLOT_GET(rt, s_fiber);
     if (fiber == NULL) goto done;
     if (get_ssize(fiber, s_phase, &phase) < 0 || get_ssize(fiber, s_instance, &instance) < 0)
         goto done;
@@ -720,12 +797,12 @@ static PyObject *record_data_impl(PyObject *rt, PyObject *op, PyObject *sig, PyO
     Py_XSETREF(nd->data, data);
     if (deferred) {
         nd->depth = -1;  /* graph.DEFERRED: queued when something needs the value */
-        PyObject *d = PyObject_GetAttr(rt, s_deferred);
+        PyObject *d = SLOT_GET(rt, s_deferred);
         if (d == NULL) goto done;
         PyObject *d1 = PyNumber_Add(d, one);
         Py_DECREF(d);
         if (d1 == NULL) goto done;
-        int r = PyObject_SetAttr(rt, s_deferred, d1);
+        int r = SLOT_SET(rt, s_deferred, d1);
         Py_DECREF(d1);
         if (r < 0) goto done;
     } else if (enqueue(rt, nd) < 0) {
@@ -757,10 +834,10 @@ static PyObject *split_hit(PyObject *rt, PyObject *trace, PyObject *inputs, PyOb
     PyObject *split_on = NULL, *splits = NULL, *split = NULL, *v = NULL, *rid = NULL,
              *memo_d = NULL, *pos = NULL, *var = NULL, *vop = NULL, *vsig = NULL,
              *var_inputs = NULL, *out = NULL;
-    split_on = PyObject_GetAttr(trace, s_split_on);
+    split_on = SLOT_GET(trace, s_split_on);
     if (split_on == NULL || !PyTuple_Check(split_on) || PyTuple_GET_SIZE(split_on) != 1)
         goto done;
-    splits = PyObject_GetAttr(trace, s_splits);
+    splits = SLOT_GET(trace, s_splits);
     if (splits == NULL || !PyDict_Check(splits)) goto done;
     split = PyDict_GetItemWithError(splits, PyTuple_GET_ITEM(split_on, 0));
     if (split == NULL) goto done;
@@ -768,20 +845,20 @@ static PyObject *split_hit(PyObject *rt, PyObject *trace, PyObject *inputs, PyOb
     Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(split_on, 0));
     if (k == -1 && PyErr_Occurred()) goto done;
     if (k < 0 || k >= PyList_GET_SIZE(inputs)) goto done;
-    v = PyObject_GetAttr(split, s_run_id);
+    v = SLOT_GET(split, s_run_id);
     if (v == NULL) goto done;
-    rid = PyObject_GetAttr(rt, s_id);
+    rid = SLOT_GET(rt, s_id);
     if (rid == NULL) goto done;
     int same = PyObject_RichCompareBool(v, rid, Py_EQ);
     if (same != 1) goto done;
-    memo_d = PyObject_GetAttr(split, s_memo);
+    memo_d = SLOT_GET(split, s_memo);
     if (memo_d == NULL || !PyDict_Check(memo_d)) goto done;
     PyObject *ident = PyLong_FromVoidPtr(PyList_GET_ITEM(inputs, k));
     if (ident == NULL) goto done;
     PyObject *memo = PyDict_GetItemWithError(memo_d, ident);  /* borrowed */
     Py_DECREF(ident);
     if (memo == NULL || !PyTuple_Check(memo)) goto done;
-    pos = PyObject_GetAttr(split, s_arg_pos);
+    pos = SLOT_GET(split, s_arg_pos);
     if (pos == NULL || !PyTuple_Check(pos)) goto done;
     Py_ssize_t np = PyTuple_GET_SIZE(pos), nm = PyTuple_GET_SIZE(memo);
     var_inputs = PyList_New(np + nm);
@@ -802,11 +879,11 @@ static PyObject *split_hit(PyObject *rt, PyObject *trace, PyObject *inputs, PyOb
         Py_INCREF(x);
         PyList_SET_ITEM(var_inputs, np + i, x);
     }
-    var = PyObject_GetAttr(split, s_var);
+    var = SLOT_GET(split, s_var);
     if (var == NULL) goto done;
-    vop = PyObject_GetAttr(var, s_op);
+    vop = SLOT_GET(var, s_op);
     if (vop == NULL) goto done;
-    vsig = PyObject_GetAttr(var, s_sig);
+    vsig = SLOT_GET(var, s_sig);
     if (vsig == NULL) goto done;
     out = (PyObject *)add_node_impl(rt, vop, Py_None, Py_None, Py_None, var_inputs, tinfo, vsig,
                                     NULL);
@@ -928,7 +1005,7 @@ static int memo_store(BlockBaseObject *b, PyObject *args, long long run, PyObjec
     for (int w = 0; w < MEMO_WAYS; w++)
         if (b->memo[w].trace != NULL && b->memo[w].run == run) first = 0;
     if (first) {
-        PyObject *blocks = PyObject_GetAttr(rt, s_memo_blocks);
+        PyObject *blocks = SLOT_GET(rt, s_memo_blocks);
         if (blocks == NULL) return -1;
         int err = PyList_Check(blocks) ? PyList_Append(blocks, (PyObject *)b) : 0;
         Py_DECREF(blocks);
@@ -980,7 +1057,7 @@ static PyObject *cached_trace(PyObject *blk, PyObject *args, PyObject *rt,
     BlockBaseObject *memo_blk = NULL;
     long long run = -1;
     if (nargs <= MEMO_ARGS && PyObject_TypeCheck(blk, &BlockBaseType)) {
-        PyObject *rid = PyObject_GetAttr(rt, s_id);
+        PyObject *rid = SLOT_GET(rt, s_id);
         if (rid == NULL) return NULL;
         run = PyLong_AsLongLong(rid);
         Py_DECREF(rid);
@@ -994,7 +1071,7 @@ static PyObject *cached_trace(PyObject *blk, PyObject *args, PyObject *rt,
     if (inputs == NULL) return NULL;
     key = PyTuple_New(nargs);
     if (key == NULL) goto done;
-    made = PyObject_GetAttr(rt, s_factory_keys);
+    made = SLOT_GET(rt, s_factory_keys);
     if (made == NULL) goto done;
     for (Py_ssize_t i = 0; i < nargs; i++) {
         PyObject *x = PyTuple_GET_ITEM(args, i), *part;
@@ -1045,10 +1122,10 @@ static PyObject *cached_trace(PyObject *blk, PyObject *args, PyObject *rt,
     }
     Py_INCREF(trace);
     /* a trace of an earlier map must be revalidated (Python path) */
-    v = PyObject_GetAttr(trace, s_run_id);
+    v = SLOT_GET(trace, s_run_id);
     if (v == NULL) goto done;
     {
-        PyObject *rid = PyObject_GetAttr(rt, s_id);
+        PyObject *rid = SLOT_GET(rt, s_id);
         if (rid == NULL) goto done;
         int same = PyObject_RichCompareBool(v, rid, Py_EQ);
         Py_DECREF(rid);
@@ -1078,34 +1155,34 @@ done:
 static PyObject *s_call_fast;
 
 static PyObject *call_fast(PyObject *trace) {
-    PyObject *f = PyObject_GetAttr(trace, s_call_fast);
+    PyObject *f = SLOT_GET(trace, s_call_fast);
     if (f == NULL || (PyTuple_CheckExact(f) && PyTuple_GET_SIZE(f) == 5)) return f;
     Py_DECREF(f);
     PyObject *op = NULL, *sig = NULL, *info = NULL, *spec = NULL, *v = NULL, *split = NULL;
     f = NULL;
     long kind = 2;
-    if ((op = PyObject_GetAttr(trace, s_op)) == NULL) goto done;
-    if ((sig = PyObject_GetAttr(trace, s_sig)) == NULL) goto done;
-    if ((info = PyObject_GetAttr(trace, s_info)) == NULL) goto done;
-    if ((spec = PyObject_GetAttr(trace, s_out_spec)) == NULL) goto done;
-    if ((split = PyObject_GetAttr(trace, s_may_split)) == NULL) goto done;
+    if ((op = SLOT_GET(trace, s_op)) == NULL) goto done;
+    if ((sig = SLOT_GET(trace, s_sig)) == NULL) goto done;
+    if ((info = SLOT_GET(trace, s_info)) == NULL) goto done;
+    if ((spec = SLOT_GET(trace, s_out_spec)) == NULL) goto done;
+    if ((split = SLOT_GET(trace, s_may_split)) == NULL) goto done;
     int may_split = PyObject_IsTrue(split);
     if (may_split < 0) goto done;
     if (PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) >= 1 &&
         PyUnicode_Check(PyTuple_GET_ITEM(spec, 0)) &&
         PyUnicode_Compare(PyTuple_GET_ITEM(spec, 0), s_leaf) == 0) {
-        if ((v = PyObject_GetAttr(info, s_single)) == NULL) goto done;
+        if ((v = SLOT_GET(info, s_single)) == NULL) goto done;
         int one = PyObject_IsTrue(v);
         if (one < 0) goto done;
         if (one) kind = 0;
     }
     if (kind == 2) {
-        Py_XSETREF(v, PyObject_GetAttr(trace, s_plain_tuple));
+        Py_XSETREF(v, SLOT_GET(trace, s_plain_tuple));
         if (v == NULL) goto done;
         if (v == Py_True) kind = 1;
     }
     f = Py_BuildValue("(OOOlO)", op, sig, info, kind, may_split ? Py_True : Py_False);
-    if (f != NULL && PyObject_SetAttr(trace, s_call_fast, f) < 0) Py_CLEAR(f);
+    if (f != NULL && SLOT_SET(trace, s_call_fast, f) < 0) Py_CLEAR(f);
 done:
     Py_XDECREF(op);
     Py_XDECREF(sig);
@@ -1192,6 +1269,18 @@ static PyObject *trace_hit(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
 static PyObject *graph_mod;  /* acrobat.graph: RT is the running map's runtime */
 static PyObject *s_RT, *s_tracer, *s_thread, *s_disabled, *s_values, *s_block, *s_call;
 
+static PyObject *graph_dict;  /* acrobat.graph's __dict__ */
+
+/* graph.RT, a new reference (a lookup in the module's dict: no getattr) */
+static PyObject *graph_rt(void) {
+    if (graph_dict != NULL) {
+        PyObject *rt = PyDict_GetItemWithError(graph_dict, s_RT);
+        if (rt != NULL) return Py_NewRef(rt);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_GetAttr(graph_mod, s_RT);
+}
+
 /* graph.RT (a new reference) when instance code records on it: a map runs, no block is
  * being traced, a fiber runs (and, with check_thread, on the map's thread); *fiber is
  * then the running fiber (a new reference). NULL without an exception when not; NULL
@@ -1199,22 +1288,22 @@ static PyObject *s_RT, *s_tracer, *s_thread, *s_disabled, *s_values, *s_block, *
 static PyObject *recording_rt(int check_thread, PyObject **fiber) {
     *fiber = NULL;
     if (graph_mod == NULL) return NULL;
-    PyObject *rt = PyObject_GetAttr(graph_mod, s_RT), *v, *f = NULL;
+    PyObject *rt = graph_rt(), *v, *f = NULL;
     if (rt == NULL) return NULL;
     if (rt == Py_None) goto no;
-    v = PyObject_GetAttr(rt, s_tracer);
+    v = SLOT_GET(rt, s_tracer);
     if (v == NULL) goto no;
     Py_DECREF(v);
     if (v != Py_None) goto no;
-    f = PyObject_GetAttr(rt, s_fiber);
+    f = SLOT_GET(rt, s_fiber);
     if (f == NULL || f == Py_None) goto no;
     if (check_thread) {
-        v = PyObject_GetAttr(rt, s_thread);
+        v = SLOT_GET(rt, s_thread);
         if (v == NULL) goto no;
-        unsigned long t = PyLong_AsUnsignedLong(v);
+        long long t = slot_value(v);  /* (a thread ident: below 2**60) */
         Py_DECREF(v);
-        if (t == (unsigned long)-1 && PyErr_Occurred()) goto no;
-        if (t != PyThread_get_thread_ident()) goto no;
+        if (t == -1 && PyErr_Occurred()) goto no;
+        if ((unsigned long)t != PyThread_get_thread_ident()) goto no;
     }
     *fiber = f;
     return rt;
@@ -1228,12 +1317,12 @@ no:   /* (and on error, with the exception set) */
  * and without value parameters (AutoBlock._call's other checks), 2 when not disabled
  * with value parameters (a tuple of positions), 0 otherwise; -1 on error. */
 static int dispatch_plain(PyObject *self) {
-    PyObject *v = PyObject_GetAttr(self, s_disabled);
+    PyObject *v = SLOT_GET(self, s_disabled);
     if (v == NULL) return -1;
     int off = PyObject_IsTrue(v);
     Py_DECREF(v);
     if (off) return off < 0 ? -1 : 0;
-    v = PyObject_GetAttr(self, s_values);
+    v = SLOT_GET(self, s_values);
     if (v == NULL) return -1;
     int plain = PyTuple_Check(v) ? (PyTuple_GET_SIZE(v) == 0 ? 1 : 2) : 0;
     Py_DECREF(v);
@@ -1309,7 +1398,7 @@ static PyObject *autobase_values(PyObject *self, PyObject *values, PyObject *arg
         }
         Py_SETREF(((PyTupleObject *)call_args)->ob_item[i], x);
     }
-    blk = PyObject_GetAttr(self, s_value_block);
+    blk = SLOT_GET(self, s_value_block);
     if (blk == NULL) goto done;
     out = block_call_impl(blk, call_args, rt, fiber);
     if (out == miss) {  /* trace it (or learn the body needs the numbers) in Python */
@@ -1333,13 +1422,13 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
         }
         int plain = dispatch_plain(self);
         if (plain == 2 && config_mod != NULL && analysis_mod != NULL) {
-            v = PyObject_GetAttr(self, s_values);
+            v = SLOT_GET(self, s_values);
             if (v != NULL) out = autobase_values(self, v, args, rt, fiber);
             Py_XDECREF(v);
             goto done;
         }
         if (plain != 1) goto done;  /* (or an error) */
-        v = PyObject_GetAttr(self, s_block);
+        v = SLOT_GET(self, s_block);
         if (v == NULL) goto done;
         out = block_call_impl(v, args, rt, fiber);
         Py_DECREF(v);
@@ -1430,9 +1519,9 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     rt = recording_rt(1, &fiber);
     if (rt == NULL) goto done;
     if (dispatch_plain(self) != 1) goto done;  /* (or an error) */
-    targs = PyObject_GetAttr(self, s_tensor_args);
+    targs = SLOT_GET(self, s_tensor_args);
     if (targs == NULL || !PyTuple_Check(targs)) goto done;
-    known = PyObject_GetAttr(self, s_code_like);
+    known = SLOT_GET(self, s_code_like);
     if (known == NULL || !PyDict_Check(known)) goto done;
     Py_ssize_t n = PyTuple_GET_SIZE(args), nt = PyTuple_GET_SIZE(targs);
     char made[64];
@@ -1492,7 +1581,7 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
         }
         PyTuple_SET_ITEM(newargs, i, x);
     }
-    v = PyObject_GetAttr(self, s_hits);
+    v = SLOT_GET(self, s_hits);
     if (v == NULL) goto done;
     {
         PyObject *more = PyNumber_Add(v, one);
@@ -1501,7 +1590,7 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
         Py_DECREF(more);
         if (bad < 0) goto done;
     }
-    blk = PyObject_GetAttr(self, s_block);
+    blk = SLOT_GET(self, s_block);
     if (blk == NULL) goto done;
     out = block_call_impl(blk, newargs, rt, fiber);
     if (out == miss) {
@@ -1557,6 +1646,8 @@ static PyObject *setup_calls(PyObject *mod, PyObject *args) {
     PyObject *g, *an, *tm;
     if (!PyArg_ParseTuple(args, "OOO", &g, &an, &tm)) return NULL;
     Py_INCREF(g); Py_XSETREF(graph_mod, g);
+    PyObject *gd = PyModule_Check(g) ? PyModule_GetDict(g) : NULL;  /* borrowed */
+    Py_XINCREF(gd); Py_XSETREF(graph_dict, gd);
     Py_INCREF(an); Py_XSETREF(analysis_mod, an);
     Py_INCREF(tm); Py_XSETREF(torch_mod, tm);
     Py_RETURN_NONE;
@@ -1616,22 +1707,22 @@ static PyObject *switch_to(PyObject *g, PyObject *arg) {
  * parked (only the driver creates workers: a greenlet made here would have its C stack
  * below this fiber's, and nested ones would deepen it without bound). */
 static int switch_away(PyObject *rt) {
-    PyObject *ready = PyObject_GetAttr(rt, s_ready), *failed = NULL, *head = NULL;
+    PyObject *ready = SLOT_GET(rt, s_ready), *failed = NULL, *head = NULL;
     PyObject *g = NULL, *res = NULL, *pool = NULL, *main = NULL, *parent = NULL;
     int r = -1;
     if (ready == NULL) return -1;
     Py_ssize_t n = PyObject_Length(ready);
     if (n < 0) goto done;
     if (n > 0) {
-        if ((failed = PyObject_GetAttr(rt, s_failed)) == NULL) goto done;
+        if ((failed = SLOT_GET(rt, s_failed)) == NULL) goto done;
         if (failed == Py_None) {
             if ((head = PySequence_GetItem(ready, 0)) == NULL) goto done;
-            if ((g = PyObject_GetAttr(head, s_glet)) == NULL) goto done;
+            if ((g = SLOT_GET(head, s_glet)) == NULL) goto done;
         }
     }
     if (g == Py_None) {  /* not started: on a parked worker, if one is */
         Py_CLEAR(g);
-        if ((pool = PyObject_GetAttr(rt, s_pool)) == NULL) goto done;
+        if ((pool = SLOT_GET(rt, s_pool)) == NULL) goto done;
         if (!PyList_Check(pool)) {
             PyErr_SetString(PyExc_TypeError, "switch_away: rt.pool must be a list");
             goto done;
@@ -1642,7 +1733,7 @@ static int switch_away(PyObject *rt) {
             if (PyList_SetSlice(pool, parked - 1, parked, NULL) < 0) goto done;
         }
     }
-    if ((main = PyObject_GetAttr(rt, s_main)) == NULL) goto done;
+    if ((main = SLOT_GET(rt, s_main)) == NULL) goto done;
     if (g == NULL) {  /* none ready, a failed fiber, or no worker parked */
         res = switch_to(main, NULL);
         goto done;
@@ -1655,11 +1746,11 @@ static int switch_away(PyObject *rt) {
     if (pool != NULL) {  /* a parked worker: under the driver, given the fiber to run */
         if ((parent = PyObject_GetAttr(g, s_parent)) == NULL) goto done;
         if (parent != main && PyObject_SetAttr(g, s_parent, main) < 0) goto done;
-        if (PyObject_SetAttr(head, s_glet, g) < 0) goto done;
-        if (PyObject_SetAttr(rt, s_fiber, head) < 0) goto done;
+        if (SLOT_SET(head, s_glet, g) < 0) goto done;
+        if (SLOT_SET(rt, s_fiber, head) < 0) goto done;
         res = switch_to(g, head);
     } else {
-        if (PyObject_SetAttr(rt, s_fiber, head) < 0) goto done;
+        if (SLOT_SET(rt, s_fiber, head) < 0) goto done;
         res = switch_to(g, NULL);
     }
 done:
@@ -1689,19 +1780,19 @@ static int suspend(PyObject *rt, PyObject *fiber, PyObject *t, PyObject **host) 
     PyObject *blocked = NULL;
     int r = -1;
     *host = NULL;
-    blocked = PyObject_GetAttr(rt, s_blocked);
+    blocked = SLOT_GET(rt, s_blocked);
     if (blocked == NULL) goto done;
-    if (PyObject_SetAttr(fiber, s_waiting, t) < 0 || PyList_Append(blocked, fiber) < 0)
+    if (SLOT_SET(fiber, s_waiting, t) < 0 || PyList_Append(blocked, fiber) < 0)
         goto done;
     Py_CLEAR(blocked);
     if (switch_away(rt) < 0) goto done;
-    if (PyObject_SetAttr(fiber, s_waiting, Py_None) < 0) goto done;
-    PyObject *h = PyObject_GetAttr(fiber, s_host);
+    if (SLOT_SET(fiber, s_waiting, Py_None) < 0) goto done;
+    PyObject *h = SLOT_GET(fiber, s_host);
     if (h == NULL) goto done;
     if (h == Py_None) {
         Py_DECREF(h);
         r = 0;
-    } else if (PyObject_SetAttr(fiber, s_host, Py_None) < 0) {
+    } else if (SLOT_SET(fiber, s_host, Py_None) < 0) {
         Py_DECREF(h);
     } else {
         *host = h;
@@ -1718,7 +1809,7 @@ static PyObject *py_row(PyObject *rt, NodeObject *nd, LazyObject *t) {
     if (!PyTuple_Check(nd->outs) || !PyLong_Check(t->idx)) return NULL;
     Py_ssize_t idx = PyLong_AsSsize_t(t->idx);
     if (idx < 0 || idx >= PyTuple_GET_SIZE(nd->outs)) return NULL;
-    PyObject *rows_by_id = PyObject_GetAttr(rt, s_py_rows);
+    PyObject *rows_by_id = SLOT_GET(rt, s_py_rows);
     if (rows_by_id == NULL) return NULL;
     PyObject *rows = NULL, *key = PyLong_FromVoidPtr(PyTuple_GET_ITEM(nd->outs, idx));
     if (key != NULL && PyDict_CheckExact(rows_by_id))
@@ -1744,16 +1835,16 @@ static PyObject *value_read(PyObject *mod, PyObject *arg) {
     LazyObject *t = (LazyObject *)arg;
     if (t->node == NULL || !PyObject_TypeCheck(t->node, &NodeType)) goto slow;
     NodeObject *nd = (NodeObject *)t->node;
-    PyObject *rt = PyObject_GetAttr(graph_mod, s_RT), *out = NULL;
+    PyObject *rt = graph_rt(), *out = NULL;
     if (rt == NULL) return NULL;
     if (rt == Py_None || nd->rt != rt) goto slow_rt;
     if (nd->outs == NULL || nd->outs == Py_None) {
         if (nd->depth < 0) goto slow_rt;  /* a deferred constant: demand_py queues it */
-        PyObject *v = PyObject_GetAttr(rt, s_tracer);
+        PyObject *v = SLOT_GET(rt, s_tracer);
         if (v == NULL) goto fail;
         Py_DECREF(v);
         if (v != Py_None) goto slow_rt;  /* a block reads a value: demand_py's error */
-        PyObject *fiber = PyObject_GetAttr(rt, s_fiber), *host;
+        PyObject *fiber = SLOT_GET(rt, s_fiber), *host;
         if (fiber == NULL) goto fail;
         if (fiber == Py_None) {
             Py_DECREF(fiber);
@@ -2191,22 +2282,6 @@ done:
  * source that a byte copy cannot read (None) makes the answer False, nothing copied. */
 /* The address of each row ``slots`` names (see copy_rows) into ``src``: 1, or 0 where a
  * source cannot be read by address, or -1 with an exception set. */
-/* PyLong_AsLongLong for a slot: an int of one or two 30-bit digits read directly on
- * CPython 3.10/3.11 (the slots of a map are below 2**60); the generic conversion (~130
- * instructions through _PyLong_AsByteArray for a multi-digit int) otherwise */
-static inline long long slot_value(PyObject *v) {
-#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-    if (PyLong_CheckExact(v)) {
-        Py_ssize_t size = Py_SIZE(v);
-        const digit *d = ((PyLongObject *)v)->ob_digit;
-        if (size == 1) return (long long)d[0];
-        if (size == 2) return (long long)d[0] | ((long long)d[1] << PyLong_SHIFT);
-        if (size == 0) return 0;
-    }
-#endif
-    return PyLong_AsLongLong(v);
-}
-
 static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject *shape,
                         PyObject *dtype, Py_ssize_t nbytes, char **src) {
     Py_ssize_t m = PyList_GET_SIZE(slots);

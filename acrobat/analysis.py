@@ -354,7 +354,13 @@ class AutoBlock(_native.AutoBase if _native is not None else object):  # type: i
     """Dispatcher behind a trampolined function: the block inside f.map, else the code.
     With the C extension, its base's call slot takes a positional call of an enabled
     dispatcher without value parameters straight to the block's fast path (no Python
-    frame), and calls ``_call`` for the rest."""
+    frame), and calls ``_call`` for the rest. The fields that slot reads are slots (read
+    at their offsets there)."""
+
+    __slots__ = (
+        "impl", "block", "disabled", "trampoline", "values", "value_block", "__dict__",
+        "__weakref__",
+    )  # fmt: skip
 
     def __init__(self, fn: types.FunctionType):
         self.impl = types.FunctionType(

@@ -81,7 +81,10 @@ class Tracer:
 
 
 class Trace:
-    """One traced signature of a block: its program and how outputs are packaged."""
+    """One traced signature of a block: its program and how outputs are packaged. The
+    fields a block call reads in C are slots (read at their offsets there)."""
+
+    __slots__ = ("call_fast", "run_id", "op", "info", "sig", "__dict__", "__weakref__")
 
     def __init__(self, op, placeholders, nodes, out_spec, info, sources, needs_grad, keep):
         self.op = op

@@ -105,8 +105,17 @@ class Info:
 
 
 class Runtime:
-    """State of one ``f.map`` call: pending buckets, the hoisting cache, fibers, stats."""
+    """State of one ``f.map`` call: pending buckets, the hoisting cache, fibers, stats.
+    Slots: the C record path reads its fields at their offsets (``_native``'s slot
+    caches) instead of through a dict lookup each."""
 
+    __slots__ = (
+        "id", "buckets", "sig_info", "hoisted", "hoist_keepalive", "hoisted_versions",
+        "device", "stats", "fiber", "tracer", "ready", "blocked", "main", "pool", "failed",
+        "all_fibers", "live", "phased", "thread", "nodes", "deferred", "py_rows",
+        "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
+        "__weakref__",
+    )  # fmt: skip
     _ids = itertools.count(1)
 
     def __init__(self, stats):
