@@ -353,6 +353,11 @@ static PyTypeObject LazyType = {
 /* ---- module state: set once by graph.py through setup() --------------------------- */
 
 static PyTypeObject *node_cls;  /* graph.Node */
+
+/* PyObject_TypeCheck against the C bases, with the exact Python classes first (an
+ * exact match skips PyType_IsSubtype's walk of the MRO) */
+#define IS_LAZY(x) (Py_TYPE(x) == lazy_cls || PyObject_TypeCheck((x), &LazyType))
+#define IS_NODE(x) (Py_TYPE(x) == node_cls || PyObject_TypeCheck((x), &NodeType))
 static PyTypeObject *lazy_cls;  /* tensor.LazyTensor */
 static PyObject *check_inputs_fn;  /* graph._check_inputs */
 static PyObject *config_mod;    /* acrobat.config (ALIGN_WINDOW) */
@@ -398,6 +403,24 @@ static PyObject *bucket_key(Py_ssize_t phase, Py_ssize_t depth, PyObject *sig) {
     return key;
 }
 
+/* The buckets the last nodes went to: a node of the same (phase, depth, signature
+ * object) as one of them, while rt.buckets is unchanged (its version tag: a new bucket or
+ * a flush's pops change it), goes to the same list without building and hashing the key
+ * (a tuple holding the signature's nested tuples). Keys are borrowed: the unchanged dict
+ * holds them and the lists. */
+#if PY_VERSION_HEX < 0x030C0000
+#define BUCKET_MEMO 8
+static struct {
+    PyObject *dict, *sig, *list;
+    uint64_t version;
+    Py_ssize_t phase, depth, to_depth;
+} bucket_memo[BUCKET_MEMO];
+
+static inline size_t bucket_slot(NodeObject *nd, Py_ssize_t depth) {
+    return (((uintptr_t)nd->sig >> 4) ^ (size_t)depth * 31 ^ (size_t)nd->phase) % BUCKET_MEMO;
+}
+#endif
+
 /* graph._enqueue: append to the (phase, depth, sig) bucket, or the nearest later bucket
  * of that signature within ALIGN_WINDOW levels (moving the node there). */
 static int enqueue(PyObject *rt, NodeObject *nd) {
@@ -408,6 +431,18 @@ static int enqueue(PyObject *rt, NodeObject *nd) {
         Py_DECREF(buckets);
         return -1;
     }
+#ifdef BUCKET_MEMO
+    Py_ssize_t asked = nd->depth;
+    size_t slot = bucket_slot(nd, asked);
+    if (bucket_memo[slot].dict == buckets && bucket_memo[slot].sig == nd->sig &&
+        bucket_memo[slot].depth == asked && bucket_memo[slot].phase == nd->phase &&
+        bucket_memo[slot].version == ((PyDictObject *)buckets)->ma_version_tag) {
+        nd->depth = bucket_memo[slot].to_depth;
+        int r = PyList_Append(bucket_memo[slot].list, (PyObject *)nd);
+        Py_DECREF(buckets);
+        return r;
+    }
+#endif
     PyObject *key = bucket_key(nd->phase, nd->depth, nd->sig);
     if (key == NULL) goto fail;
     PyObject *bucket = PyDict_GetItemWithError(buckets, key);  /* borrowed */
@@ -436,11 +471,21 @@ static int enqueue(PyObject *rt, NodeObject *nd) {
         Py_INCREF(nd);
         PyList_SET_ITEM(lst, 0, (PyObject *)nd);
         int r = PyDict_SetItem(buckets, key, lst);
+        bucket = lst;  /* (borrowed: the dict holds it) */
         Py_DECREF(lst);
         if (r < 0) goto fail_key;
     } else if (PyList_Append(bucket, (PyObject *)nd) < 0) {
         goto fail_key;
     }
+#ifdef BUCKET_MEMO
+    bucket_memo[slot].dict = buckets;
+    bucket_memo[slot].sig = nd->sig;
+    bucket_memo[slot].list = bucket;
+    bucket_memo[slot].version = ((PyDictObject *)buckets)->ma_version_tag;
+    bucket_memo[slot].phase = nd->phase;
+    bucket_memo[slot].depth = asked;
+    bucket_memo[slot].to_depth = nd->depth;
+#endif
     Py_DECREF(key);
     Py_DECREF(buckets);
     return 0;  /* (rt.nodes: counted by scheduler.schedule as it pops the buckets) */
@@ -497,12 +542,12 @@ static NodeObject *add_node_impl(PyObject *rt, PyObject *op, PyObject *func, PyO
     Py_ssize_t n = PyList_GET_SIZE(inputs);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = PyList_GET_ITEM(inputs, i);
-        if (!PyObject_TypeCheck(t, &LazyType)) {
+        if (!IS_LAZY(t)) {
             PyErr_SetString(PyExc_TypeError, "add_node: an input is not a LazyTensor");
             return NULL;
         }
         PyObject *p = ((LazyObject *)t)->node;
-        if (p == NULL || !PyObject_TypeCheck(p, &NodeType)) {
+        if (p == NULL || !IS_NODE(p)) {
             PyErr_SetString(PyExc_TypeError, "add_node: an input's producer is not a Node");
             return NULL;
         }
@@ -966,6 +1011,17 @@ static inline PyObject *memo_part(PyObject *x) {
     return Py_TYPE(x) == lazy_cls ? ((LazyObject *)x)->key : x;
 }
 
+/* PyObject_TypeCheck(b, &BlockBaseType), the last class that passed first (held) */
+static PyTypeObject *block_cls;
+
+static inline int is_block(PyObject *b) {
+    if (Py_TYPE(b) == block_cls) return 1;
+    if (!PyObject_TypeCheck(b, &BlockBaseType)) return 0;
+    Py_INCREF(Py_TYPE(b));
+    Py_XSETREF(block_cls, Py_TYPE(b));
+    return 1;
+}
+
 /* the remembered trace of a call of ``b`` with ``args`` in map ``run`` (a new reference;
  * *inputs_out its LazyTensor operands), or NULL (with an exception on error) */
 static PyObject *memo_lookup(BlockBaseObject *b, PyObject *args, long long run,
@@ -1056,7 +1112,7 @@ static PyObject *cached_trace(PyObject *blk, PyObject *args, PyObject *rt,
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
     BlockBaseObject *memo_blk = NULL;
     long long run = -1;
-    if (nargs <= MEMO_ARGS && PyObject_TypeCheck(blk, &BlockBaseType)) {
+    if (nargs <= MEMO_ARGS && is_block(blk)) {
         PyObject *rid = SLOT_GET(rt, s_id);
         if (rid == NULL) return NULL;
         run = PyLong_AsLongLong(rid);
@@ -1831,9 +1887,9 @@ static PyObject *value_read(PyObject *mod, PyObject *arg) {
         PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup_fibers was not called");
         return NULL;
     }
-    if (graph_mod == NULL || !PyObject_TypeCheck(arg, &LazyType)) goto slow;
+    if (graph_mod == NULL || !IS_LAZY(arg)) goto slow;
     LazyObject *t = (LazyObject *)arg;
-    if (t->node == NULL || !PyObject_TypeCheck(t->node, &NodeType)) goto slow;
+    if (t->node == NULL || !IS_NODE(t->node)) goto slow;
     NodeObject *nd = (NodeObject *)t->node;
     PyObject *rt = graph_rt(), *out = NULL;
     if (rt == NULL) return NULL;
@@ -1989,8 +2045,8 @@ static PyObject *pack_columns(PyObject *col, PyObject *slots) {
  * operand ``x``; -1 with an exception naming ``who`` otherwise. */
 static int put_operand(PyObject *x, PyObject *col, PyObject *slots, Py_ssize_t i,
                        const char *who) {
-    if (!PyObject_TypeCheck(x, &LazyType) ||
-        !PyObject_TypeCheck(((LazyObject *)x)->node, &NodeType)) {
+    if (!IS_LAZY(x) ||
+        !IS_NODE(((LazyObject *)x)->node)) {
         PyErr_Format(PyExc_TypeError, "%s: an operand is not a LazyTensor", who);
         return -1;
     }
@@ -2020,7 +2076,7 @@ static PyObject *column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (col == NULL || slots == NULL) goto fail;
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *nd = PyList_GET_ITEM(nodes, i);
-        if (!PyObject_TypeCheck(nd, &NodeType)) {
+        if (!IS_NODE(nd)) {
             PyErr_SetString(PyExc_TypeError, "column: not a Node");
             goto fail;
         }
@@ -2073,7 +2129,7 @@ static PyObject *scan_column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         Py_ssize_t pos = first + t * width + j;
         for (Py_ssize_t i = 0; i < k; i++) {
             PyObject *nd = PyList_GET_ITEM(nodes, i);
-            if (!PyObject_TypeCheck(nd, &NodeType)) {
+            if (!IS_NODE(nd)) {
                 PyErr_SetString(PyExc_TypeError, "scan_column: not a Node");
                 goto fail;
             }
@@ -2107,7 +2163,7 @@ static PyObject *finish_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     Py_ssize_t m = PyList_GET_SIZE(nodes);
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *nd = PyList_GET_ITEM(nodes, i);
-        if (!PyObject_TypeCheck(nd, &NodeType)) {
+        if (!IS_NODE(nd)) {
             PyErr_SetString(PyExc_TypeError, "finish_rows: not a Node");
             return NULL;
         }
@@ -2135,13 +2191,13 @@ static PyObject *lookup_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *nd = PyList_GET_ITEM(a[0], i), *ins, *t, *src, *data;
-        if (!PyObject_TypeCheck(nd, &NodeType)) goto none;
+        if (!IS_NODE(nd)) goto none;
         ins = ((NodeObject *)nd)->inputs;
         if (ins == NULL || !PyList_Check(ins) || PyList_GET_SIZE(ins) < 1) goto none;
         t = PyList_GET_ITEM(ins, 0);
-        if (!PyObject_TypeCheck(t, &LazyType)) goto none;
+        if (!IS_LAZY(t)) goto none;
         src = ((LazyObject *)t)->node;
-        if (src == NULL || !PyObject_TypeCheck(src, &NodeType)) goto none;
+        if (src == NULL || !IS_NODE(src)) goto none;
         if (((NodeObject *)src)->op != tensor_op) goto none;
         data = ((NodeObject *)src)->data;
         if (data == NULL || !PyLong_CheckExact(data)) goto none;  /* (not a bool either) */
@@ -2171,7 +2227,7 @@ static PyObject *place_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (base == -1 && PyErr_Occurred()) return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(a[0]); i++) {
         PyObject *nd = PyList_GET_ITEM(a[0], i);
-        if (!PyObject_TypeCheck(nd, &NodeType)) {
+        if (!IS_NODE(nd)) {
             PyErr_SetString(PyExc_TypeError, "place_rows: not a Node");
             return NULL;
         }
@@ -2198,7 +2254,7 @@ static PyObject *heights(PyObject *mod, PyObject *batches) {
         }
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
             PyObject *x = PyList_GET_ITEM(nodes, i);
-            if (!PyObject_TypeCheck(x, &NodeType)) {
+            if (!IS_NODE(x)) {
                 PyErr_SetString(PyExc_TypeError, "heights: not a Node");
                 return NULL;
             }
@@ -2209,9 +2265,9 @@ static PyObject *heights(PyObject *mod, PyObject *batches) {
             Py_ssize_t m = PySequence_Fast_GET_SIZE(ins);
             for (Py_ssize_t j = 0; j < m; j++) {
                 PyObject *t = PySequence_Fast_GET_ITEM(ins, j);
-                if (!PyObject_TypeCheck(t, &LazyType)) continue;
+                if (!IS_LAZY(t)) continue;
                 PyObject *p = ((LazyObject *)t)->node;
-                if (p == NULL || !PyObject_TypeCheck(p, &NodeType)) continue;
+                if (p == NULL || !IS_NODE(p)) continue;
                 NodeObject *pn = (NodeObject *)p;
                 if (pn->height < h && (pn->outs == NULL || pn->outs == Py_None)) pn->height = h;
             }
@@ -2297,7 +2353,7 @@ static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject
             PyObject *b = PyDict_GetItemWithError(bases, k); /* borrowed */
             if (b == NULL && !PyErr_Occurred()) {
                 PyObject *t = PyList_GET_ITEM(ts, i);
-                if (!PyObject_TypeCheck(t, &LazyType)) {
+                if (!IS_LAZY(t)) {
                     PyErr_SetString(PyExc_TypeError, "copy_rows: ts must hold LazyTensors");
                 } else if ((b = source_base(t, shape, dtype)) != NULL) {
                     int err = PyDict_SetItem(bases, k, b);
@@ -2379,7 +2435,7 @@ static PyObject *join_into(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         if (j == -1 && PyErr_Occurred()) goto done;
         for (Py_ssize_t i = 0; i < m; i++) {  /* column(nodes, j), into reused lists */
             PyObject *nd = PyList_GET_ITEM(nodes, i), *ins, *t;
-            if (!PyObject_TypeCheck(nd, &NodeType)) {
+            if (!IS_NODE(nd)) {
                 PyErr_SetString(PyExc_TypeError, "join_into: not a Node");
                 goto done;
             }
