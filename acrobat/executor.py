@@ -174,7 +174,9 @@ def _native_copy(ts: list, slots: list) -> torch.Tensor | None:
     entered in ``_bases``) in one call; None if a source is one torch must read."""
     t0 = ts[0]
     shape, dtype = t0.shape, t0.dtype
-    out = torch.empty((len(slots), *shape), dtype=dtype)
+    # (sizes as separate ints: a tuple is first tried as an int by torch's argument
+    # parser, which raises and swallows a TypeError: +0.33 µs a call)
+    out = torch.empty(len(slots), *shape, dtype=dtype)
     if type(ts) is not list:
         ts = list(ts)
     nbytes = shape.numel() * dtype.itemsize
@@ -358,7 +360,7 @@ def _join(nodes: list, groups: tuple, n: int, stats) -> dict | None:
     for group in groups:
         dtype = inputs[group[0]].dtype
         width = sum(inputs[j].shape[0] for j in group)
-        out = torch.empty((n, width), dtype=dtype)
+        out = torch.empty(n, width, dtype=dtype)
         if _native.join_into(out.data_ptr(), width * dtype.itemsize, nodes, group, _bases):
             joined[group[0]] = out
             for j in group[1:]:

@@ -46,7 +46,7 @@ class Source:
 
     def materialize(self, n: int) -> torch.Tensor:
         rows = self.buf if self.idx is None else self.buf.index_select(0, self.idx)
-        return rows.reshape((n, *self.shape))
+        return rows.reshape(n, *self.shape)
 
 
 class Plan:
@@ -209,7 +209,7 @@ def run(trace, p: Plan, env: dict, xs: list, n: int):
             sources.append((v.reshape(n, F) if v.is_contiguous() else _rows(v, n, F), None))
     outs = elementwise.run(p.program, n, F, sources, p.shared, backend=config.KERNEL_BACKEND)
     for nd, out in zip(p.outputs, outs):
-        env[nd] = (out.reshape((n, *p.shape)),)
+        env[nd] = (out.reshape(n, *p.shape),)
     for inner in p.after:
         env[inner] = inner.op.rule(inner, [value(t) for t in inner.inputs], n)
     return tuple(value(t) for t in trace.out_lazies)

@@ -80,7 +80,7 @@ def _add(op: Op) -> Op:
 
 
 def _expand_real(t, n: int):
-    return t.expand((n, *t.shape))
+    return t.expand(n, *t.shape)
 
 
 # ---- generic rules -----------------------------------------------------------------
@@ -104,7 +104,7 @@ def _align(a, it, n, out_nd):
         x = next(it)
         k = len(a.shape)
         if k < out_nd:
-            x = x.reshape((n,) + (1,) * (out_nd - k) + tuple(a.shape))
+            x = x.reshape(n, *(1,) * (out_nd - k), *a.shape)
         return x
     if type(a) is list or type(a) is tuple:
         return type(a)(_align(v, it, n, out_nd) for v in a)
@@ -229,7 +229,7 @@ def reshape_rule(node, xs, n):
     """View-like ops whose per-instance output shape is known: reshape the batch to it."""
     if type(_arg(node, 0, "input")) is not LazyTensor:
         return vmap_rule(node, xs, n)
-    return (xs[0].reshape((n, *node.info.metas[0][0])),)
+    return (xs[0].reshape(n, *node.info.metas[0][0]),)
 
 
 def expand_rule(node, xs, n):
@@ -237,8 +237,8 @@ def expand_rule(node, xs, n):
         return vmap_rule(node, xs, n)
     a = node.args[0]
     out_shape = tuple(node.info.metas[0][0])
-    x = xs[0].reshape((n,) + (1,) * (len(out_shape) - a.ndim) + tuple(a.shape))
-    return (x.expand((n, *out_shape)),)
+    x = xs[0].reshape(n, *(1,) * (len(out_shape) - a.ndim), *a.shape)
+    return (x.expand(n, *out_shape),)
 
 
 def _dim(d, nd):
@@ -281,7 +281,7 @@ def reduce_rule(node, xs, n):
         if name in ("max", "min"):
             fn = torch.amax if name == "max" else torch.amin
         out = fn(xs[0].reshape(n, -1), 1, **kw)
-        return (out.reshape((n, *node.info.metas[0][0])),)
+        return (out.reshape(n, *node.info.metas[0][0]),)
     if isinstance(dim, (tuple, list)):
         dim = tuple(_dim(d, nd) for d in dim)
     else:
@@ -388,12 +388,12 @@ def ragged_rule(nodes: list, x: torch.Tensor) -> tuple:
     views = x.unsqueeze(0).split_with_sizes([len(nd.inputs) for nd in nodes], 1)
     if nodes[0].op is RAGGED_STACK:  # (1, parts, *shape): the result as it is
         return views
-    return tuple(v.reshape((1, *nd.info.metas[0][0])) for v, nd in zip(views, nodes))
+    return tuple(v.reshape(1, *nd.info.metas[0][0]) for v, nd in zip(views, nodes))
 
 
 def flat_result(node, x, n):
     """``flat_parts``' gathered (n * parts, *shape) rows as the batched stack / cat."""
-    return (x.reshape((n, *node.info.metas[0][0])),)
+    return (x.reshape(n, *node.info.metas[0][0]),)
 
 
 def split_rule(node, xs, n):
@@ -545,7 +545,7 @@ def rnn_cell_rule(node, xs, n):
     lead = X.shape[:-1]  # (n, *instance batch dims)
 
     def fold_state(h):
-        H = next(it) if _is_lazy(h) else h.expand((n, *h.shape))
+        H = next(it) if _is_lazy(h) else h.expand(n, *h.shape)
         return H.reshape(-1, H.shape[-1])
 
     if isinstance(hx, (tuple, list)):
@@ -554,8 +554,8 @@ def rnn_cell_rule(node, xs, n):
         H = fold_state(hx)
     out = node.func(X.reshape(-1, X.shape[-1]), H, *node.args[2:])
     if isinstance(out, Tensor):
-        return (out.reshape((*lead, out.shape[-1])),)
-    return tuple(o.reshape((*lead, o.shape[-1])) for o in out)
+        return (out.reshape(*lead, out.shape[-1]),)
+    return tuple(o.reshape(*lead, o.shape[-1]) for o in out)
 
 
 def getitem_rule(node, xs, n):
@@ -567,7 +567,7 @@ def getitem_rule(node, xs, n):
         return (base[xs[0]],)
     if _is_lazy(base) and len(idx_t) == 1 and _is_lazy(idx_t[0]) and idx_t[0].dtype != torch.bool:
         I = xs[1]
-        rows = torch.arange(n, device=I.device).reshape((n,) + (1,) * (I.ndim - 1))
+        rows = torch.arange(n, device=I.device).reshape(n, *(1,) * (I.ndim - 1))
         return (xs[0][rows, I],)
     return vmap_rule(node, xs, n)
 

@@ -146,7 +146,7 @@ def _product(x, x_shared, y, y_shared, n, out=None):
         shape, args = (p,), (False, False, 1, p, k, ab, astep, k, bb, bstep, ldb)
     beta = 0.0
     if out is None:
-        out = torch.empty((n, *shape), dtype=dtype)
+        out = torch.empty(n, *shape, dtype=dtype)
     else:
         beta = 1.0
     step = math.prod(shape) * out.element_size()

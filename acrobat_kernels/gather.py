@@ -62,6 +62,6 @@ def gather_rows(addresses: array, shape: tuple, dtype: torch.dtype, nbytes: int)
     contiguous bytes."""
     kernel = _kernel or _compile()
     n = len(addresses)
-    out = torch.empty((n, *shape), dtype=dtype)
+    out = torch.empty(n, *shape, dtype=dtype)
     kernel(out.data_ptr(), addresses.buffer_info()[0], n, nbytes)
     return out

@@ -400,7 +400,7 @@ def _run(x, w, c, c_rows, act: int = 0) -> torch.Tensor:
     kernel = _kernel or _compile()
     m, k = x.shape
     n = w.shape[0]
-    out = torch.empty((m, n), dtype=_F32)
+    out = torch.empty(m, n, dtype=_F32)
     ca = c.data_ptr() if c is not None else out.data_ptr()  # not read when c_rows == 0
     args = (x.data_ptr(), w.data_ptr(), w.stride(0), ca, c_rows, out.data_ptr(), m, k, n)
     threads = torch.get_num_threads()

@@ -147,8 +147,8 @@ def run(h0, c, w, b, active: list, offsets: list, per_step: bool):
             f"{active[0]}..{active[-1]} rows ({total} row steps, per_step={per_step})"
         )
     meta = torch.tensor([active, offsets], dtype=torch.int64)
-    out = torch.empty((total, n), dtype=_F32)
-    final = torch.empty((rows, n), dtype=_F32)
+    out = torch.empty(total, n, dtype=_F32)
+    final = torch.empty(rows, n, dtype=_F32)
     args = (
         c.data_ptr(), int(per_step), h0.data_ptr(), w.data_ptr(), w.stride(0),
         0 if b is None else b.data_ptr(), out.data_ptr(), final.data_ptr(),
