@@ -1245,16 +1245,28 @@ _NO_MODE = torch._C.DisableTorchFunction
 _ORIGINAL_FORWARD = {nn.Linear: nn.Linear.forward, nn.Embedding: nn.Embedding.forward}
 
 
+def _param(module, cls, name: str):
+    """``module.<name>`` for a parameter of an exact ``cls`` (nn.Linear, nn.Embedding):
+    read from its ``_parameters`` (0.07 µs), where the attribute goes through
+    ``Module.__getattr__`` after a failed lookup that formats an AttributeError (0.46
+    µs). A subclass (a parametrization's, with a property) reads the attribute."""
+    params = module._parameters
+    if type(module) is cls and name in params:
+        return params[name]
+    return getattr(module, name)
+
+
 def _linear_forward(self, input):
     if type(input) is LazyTensor:
+        weight, bias = _param(self, nn.Linear, "weight"), _param(self, nn.Linear, "bias")
         with _NO_MODE():  # as inside the mode's handler: real tensors' attributes are plain
-            return record(LINEAR, F.linear, (input, self.weight, self.bias), {})
+            return record(LINEAR, F.linear, (input, weight, bias), {})
     return _ORIGINAL_FORWARD[nn.Linear](self, input)
 
 
 def _embedding_forward(self, input):
     if type(input) is LazyTensor:
-        weight = self.weight  # a Module.__getattr__ lookup: once
+        weight = _param(self, nn.Embedding, "weight")
         grad_options = _grad_options(self)
         if not grad_options and _row_lookup(input, weight, self.max_norm, False):
             # reads no tensor attribute (they dispatch to the mode): no DisableTorchFunction
@@ -1322,7 +1334,7 @@ def lookup_call(module, tensor, value):
             and not _grad_options(module)
             and _hookless(module)
         ):
-            return _special_take(module.weight, value)
+            return _special_take(_param(module, nn.Embedding, "weight"), value)
     return module(tensor(value))
 
 

@@ -91,6 +91,33 @@ def test_subclass_forward_and_hooks_are_respected():
     assert len(calls) == 4 + 4  # every map call and every eager call ran the hook
 
 
+class _Scale(nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+def test_parametrized_weights_are_read_through_the_attribute():
+    """The fast forwards read an exact nn.Linear's / nn.Embedding's parameters from
+    ``_parameters``; a parametrized module (a subclass whose ``weight`` is a property
+    computing 2 * w) must get the parametrized weight, as eager does."""
+    from torch.nn.utils import parametrize
+
+    m = Tagger(10, 4)
+    parametrize.register_parametrization(m.lin, "weight", _Scale())
+    parametrize.register_parametrization(m.emb, "weight", _Scale())
+    sentences = [[1, 2, 3], [4], [5, 6]]
+    with torch.no_grad():
+        got = tag.map(sentences, m=m)
+        want = [tag.eager(s, m=m) for s in sentences]
+        plain = Tagger(10, 4)
+        plain.load_state_dict({k.replace(".parametrizations.weight.original", ".weight"): v
+                               for k, v in m.state_dict().items()})  # fmt: skip
+        unscaled = [tag.eager(s, m=plain) for s in sentences]
+    for g, w, u in zip(got, want, unscaled):
+        torch.testing.assert_close(g, w)
+        assert not torch.allclose(w, u)  # (the parametrization changes the result)
+
+
 def test_pre_hooks_and_global_hooks_see_every_call():
     """The fast ``__call__`` (ops._fast_call) skips torch's call machinery only when no hook
     of any kind is registered: a pre-hook on the module, or a global forward hook, makes
