@@ -29,8 +29,9 @@ It runs only where it is exactly that product: float32 CPU tensors, ``x`` of sha
 rows (a column view of a wider ``W`` is fine), ``c`` a bias of shape (N,) or an addend
 of shape (rows, N), contiguous; and not while autograd records (torch's GEMM then, so
 gradients flow as before).
-Anything else calls torch. numba is imported and the kernel compiled on first use
-(~1 s once per process).
+Anything else calls torch. numba is imported and the kernel (acrobat_kernels/loops.py)
+compiled on first use, ~3 s with its thread-split entry, once: later processes load both
+from numba's disk cache (acrobat_kernels/diskcache.py).
 """
 
 from __future__ import annotations
@@ -50,66 +51,13 @@ _kernel = None  # (x, W, W's row stride, c, c's rows, out, rows, K, N) -> None
 
 
 def _compile():
+    """The linear loop and its thread-split entry (acrobat_kernels/loops.py), compiled or
+    loaded from numba's disk cache."""
     global _kernel, _parallel
-    from numba import carray, cfunc, types
+    from acrobat_kernels import loops
 
-    from acrobat_kernels import parallel
-    from acrobat_kernels.unary import address_casts
-
-    product = rows_product()
-    as_f32, as_i64 = address_casts()
-    i = types.intp
-    fast = {"reassoc", "contract"}
-
-    def kernel(xa, wa, ws, ca, c_rows, oa, m, k, n, os):  # pragma: no cover - numba
-        # out's (and a per-row addend's) rows are ``os`` apart: a thread's block of columns
-        x = carray(as_f32(xa), (m, k))
-        w = carray(as_f32(wa), ((n - 1) * ws + k,))  # row j starts at j * ws
-        out = carray(as_f32(oa), (m, os))[:, :n]
-        c = carray(as_f32(ca), (max(c_rows, 1), os))[:, :n]
-        product(x, w, ws, out, m, k, n)
-        if c_rows == 1:  # the bias, or the addend of addmm
-            for r in range(m):
-                for j in range(n):
-                    out[r, j] += c[0, j]
-        elif c_rows > 1:
-            for r in range(m):
-                for j in range(n):
-                    out[r, j] += c[r, j]
-
-    kernel = _jit(kernel, types.void(*[i] * 10), fastmath=fast, error_model="numpy", nogil=True)
-    _kernel = kernel
-    if parallel.available():
-        share = parallel.row_share()
-        # (the tanh in place over the thread's finished rows while they are in its cache;
-        # not in the disk-cached kernel: numba would not see vecmath.py change)
-        squash = unary.tanh_in_place()
-
-        @cfunc(types.void(i), fastmath=fast, error_model="numpy", cache=False)
-        def rows_part(params):  # pragma: no cover - compiled by numba
-            p = carray(as_i64(params), (11,))
-            m, k, n, c_rows = p[6], p[7], p[8], p[4]
-            if p[10]:  # by columns: this thread's rows of W, every row of x
-                j0, j1 = share(n)
-                if j1 > j0:
-                    ca = p[3] + j0 * 4 if c_rows > 0 else p[3]
-                    oa = p[5] + j0 * 4
-                    kernel(p[0], p[1] + j0 * p[2] * 4, p[2], ca, c_rows, oa, m, k, j1 - j0, n)
-                    if p[9]:
-                        for r in range(m):
-                            squash(oa + r * n * 4, j1 - j0)
-                return
-            r0, r1 = share(m)  # this thread's rows
-            if r1 > r0:
-                ca = p[3] + r0 * n * 4 if c_rows > 1 else p[3]
-                c_part = r1 - r0 if c_rows > 1 else c_rows
-                oa = p[5] + r0 * n * 4
-                kernel(p[0] + r0 * k * 4, p[1], p[2], ca, c_part, oa, r1 - r0, k, n, n)
-                if p[9]:
-                    squash(oa, (r1 - r0) * n)
-
-        _parallel = rows_part.address
-    return kernel
+    _kernel, _parallel = loops.linear_kernels()
+    return _kernel
 
 
 #: Least multiply-adds (rows x K x N) for which a product is split over torch's OpenMP
@@ -267,19 +215,19 @@ def rows_product():
 
 
 def _jit(fn, *signature, **options):
-    """``numba.njit`` with numba's on-disk cache (``__pycache__`` beside this file, else
-    numba's user-wide cache directory), so a later process loads the machine code instead
-    of compiling it again (TreeLSTM small b8's first map 2.33 -> 1.77 s); without the
-    cache where no location can be written. Only this module's own functions are cached:
-    numba keys a cache on its source file, so a kernel calling a function of another
-    file would not see that file change. (The thread-split ``cfunc`` is not cached: it
-    holds this process's OpenMP function addresses.)"""
+    """``numba.njit`` with numba's on-disk cache (acrobat_kernels/diskcache.py: stamped
+    with every file of this package), so a later process loads the machine code instead
+    of compiling it again; without the cache where no location can be written."""
     from numba import njit
 
-    try:
-        return njit(*signature, cache=True, **options)(fn)
-    except RuntimeError:  # numba: no locator for a cache (a read-only install)
-        return njit(*signature, cache=False, **options)(fn)
+    from acrobat_kernels import diskcache
+
+    if diskcache.install():
+        try:
+            return njit(*signature, cache=True, **options)(fn)
+        except RuntimeError:  # numba: no locator for a cache (a read-only install)
+            pass
+    return njit(*signature, cache=False, **options)(fn)
 
 
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -411,7 +359,7 @@ def _run(x, w, c, c_rows, act: int = 0) -> torch.Tensor:
         elif m > 4:
             split = 0
     if split is not None:
-        parallel.launch(_parallel, parallel.Params(*args, act, split), threads)
+        parallel.launch(_parallel, parallel.params(*args, act, split), threads)
     else:
         kernel(*args, n)
         if act:

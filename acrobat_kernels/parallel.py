@@ -9,8 +9,10 @@ thread's speed whenever a torch op had just run (32 -> 61 µs a step). Started t
 instead, which picks it up at once.
 
 A kernel for :func:`launch` is a numba ``cfunc`` of signature ``void(intp)``: it gets the
-address of its parameter block (int64s), asks :func:`row_share` (the runtime's thread
-number and team size) which rows are its own, and computes those.
+address of its parameter block (int64s, :func:`params`), asks
+:func:`acrobat_kernels.loops.row_share` (the runtime's thread number and team size, through
+the addresses of the two OpenMP queries in the block) which rows are its own, and computes
+those.
 
 Only where torch uses GNU OpenMP (libgomp, the Linux wheels); elsewhere :func:`available`
 is False and callers run their kernels on the calling thread alone.
@@ -43,7 +45,7 @@ def _library():
 
 
 def _load():
-    global _omp
+    global _omp, _queries
     if _omp is None:
         torch.get_num_threads()  # torch's OpenMP runtime is loaded with torch itself
         lib = _library()
@@ -58,6 +60,7 @@ def _load():
                 f.argtypes = []
                 f.restype = ctypes.c_int
             _omp = (start, tid, size)
+            _queries = tuple(ctypes.cast(f, ctypes.c_void_p).value or 0 for f in (tid, size))
     return _omp
 
 
@@ -66,44 +69,28 @@ def available() -> bool:
     return bool(_load())
 
 
-_share = None  # the compiled row_share
-
-
-def row_share():
-    """The numba function ``share(rows) -> (r0, r1)``: the rows of a row-split kernel that
-    the calling thread of torch's team takes, in whole blocks of
-    :func:`acrobat_kernels.gemm.rows_product` (eight rows; four for fewer than 16, so
-    that 8 to 15 rows still split); ``r0 == r1`` for a thread left without rows. Callable
-    from the cfuncs :func:`launch` runs (it asks the runtime's thread number and team
-    size); only where :func:`available`."""
-    global _share
-    if _share is not None:
-        return _share
-    omp = _load()
-    if not omp:
-        raise RuntimeError("torch's OpenMP runtime (libgomp) was not found")
-    from numba import njit
-
-    thread, team = omp[1], omp[2]
-
-    @njit(cache=False)  # (holds this process's OpenMP function addresses)
-    def share(rows):  # pragma: no cover - compiled by numba
-        parts = team()
-        block = 8 if rows >= 16 else 4
-        per = ((rows + parts - 1) // parts + block - 1) // block * block
-        r0 = min(thread() * per, rows)
-        return r0, min(r0 + per, rows)
-
-    _share = share
-    return share
-
-
-#: A kernel's parameter block: ``Params(*ints)`` (0.5 µs, against 2.3 for a torch tensor).
+#: A kernel's parameter block of 16 int64s (0.5 µs to make, against 2.3 for a torch tensor).
 Params = ctypes.c_int64 * 16
 
+#: The slots of a parameter block holding the addresses of ``omp_get_thread_num`` and
+#: ``omp_get_num_threads`` (acrobat_kernels.loops.row_share calls them): passed at run
+#: time, not compiled into the kernels, which numba can then cache on disk.
+THREAD_SLOT, TEAM_SLOT = 14, 15
 
-def launch(kernel_address: int, params, threads: int) -> None:
+_queries = (0, 0)  # the two addresses, once loaded
+
+
+def params(*ints: int):
+    """A :data:`Params` block: ``ints`` (at most 14) first, the OpenMP queries last; only
+    where :func:`available`."""
+    return Params(*ints, *_PAD[len(ints) :], *_queries)
+
+
+_PAD = (0,) * THREAD_SLOT
+
+
+def launch(kernel_address: int, block, threads: int) -> None:
     """Run the cfunc at ``kernel_address`` on ``threads`` threads of torch's team (the
-    calling thread among them), given the address of its parameter block or a
-    :data:`Params`; only where :func:`available`. ctypes releases the GIL for the call."""
-    _omp[0](kernel_address, params, threads, 0)  # type: ignore[index]
+    calling thread among them), given its parameter block (:func:`params`); only where
+    :func:`available`. ctypes releases the GIL for the call."""
+    _omp[0](kernel_address, block, threads, 0)  # type: ignore[index]

@@ -42,70 +42,13 @@ _parallel = 0  # address of the row-split cfunc on torch's threads, where availa
 
 
 def _compile():
+    """The Elman loop and its thread-split entry (acrobat_kernels/loops.py), compiled or
+    loaded from numba's disk cache."""
     global _kernel, _parallel
-    from numba import carray, cfunc, njit, types
+    from acrobat_kernels import loops
 
-    from acrobat_kernels.gemm import rows_product
-    from acrobat_kernels.unary import address_casts
-    from acrobat_kernels.vecmath import tanh_f32
-
-    product = rows_product()
-    as_f32, as_i64 = address_casts()
-    i = types.intp
-
-    @njit(types.void(*[i] * 15), fastmath={"reassoc", "contract"}, error_model="numpy",
-          nogil=True, cache=False)  # fmt: skip
-    def kernel(  # pragma: no cover - compiled by numba
-        ca, per_step, ha, wa, ws, ba, oa, fa, acta, offa, steps, rows, n, r0, r1
-    ):
-        # rows r0..r1-1 only: rows do not interact, so two calls on two threads can share
-        active = carray(as_i64(acta), (steps,))
-        offsets = carray(as_i64(offa), (steps,))
-        total = offsets[steps - 1] + active[steps - 1]
-        c = carray(as_f32(ca), (total if per_step else rows, n))
-        h0 = carray(as_f32(ha), (rows, n))
-        w = carray(as_f32(wa), ((n - 1) * ws + n,))
-        out = carray(as_f32(oa), (total, n))
-        final = carray(as_f32(fa), (rows, n))
-        bias = carray(as_f32(ba), (n,))
-        for t in range(steps):
-            a = min(active[t], r1)
-            if a <= r0:
-                break
-            o = offsets[t]
-            prev = h0[r0:] if t == 0 else out[offsets[t - 1] + r0 :]
-            step = out[o + r0 : o + a]
-            product(prev, w, ws, step, a - r0, n, n)
-            for r in range(a - r0):
-                cr = c[o + r0 + r] if per_step else c[r0 + r]
-                sr = step[r]
-                if ba != 0:
-                    for j in range(n):
-                        sr[j] = tanh_f32((sr[j] + bias[j]) + cr[j])
-                else:
-                    for j in range(n):
-                        sr[j] = tanh_f32(sr[j] + cr[j])
-            stop = max(min(active[t + 1], r1) if t + 1 < steps else 0, r0)
-            for r in range(stop, a):  # rows whose last step this was
-                final[r] = out[o + r]
-        for r in range(max(active[0], r0), r1):  # rows that take no step keep h0
-            final[r] = h0[r]
-
-    _kernel = kernel
-    if parallel.available():
-        share = parallel.row_share()
-
-        @cfunc(types.void(i), error_model="numpy", cache=False)
-        def rows_part(params):  # pragma: no cover - compiled by numba
-            p = carray(as_i64(params), (13,))
-            rows = p[11]
-            r0, r1 = share(rows)  # this thread's rows, for every step
-            if r1 > r0:
-                kernel(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
-                       rows, p[12], r0, r1)  # fmt: skip
-
-        _parallel = rows_part.address
-    return kernel
+    _kernel, _parallel = loops.elman_kernels()
+    return _kernel
 
 
 def _plain(t) -> bool:
@@ -156,7 +99,7 @@ def run(h0, c, w, b, active: list, offsets: list, per_step: bool):
     )  # fmt: skip
     threads = torch.get_num_threads()
     if _parallel and threads > 1 and rows > 4 and sum(active) * n * n >= PARALLEL_WORK:
-        parallel.launch(_parallel, parallel.Params(*args), threads)
+        parallel.launch(_parallel, parallel.params(*args), threads)
     else:
         kernel(*args, 0, rows)
     return out, final
