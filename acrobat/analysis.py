@@ -32,7 +32,9 @@ import contextlib
 import copy
 import inspect
 import operator
+import os
 import sys
+import sysconfig
 import textwrap
 import threading
 import types
@@ -287,17 +289,57 @@ def _call_ok(func, local: set) -> bool:
 
 
 def _referenced(fn) -> Iterator[object]:
-    """Objects a function's code can name: globals (incl. nested code), closure cells."""
+    """Objects a function's code can name: globals (incl. nested code), closure cells, and
+    the attributes of the user's own modules among them that its code names
+    (``cells.lstm(...)`` after ``from mymodel import cells``, ``drnn.PLAIN.node``)."""
     codes = [fn.__code__]
     while codes:
         code = codes.pop()
-        for name in code.co_names:
+        names = code.co_names  # (global and attribute names alike)
+        for name in names:
             if name in fn.__globals__:
-                yield fn.__globals__[name]
+                value = fn.__globals__[name]
+                yield value
+                if isinstance(value, types.ModuleType):
+                    yield from _module_members(value, names)
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
     for cell in fn.__closure__ or ():
         with contextlib.suppress(ValueError):
             yield cell.cell_contents
+
+
+def _module_members(module: types.ModuleType, names: tuple, depth: int = 3) -> Iterator[object]:
+    """The attributes of a user module (and of its user submodules, ``depth`` levels) whose
+    names are among ``names``; nothing for other modules."""
+    if depth == 0 or not _user_module(module):
+        return
+    members = vars(module)
+    for name in names:
+        member = members.get(name)
+        if member is None:
+            continue
+        if isinstance(member, types.ModuleType):
+            yield from _module_members(member, names, depth - 1)
+        else:
+            yield member
+
+
+_NOT_USER_PATHS: tuple | None = None  # the standard library's and installed packages' dirs
+
+
+def _user_module(module: types.ModuleType) -> bool:
+    """A module of the user's own code: a source file outside the standard library and the
+    installed packages (an editable install's files are in its source tree), and not
+    torch's, acrobat's or another library that :func:`_user_object` leaves alone."""
+    global _NOT_USER_PATHS
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py") or module.__name__.split(".")[0] in _LIBRARIES:
+        return False
+    if _NOT_USER_PATHS is None:
+        paths = sysconfig.get_paths()
+        roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+        _NOT_USER_PATHS = tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+    return not os.path.realpath(path).startswith(_NOT_USER_PATHS)
 
 
 def discover(root) -> list[types.FunctionType]:
@@ -337,12 +379,15 @@ def _reachable(root) -> tuple[list[types.FunctionType], list[types.FunctionType]
     return list(found.values()), list(control.values())
 
 
+#: Packages whose objects analysis never looks into.
+_LIBRARIES = ("torch", "acrobat", "builtins", "numpy", "greenlet", "typing")
+
+
 def _user_object(obj) -> bool:
     module = getattr(obj, "__module__", None)
     if module is None:
         return isinstance(obj, (tuple, list, dict))
-    top = module.split(".")[0]
-    return top not in ("torch", "acrobat", "builtins", "numpy", "greenlet", "typing")
+    return module.split(".")[0] not in _LIBRARIES
 
 
 # ---- trampolines -------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Automatic coarsening: straight-line functions reachable from an autobatched function
 run as blocks inside f.map, with the same results, and fall back safely."""
 
+import json
+import os
 import random
 import sys
 
@@ -12,6 +14,7 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis
+from tests import module_cells
 from tests.helpers import check_map
 
 lin = nn.Linear(8, 8)
@@ -78,6 +81,36 @@ def test_straight_line_verdicts():
 def test_discovery_follows_containers_and_control_flow_functions():
     found = {f.__name__ for f in analysis.discover(run)}
     assert found == {"cell", "reads_value"}
+
+
+@acrobat.autobatch
+def run_through_a_module(xs):
+    h = torch.zeros(4)
+    for x in xs:
+        h = module_cells.TAIL.shrink(module_cells.step(x, h))
+    return h
+
+
+def uses_library_modules(x):
+    return json.dumps(os.path.join("a", "b")) if x is None else x
+
+
+def test_discovery_follows_the_users_modules_only():
+    assert {f.__name__ for f in analysis.discover(run_through_a_module)} == {"step", "shrink"}
+    assert analysis.discover(uses_library_modules) == []
+    assert analysis._user_module(module_cells)
+    for library in (json, os, torch, torch.nn.functional, acrobat, random):
+        assert not analysis._user_module(library)
+
+
+def test_cells_reached_through_a_module_record_one_node_per_call():
+    rng = random.Random(1)
+    seqs = [[torch.randn(4) for _ in range(rng.randint(1, 5))] for _ in range(6)]
+    with torch.no_grad():
+        stats = check_map(run_through_a_module, seqs)
+    calls = sum(len(s) for s in seqs)
+    assert stats.by_op["block:step"][1] == calls
+    assert stats.by_op["block:shrink"][1] == calls
 
 
 def test_auto_blocks_match_eager_and_record_one_node_per_cell_call():
