@@ -131,6 +131,21 @@ def test_hand_batched_matches_eager(name, eager_small_8):
     assert_same_run(name, got, want)
 
 
+def test_drnn_floor_variants_take_the_eager_decisions(eager_small_8):
+    """bench/floor.py's variants (decisions from a table, no forks, stubbed tensors) build
+    the eager trees: the floor they measure is the model's."""
+    from bench import floor
+
+    task, want = eager_small_8["drnn"]
+    tables = floor.decision_tables(task)
+    with torch.no_grad():
+        for fn in (floor.no_reads, floor.no_reads_no_forks):
+            got, stats = fn.map(task.inputs, tables, model=task.model, stats=True)
+            assert_same_run("drnn", got, want)
+            assert stats.flushes == 1  # nothing read before the end
+    assert floor.user_python(task, tables) == [parents for _, parents in want]
+
+
 @pytest.mark.parametrize("blocks", [True, False], ids=["blocks", "plain"])
 @pytest.mark.parametrize("name", MODELS)
 def test_map_matches_eager(name, blocks, eager_small_8):
