@@ -347,36 +347,91 @@ def discover(root) -> list[types.FunctionType]:
     return _reachable(root)[0]
 
 
-def _reachable(root) -> tuple[list[types.FunctionType], list[types.FunctionType]]:
+def _reachable(
+    root, classes: tuple = ()
+) -> tuple[list[types.FunctionType], list[types.FunctionType]]:
     """(straight-line functions, functions with control flow, ``root`` included) reachable
-    from ``root``, each in a deterministic order."""
+    from ``root``, each in a deterministic order. ``classes``: the user's ``nn.Module``
+    classes of the map's shared arguments (:func:`module_classes`): their ``forward`` is
+    reachable (the module is called), and so is every method whose name the reachable
+    code uses (``model.combine(l, r)``, ``self.gate(x)``)."""
     from acrobat.api import Autobatched
 
     found: dict[int, types.FunctionType] = {}
     control: dict[int, types.FunctionType] = {}
     seen: set[int] = set()
+    names: set[str] = {"forward"}  # attribute names the reachable code uses
     stack = [root]
     while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, Autobatched):
-            stack.append(obj.fn)
-            continue
-        if isinstance(obj, (Block, types.ModuleType)) or not _user_object(obj):
-            continue
-        if isinstance(obj, types.FunctionType):
-            if obj is not root and straight_line(obj):
-                found[id(obj)] = obj
-            else:
-                control[id(obj)] = obj
-                stack.extend(_referenced(obj))
-        elif isinstance(obj, (tuple, list)):
-            stack.extend(v for v in obj if callable(v))
-        elif isinstance(obj, dict):
-            stack.extend(v for v in obj.values() if callable(v))
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, Autobatched):
+                stack.append(obj.fn)
+                continue
+            if isinstance(obj, (Block, types.ModuleType)) or not _user_object(obj):
+                continue
+            if isinstance(obj, types.FunctionType):
+                if classes:
+                    names.update(_code_names(obj.__code__))
+                if obj is not root and straight_line(obj):
+                    found[id(obj)] = obj
+                else:
+                    control[id(obj)] = obj
+                    stack.extend(_referenced(obj))
+            elif isinstance(obj, (tuple, list)):
+                stack.extend(v for v in obj if callable(v))
+            elif isinstance(obj, dict):
+                stack.extend(v for v in obj.values() if callable(v))
+        stack = [m for m in _methods(classes, names) if id(m) not in seen]
     return list(found.values()), list(control.values())
+
+
+def _code_names(code: types.CodeType) -> Iterator[str]:
+    """The global and attribute names a code object (and the code nested in it) uses."""
+    yield from code.co_names
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _code_names(c)
+
+
+def _methods(classes: tuple, names: set) -> list[types.FunctionType]:
+    """The plain functions named in ``names`` that ``classes`` define (dunder methods,
+    static and class methods, properties and wrapped functions are not)."""
+    out = []
+    for cls in classes:
+        for klass in cls.__mro__:
+            if not _user_object(klass):
+                break  # torch.nn.Module and its library subclasses
+            for name, value in vars(klass).items():
+                if (
+                    name in names
+                    and not name.startswith("__")
+                    and isinstance(value, types.FunctionType)
+                ):
+                    out.append(value)
+    return out
+
+
+def module_classes(shared: dict) -> tuple:
+    """The classes of the user's own ``nn.Module``s among the shared arguments of a map
+    (the modules themselves, or in a tuple, list or dict, and all their submodules), in a
+    deterministic order."""
+    classes: dict[type, None] = {}
+    values = list(shared.values())
+    while values:
+        value = values.pop()
+        if isinstance(value, torch.nn.Module):
+            for sub in value.modules():
+                if _user_object(type(sub)):
+                    classes[type(sub)] = None
+        elif isinstance(value, (tuple, list)):
+            values.extend(value)
+        elif isinstance(value, dict):
+            values.extend(value.values())
+    return tuple(classes)
 
 
 #: Packages whose objects analysis never looks into.
@@ -571,15 +626,18 @@ def _value_params(fn: types.FunctionType, dispatcher: AutoBlock) -> None:
 
 
 @contextlib.contextmanager
-def auto_blocks(root) -> Iterator[list]:
-    """Route the straight-line functions reachable from ``root`` to blocks while inside."""
+def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
+    """Route the straight-line functions reachable from ``root`` to blocks while inside
+    (``shared``: the map's shared arguments, whose user modules' methods are reachable
+    too)."""
     if not config.AUTO_BLOCKS:
         yield []
         return
     swapped = []
     try:
         try:
-            candidates, control = _reachable(root)
+            classes = module_classes(shared) if shared and config.AUTO_METHODS else ()
+            candidates, control = _reachable(root, classes)
         except Exception:  # analysis is an optimisation: never let it break a map
             candidates, control = [], []
         for fn in candidates:

@@ -440,7 +440,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
                 f"block {tracer.name} computes no per-instance tensor; call it without @block"
             )
         info = Info(tuple(metas), len(metas) == 1, None)
-        name = f"block:{getattr(self.fn, '__name__', 'fn')}"
+        name = f"block:{_display_name(self.fn)}"
         trace = Trace(
             None, ph_nodes, tracer.nodes, spec, info, tracer.sources, tracer.needs_grad, keep
         )
@@ -542,3 +542,14 @@ if _native is not None:
     # acrobat.analysis: _native.setup_calls)
 else:
     Block.__call__ = Block._call  # type: ignore[method-assign]
+
+
+def _display_name(fn) -> str:
+    """A block's name in stats and messages: the function's name, with its class for a
+    method (``Cell.forward``: every module's ``forward`` is a block of its own)."""
+    name = getattr(fn, "__name__", "fn")
+    qualname = getattr(fn, "__qualname__", name)
+    owner, _, last = qualname.rpartition(".")
+    if owner and "<" not in owner and last == name:
+        return f"{owner.rpartition('.')[2]}.{name}"
+    return name

@@ -29,6 +29,12 @@ VERIFY: bool = bool(_env_int("ACROBAT_VERIFY", 0))
 #: run as blocks inside f.map (see analysis.py). Off: only @acrobat.block functions do.
 AUTO_BLOCKS: bool = bool(_env_int("ACROBAT_AUTO_BLOCKS", 1))
 
+#: With AUTO_BLOCKS, also the methods of the user's own ``nn.Module`` classes among a map's
+#: shared arguments (and their submodules): ``forward`` (the module is called) and every
+#: method whose name the reachable code uses (``model.combine(l, r)``), straight-line ones
+#: as blocks, the others searched and outlined like functions with control flow.
+AUTO_METHODS: bool = bool(_env_int("ACROBAT_AUTO_METHODS", 1))
+
 #: With AUTO_BLOCKS, also the straight-line runs inside functions with control flow (an
 #: LSTM cell written inline after a tree encoder's recursive calls): each maximal run of
 #: assignments making at least 2 tensor calls becomes one block node (analysis.outline).

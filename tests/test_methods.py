@@ -1,0 +1,144 @@
+"""Automatic coarsening of the user's nn.Module methods (config.AUTO_METHODS): a cell written
+as a module's ``forward`` or as a model method records ONE node per call, as a plain
+function does, and every map equals the eager loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from acrobat import analysis, config
+from tests.helpers import check_map
+
+H = 6
+
+
+class Cell(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.left = nn.Linear(H, H)
+        self.right = nn.Linear(H, H)
+
+    def forward(self, l, r):
+        return torch.tanh(self.left(l) + self.right(r))
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, H)
+        self.cell = Cell()
+        self.scale = 0.5
+
+    def combine(self, l, r):  # a straight-line method, called by name
+        return torch.sigmoid(self.cell.left(l) - self.cell.right(r)) * self.scale
+
+    def leaf(self, word):  # control flow: searched and outlined, not a block
+        if word % 2:
+            return self.emb(torch.tensor(word)).tanh()
+        return self.emb(torch.tensor(word))
+
+    def unused(self, x):  # named nowhere in the reachable code
+        return x * 2
+
+
+def encode(tree, model, use_method):
+    if isinstance(tree, int):
+        return model.leaf(tree)
+    l = encode(tree[0], model, use_method)
+    r = encode(tree[1], model, use_method)
+    return model.combine(l, r) if use_method else model.cell(l, r)
+
+
+@acrobat.autobatch
+def through_forward(tree, model):
+    return encode(tree, model, False)
+
+
+@acrobat.autobatch
+def through_method(tree, model):
+    return encode(tree, model, True)
+
+
+def internal_nodes(tree) -> int:
+    return 0 if isinstance(tree, int) else 1 + internal_nodes(tree[0]) + internal_nodes(tree[1])
+
+
+trees = st.recursive(st.integers(0, 9), lambda t: st.tuples(t, t), max_leaves=12)
+MODEL = Encoder()
+
+
+def test_discovery_takes_forward_and_the_methods_the_code_names():
+    classes = analysis.module_classes({"model": MODEL, "other": [3, {"m": nn.Linear(2, 2)}]})
+    assert set(classes) == {Encoder, Cell}  # torch's own modules are not the user's
+    found, control = analysis._reachable(through_method, classes)
+    assert {f.__qualname__ for f in found} == {"Cell.forward", "Encoder.combine"}
+    assert "Encoder.leaf" in {f.__qualname__ for f in control}
+    assert Encoder.unused not in found + control
+
+
+@settings(max_examples=20, deadline=None)
+@given(batch=st.lists(trees, min_size=1, max_size=6))
+def test_module_forward_and_methods_match_eager_with_one_node_per_call(batch):
+    calls = sum(internal_nodes(t) for t in batch)
+    with torch.no_grad():
+        for fn, name in (
+            (through_forward, "block:Cell.forward"),
+            (through_method, "block:Encoder.combine"),
+        ):
+            stats = check_map(fn, batch, model=MODEL)
+            assert stats.by_op.get(name, [0, 0])[1] == calls
+
+
+def test_switched_off_the_ops_are_recorded_one_by_one():
+    batch = [((1, 2), (3, (4, 5))), (6, 7)]
+    with torch.no_grad():
+        on = check_map(through_forward, batch, model=MODEL)
+        with config.override(AUTO_METHODS=False):
+            off = check_map(through_forward, batch, model=MODEL)
+    assert "block:Cell.forward" in on.by_op and "block:Cell.forward" not in off.by_op
+    assert off.nodes > on.nodes
+
+
+def test_gradients_through_method_blocks_equal_eager():
+    batch = [((1, 2), (3, (4, 5))), (6, (7, 8)), 9]
+    model = Encoder()
+    for fn in (through_forward, through_method):
+        model.zero_grad()
+        outs = fn.map(batch, model=model)
+        torch.stack([o.sum() for o in outs]).sum().backward()
+        got = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        torch.stack([fn.eager(t, model=model).sum() for t in batch]).sum().backward()
+        want = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], atol=1e-6, rtol=1e-5, msg=k)
+
+
+def test_hooks_still_run_once_per_call_and_the_code_is_restored():
+    seen = []
+    handle = MODEL.cell.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    original = Cell.forward.__code__
+    try:
+        batch = [((1, 2), 3), (4, (5, 6))]
+        with torch.no_grad():
+            check_map(through_forward, batch, model=MODEL)  # map, then the eager loop
+        assert len(seen) == 2 * sum(internal_nodes(t) for t in batch)
+        assert all(shape == (H,) for shape in seen)
+    finally:
+        handle.remove()
+    assert Cell.forward.__code__ is original
+
+    @acrobat.autobatch
+    def fails(tree, model):
+        encode(tree, model, False)
+        raise ValueError("instance error")
+
+    with pytest.raises(ValueError, match="instance error"):
+        fails.map([(1, 2)], model=MODEL)
+    assert Cell.forward.__code__ is original
