@@ -636,6 +636,9 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
     swapped = []
     try:
         try:
+            if isinstance(root, types.MethodType):  # a bound method decorated: its function
+                shared = {**(shared or {}), "self": root.__self__}  # and its object's class
+                root = root.__func__
             classes = module_classes(shared) if shared and config.AUTO_METHODS else ()
             candidates, control = _reachable(root, classes)
         except Exception:  # analysis is an optimisation: never let it break a map

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
+import weakref
 
 from acrobat import analysis, config, fibers, graph, memory, ops
 from acrobat.errors import AcrobatError
@@ -20,6 +22,22 @@ class Autobatched:
         self.fn = fn
         self.__name__ = getattr(fn, "__name__", "f")
         functools.update_wrapper(self, fn)
+        self._bound: weakref.WeakKeyDictionary | None = None  # object -> bound Autobatched
+
+    def __get__(self, obj, objtype=None):
+        """On a method (``@acrobat.autobatch`` in a class body), ``model.encode`` is the
+        function bound to ``model``, batched: ``model.encode.map(trees)``."""
+        if obj is None:
+            return self
+        try:
+            if self._bound is None:
+                self._bound = weakref.WeakKeyDictionary()
+            bound = self._bound.get(obj)
+            if bound is None:
+                bound = self._bound[obj] = Autobatched(types.MethodType(self.fn, obj))
+            return bound
+        except TypeError:  # not weakly referenceable (or unhashable): bound anew
+            return Autobatched(types.MethodType(self.fn, obj))
 
     def __call__(self, *args, **kwargs):
         # Inside f.map this is the instance's own (possibly recursive) call; outside it is

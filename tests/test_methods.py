@@ -142,3 +142,65 @@ def test_hooks_still_run_once_per_call_and_the_code_is_restored():
     with pytest.raises(ValueError, match="instance error"):
         fails.map([(1, 2)], model=MODEL)
     assert Cell.forward.__code__ is original
+
+
+class Recursive(nn.Module):
+    """The per-instance function is itself a method (the decorated object a bound method)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, H)
+        self.cell = Cell()
+
+    def merge(self, l, r):
+        return self.cell(l, r) * 2 - 1
+
+    def encode(self, tree):
+        if isinstance(tree, int):
+            return self.emb(torch.tensor(tree))
+        return self.merge(self.encode(tree[0]), self.encode(tree[1]))
+
+
+RECURSIVE = Recursive()
+
+
+@settings(max_examples=15, deadline=None)
+@given(batch=st.lists(trees, min_size=1, max_size=6))
+def test_a_decorated_bound_method_reaches_its_objects_methods(batch):
+    encode = acrobat.autobatch(RECURSIVE.encode)
+    original = Recursive.encode.__code__
+    with torch.no_grad():
+        got, stats = encode.map(batch, stats=True)
+        want = [RECURSIVE.encode(t) for t in batch]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+    calls = sum(internal_nodes(t) for t in batch)
+    assert stats.by_op.get("block:Recursive.merge", [0, 0])[1] == calls  # (forward inlined)
+    assert Recursive.encode.__code__ is original
+
+
+class Decorated(Recursive):
+    """``@acrobat.autobatch`` on a method in the class body."""
+
+    @acrobat.autobatch
+    def encode(self, tree):
+        if isinstance(tree, int):
+            return self.emb(torch.tensor(tree))
+        return self.merge(self.encode(tree[0]), self.encode(tree[1]))
+
+
+def test_autobatch_on_a_method_binds_to_the_object():
+    model = Decorated()
+    batch = [((1, 2), 3), (4, (5, (6, 7))), 8]
+    assert model.encode is model.encode  # one bound function per object
+    assert Decorated.encode.fn is Decorated.__dict__["encode"].fn
+    with torch.no_grad():
+        got, stats = model.encode.map(batch, stats=True)
+        want = [model.encode.eager(t) for t in batch]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+        assert stats.by_op["block:Recursive.merge"][1] == sum(internal_nodes(t) for t in batch)
+        other = Decorated()  # another object: its own parameters
+        other_got = other.encode.map(batch)
+    for g, w in zip(other_got, [other.encode(t) for t in batch]):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
