@@ -361,6 +361,7 @@ def _reachable(
     control: dict[int, types.FunctionType] = {}
     seen: set[int] = set()
     names: set[str] = {"forward"}  # attribute names the reachable code uses
+    classes = tuple(classes)
     stack = [root]
     while stack:
         while stack:
@@ -371,10 +372,15 @@ def _reachable(
             if isinstance(obj, Autobatched):
                 stack.append(obj.fn)
                 continue
+            if isinstance(obj, torch.nn.Module) and config.AUTO_METHODS:
+                # a model the code reaches as a global or closure variable, not an argument
+                more = [c for c in module_classes({"": obj}) if c not in classes]
+                classes += tuple(more)
+                continue
             if isinstance(obj, (Block, types.ModuleType)) or not _user_object(obj):
                 continue
             if isinstance(obj, types.FunctionType):
-                if classes:
+                if classes or config.AUTO_METHODS:
                     names.update(_code_names(obj.__code__))
                 if obj is not root and straight_line(obj):
                     found[id(obj)] = obj

@@ -204,3 +204,29 @@ def test_autobatch_on_a_method_binds_to_the_object():
         other_got = other.encode.map(batch)
     for g, w in zip(other_got, [other.encode(t) for t in batch]):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+
+
+GLOBAL_MODEL = Encoder()
+
+
+@acrobat.autobatch
+def through_a_global_model(tree):
+    return encode(tree, GLOBAL_MODEL, False)
+
+
+def make_closure(model):
+    @acrobat.autobatch
+    def through_a_closure(tree):
+        return encode(tree, model, True)
+
+    return through_a_closure
+
+
+def test_models_reached_as_globals_or_closure_variables_are_searched_too():
+    batch = [((1, 2), 3), (4, (5, (6, 7))), 8, (9, 0)]
+    calls = sum(internal_nodes(t) for t in batch)
+    with torch.no_grad():
+        stats = check_map(through_a_global_model, batch)
+        assert stats.by_op["block:Cell.forward"][1] == calls
+        stats = check_map(make_closure(Encoder()), batch)
+        assert stats.by_op["block:Encoder.combine"][1] == calls
