@@ -35,6 +35,11 @@ AUTO_BLOCKS: bool = bool(_env_int("ACROBAT_AUTO_BLOCKS", 1))
 #: as blocks, the others searched and outlined like functions with control flow.
 AUTO_METHODS: bool = bool(_env_int("ACROBAT_AUTO_METHODS", 1))
 
+#: An ``nn.Sequential`` of pure layers (Linear, activations, LayerNorm, eval-mode Dropout)
+#: called on a lazy tensor is one block node per call (ops._sequential_forward; with
+#: FAST_MODULES). Read at every call.
+SEQUENTIAL_BLOCKS: bool = bool(_env_int("ACROBAT_SEQUENTIAL_BLOCKS", 1))
+
 #: With AUTO_BLOCKS, also the straight-line runs inside functions with control flow (an
 #: LSTM cell written inline after a tree encoder's recursive calls): each maximal run of
 #: assignments making at least 2 tensor calls becomes one block node (analysis.outline).

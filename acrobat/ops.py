@@ -1242,7 +1242,11 @@ def supported_names() -> list[str]:
 # parameter-only math) take the original forward.
 
 _NO_MODE = torch._C.DisableTorchFunction
-_ORIGINAL_FORWARD = {nn.Linear: nn.Linear.forward, nn.Embedding: nn.Embedding.forward}
+_ORIGINAL_FORWARD = {
+    nn.Linear: nn.Linear.forward,
+    nn.Embedding: nn.Embedding.forward,
+    nn.Sequential: nn.Sequential.forward,
+}
 
 
 def _param(module, cls, name: str):
@@ -1280,8 +1284,64 @@ def _embedding_forward(self, input):
     return _ORIGINAL_FORWARD[nn.Embedding](self, input)
 
 
+#: Module types an ``nn.Sequential`` may hold to run as one block: their forward is ops of
+#: the table on their input, deterministic, without state (Dropout: in eval mode only;
+#: activations with ``inplace=True`` are not).
+_PURE_LAYERS = (
+    nn.Linear, nn.Identity, nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.LeakyReLU,
+    nn.ELU, nn.Softplus, nn.LayerNorm, nn.Softmax, nn.LogSoftmax, nn.Dropout,
+)  # fmt: skip
+
+
+def _pure_sequence(seq) -> bool:
+    for m in seq._modules.values():
+        t = type(m)
+        if t is nn.Sequential:
+            if not _pure_sequence(m):
+                return False
+        elif (
+            t not in _PURE_LAYERS
+            or not _hookless(m)
+            or getattr(m, "inplace", False)
+            or (t is nn.Dropout and m.training and m.p > 0)
+        ):
+            return False
+    return True
+
+
+def sequential(seq, x):
+    """What ``nn.Sequential.forward`` does: each layer on the previous one's output."""
+    for layer in seq._modules.values():
+        x = layer(x)
+    return x
+
+
+_SEQUENTIAL = None  # the block of sequential(), made on first use (acrobat.block imports this)
+
+
+def _sequential_forward(self, input):
+    """``nn.Sequential`` while a map runs: a lazy input through layers that are all pure
+    (:data:`_PURE_LAYERS`, nested Sequentials, no hooks) is ONE block node per call (an MLP
+    head of three layers: one node, not three); anything else, and inside a block's trace,
+    the layers one by one."""
+    global _SEQUENTIAL
+    if type(input) is LazyTensor and _pure_sequence(self):
+        rt = graph.RT
+        if rt is not None and rt.tracer is None and config.SEQUENTIAL_BLOCKS:
+            if _SEQUENTIAL is None:
+                from acrobat.block import Block
+
+                _SEQUENTIAL = Block(sequential)
+            return _SEQUENTIAL(self, input)
+    return _ORIGINAL_FORWARD[nn.Sequential](self, input)
+
+
 FAST_CALL = True  # with FAST_MODULES: also Module.__call__ (measured separately)
-_FAST_FORWARD = {nn.Linear: _linear_forward, nn.Embedding: _embedding_forward}
+_FAST_FORWARD = {
+    nn.Linear: _linear_forward,
+    nn.Embedding: _embedding_forward,
+    nn.Sequential: _sequential_forward,
+}
 _MODULE_CALL = nn.Module.__call__
 _mm = torch.nn.modules.module
 

@@ -153,3 +153,90 @@ def test_original_forwards_return_after_a_failing_map():
     assert "__call__" not in vars(nn.Linear) and "__call__" not in vars(nn.Embedding)
     with torch.no_grad():
         check_map(tag, [[1, 2], [3]], m=m)
+
+
+# --- nn.Sequential of pure layers: one block node per call (config.SEQUENTIAL_BLOCKS) ------
+
+LAYERS = {
+    "relu": nn.ReLU,
+    "tanh": nn.Tanh,
+    "sigmoid": nn.Sigmoid,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "leaky": lambda: nn.LeakyReLU(0.1),
+    "elu": nn.ELU,
+    "softplus": nn.Softplus,
+    "norm": lambda: nn.LayerNorm(5),
+    "softmax": lambda: nn.Softmax(-1),
+    "logsoftmax": lambda: nn.LogSoftmax(-1),
+    "identity": nn.Identity,
+    "dropout": lambda: nn.Dropout(0.3),
+}
+
+
+def mlp(names: list[str]) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Linear(4, 5)]
+    for name in names:
+        layers.append(LAYERS[name]())
+        layers.append(nn.Sequential(nn.Linear(5, 5)))  # nested
+    return nn.Sequential(*layers).eval()
+
+
+@acrobat.autobatch
+def heads(xs, head):
+    return torch.stack([head(torch.tanh(x)) for x in xs])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    names=st.lists(st.sampled_from(sorted(LAYERS)), max_size=4),
+    lengths=st.lists(st.integers(1, 4), min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_pure_sequentials_are_one_node_per_call_and_equal_eager(names, lengths, seed):
+    torch.manual_seed(seed)
+    head = mlp(names)
+    batch = [[torch.randn(4) for _ in range(n)] for n in lengths]
+    with torch.no_grad():
+        stats = check_map(heads, batch, head=head)
+        with acrobat.config.override(SEQUENTIAL_BLOCKS=False):
+            per_layer = check_map(heads, batch, head=head)
+    assert stats.by_op["block:sequential"][1] == sum(lengths)
+    assert "block:sequential" not in per_layer.by_op
+    assert per_layer.nodes > stats.nodes if names else per_layer.nodes == stats.nodes
+
+
+class Twice(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [lambda: nn.Dropout(0.5).train(), lambda: nn.ReLU(inplace=True), Twice],
+    ids=["training dropout", "inplace", "a module of the user's"],
+)
+def test_sequentials_with_other_layers_run_layer_by_layer(layer):
+    head = nn.Sequential(nn.Linear(4, 4), layer(), nn.Linear(4, 2))
+    batch = [[torch.randn(4)], [torch.randn(4), torch.randn(4)]]
+    with torch.no_grad():
+        got, stats = heads.map(batch, head=head, stats=True)
+    assert "block:sequential" not in stats.by_op
+    if not isinstance(head[1], nn.Dropout):  # (a training dropout draws its own masks)
+        want = [heads.eager(xs, head=head) for xs in batch]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+
+
+def test_sequential_blocks_train_like_eager():
+    torch.manual_seed(3)
+    head = nn.Sequential(nn.Linear(4, 6), nn.GELU(), nn.LayerNorm(6), nn.Linear(6, 2))
+    batch = [[torch.randn(4) for _ in range(n)] for n in (1, 3, 2)]
+    outs, stats = heads.map(batch, head=head, stats=True)
+    assert stats.by_op["block:sequential"][1] == 6
+    torch.stack([o.square().sum() for o in outs]).sum().backward()
+    got = [p.grad.clone() for p in head.parameters()]
+    head.zero_grad()
+    torch.stack([heads.eager(xs, head=head).square().sum() for xs in batch]).sum().backward()
+    for g, p in zip(got, head.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-6, rtol=1e-5)
