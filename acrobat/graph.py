@@ -503,8 +503,9 @@ def check_hoisted(rt) -> None:
                 "acrobat computes values that depend only on parameters and constants once "
                 "for the whole map (all instances share them), so an in-place write would "
                 "change every instance's value. Build the tensor without in-place writes "
-                "(torch.tensor(list), torch.where, torch.cat) or pass it as a per-instance "
-                "argument."
+                "(torch.zeros / torch.full or x.new_zeros / x.new_full instead of "
+                "x.new(...).fill_(v); torch.tensor(list), torch.where, torch.cat) or pass it "
+                "as a per-instance argument."
             )
 
 

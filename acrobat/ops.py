@@ -809,6 +809,15 @@ def _special_getitem(func, args, kwargs):
         if type(idx) is int and rt.tracer is None and base.ndim >= 1 and base.dtype != torch.bool:
             return _special_take(base, idx)
         return graph.hoist(func, args, kwargs)
+    if lazy_base and base.node.op is INPUT and _basic_index(idx) and graph.RT.tracer is None:
+        # a row (or slice) of a per-instance argument: the argument is a real tensor, so
+        # the part is too; recorded as an input of its own, it batches with every other
+        # such part of its shape whatever the argument's length and the index
+        with torch._C.DisableTorchFunction():
+            part = base.node.data[idx]
+            shape, dtype = part.shape, part.dtype
+            sig = (INPUT, shape, dtype, part.device)
+        return record_data(INPUT, sig, part, shape, dtype)
     for i in idx if type(idx) is tuple else (idx,):
         if type(i) is LazyTensor and i.dtype == torch.bool:
             raise UnsupportedOpError(
@@ -818,6 +827,19 @@ def _special_getitem(func, args, kwargs):
                 "the mask with mask.tolist() and index with the positions"
             )
     return record(GETITEM, func, args, kwargs)
+
+
+def _basic_index(idx) -> bool:
+    """An index of Python ints, slices of ints, None and Ellipsis only (basic indexing:
+    a view, whose shape the index alone decides)."""
+    for i in idx if type(idx) is tuple else (idx,):
+        t = type(i)
+        if t is slice:
+            if not all(v is None or type(v) is int for v in (i.start, i.stop, i.step)):
+                return False
+        elif not (t is int or i is None or i is Ellipsis):
+            return False
+    return True
 
 
 def _special_dropout(func, args, kwargs):
@@ -1006,6 +1028,27 @@ for _name, _aliases in {
     "permute": (torch.permute, T.permute),
 }.items():
     _add(Op(_name, split_rule, "shape", _aliases))
+
+# Rows batched by the vmap fallback: ops plain per-instance code uses (legacy TreeLSTM code's
+# ``.repeat``, normalisations, more activations), correct for whatever torch can vmap.
+for _name, _aliases in {
+    "repeat": (T.repeat,),
+    "tile": (torch.tile, T.tile),
+    "flip": (torch.flip, T.flip),
+    "roll": (torch.roll, T.roll),
+    "tril": (torch.tril, T.tril),
+    "triu": (torch.triu, T.triu),
+    "cumsum": (torch.cumsum, T.cumsum),
+    "cumprod": (torch.cumprod, T.cumprod),
+    "outer": (torch.outer, T.outer),
+    "norm": (torch.norm, T.norm, torch.linalg.vector_norm),
+    "normalize": (F.normalize,),
+    "cosine_similarity": (F.cosine_similarity, torch.cosine_similarity),
+    "hardtanh": (F.hardtanh, F.relu6),
+    "selu": (torch.selu, F.selu, F.celu, torch.celu),
+    "mish": (F.mish, F.hardswish, F.hardsigmoid, F.softsign),
+}.items():
+    _add(Op(_name, vmap_rule, "vmap", _aliases, doc="batched by torch.vmap"))
 
 _add(
     Op(

@@ -136,6 +136,41 @@ class LazyTensor(_LazyBase):
 
     __hash__ = object.__hash__  # identity, like torch.Tensor
 
+    # ---- new tensors of this one's dtype and device: constants, not per-instance data ---
+    # (made by the factories inside the map, so they are hoisted and shared like
+    # ``torch.zeros(n)``: one object for every instance, and they batch)
+    def _like(self, dtype, device) -> dict:
+        return {"dtype": dtype or self.dtype, "device": device or self.device}
+
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False, **_):
+        return torch.zeros(*size, **self._like(dtype, device), requires_grad=requires_grad)
+
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False, **_):
+        return torch.ones(*size, **self._like(dtype, device), requires_grad=requires_grad)
+
+    def new_empty(self, *size, dtype=None, device=None, requires_grad=False, **_):
+        return torch.empty(*size, **self._like(dtype, device), requires_grad=requires_grad)
+
+    def new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad=False, **_):
+        like = self._like(dtype, device)
+        return torch.full(size, fill_value, **like, requires_grad=requires_grad)
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        """``torch.tensor(data)`` of this tensor's dtype: per-instance data, as there."""
+        return torch.tensor(data, **self._like(dtype, device), requires_grad=requires_grad)
+
+    def new(self, *args, **kwargs):
+        """The legacy constructor: ``x.new(2, 3)`` / ``x.new(torch.Size(...))`` an
+        uninitialized tensor of those sizes (a shared constant: fill it with
+        ``new_zeros``/``new_full``, not in place), ``x.new(data)`` a tensor of the data."""
+        if len(args) == 1 and isinstance(args[0], (list, tuple)) and not isinstance(
+            args[0], torch.Size
+        ):
+            return self.new_tensor(args[0], **kwargs)
+        if len(args) == 1 and isinstance(args[0], torch.Size):
+            args = tuple(args[0])
+        return self.new_empty(*(args or (0,)), **kwargs)
+
     # ---- value demands ---------------------------------------------------------------
     def _value(self) -> torch.Tensor:
         from acrobat import fibers

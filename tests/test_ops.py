@@ -161,6 +161,13 @@ def plain(r):
 
 # ---- the cases, one or more per row ----------------------------------------------------
 
+
+def computed(fn):
+    """``fn`` applied to a value computed from the argument, not to the argument itself
+    (basic indexing of an argument is an input of its own, not the op)."""
+    return lambda x: fn(x * 1)
+
+
 CASES: dict[str, list[Case]] = {}
 
 
@@ -1076,23 +1083,35 @@ add(
     "getitem",
     case(
         "basic",
-        lambda x: (
-            x[0],
-            x[-1],
-            x[1:],
-            x[::2],
-            x[None],
-            x[..., 0],
-            x[0, ..., None],
-            x[-1:, None],
-            x[:, 1:],
-            x[:, -1],
-            x[..., None, :1],
+        computed(
+            lambda x: (
+                x[0],
+                x[-1],
+                x[1:],
+                x[::2],
+                x[None],
+                x[..., 0],
+                x[0, ..., None],
+                x[-1:, None],
+                x[:, 1:],
+                x[:, -1],
+                x[..., None, :1],
+            )
         ),
         x=X(RANKS2),
     ),
-    case("1-d", lambda x: (x[0], x[-1], x[1:], x[:-1], x[None], x[...], x[..., None]), x=X("c")),
-    case("0-d", lambda x: (x[None], x[...], x[()], x[None, None]), x=X("")),
+    case(
+        "1-d",
+        computed(lambda x: (x[0], x[-1], x[1:], x[:-1], x[None], x[...], x[..., None])),
+        x=X("c"),
+    ),
+    case("0-d", computed(lambda x: (x[None], x[...], x[()], x[None, None])), x=X("")),
+    case(  # parts of a per-instance argument are inputs of their own (ops._special_getitem)
+        "of an input",
+        lambda x: (x[0], x[-1], x[1:], x[..., 0], x[:, None, -1:]),
+        x=X(RANKS2),
+        recorded=False,
+    ),
     case("list", lambda x: (x[[0, -1]], x[:, [0, 0]], x[0, [0, -1]], x[[-1, 0], 0]), x=X(RANKS2)),
     case("non-adjacent lists", lambda x: (x[[0, -1], :, [0, 0]], x[[0], 1:, 0]), x=X("a b c")),
     case(
@@ -1190,6 +1209,75 @@ for _name, _fn in _KEYWORDS.items():
         "index_select" if _name == "gather" else _name,
         case(f"keywords {_name}", _fn, x=X("b c"), w=W("c b")),
     )
+
+
+# rows batched by the vmap fallback
+add("repeat", case("sizes", lambda x: (x.repeat(2, 1), x.repeat(1, 1, 3)), x=X(("c", "b c"))))
+add("tile", case("reps", lambda x: (torch.tile(x, (2,)), x.tile(1, 2)), x=X(RANKS1)))
+add("flip", case("dims", lambda x: (torch.flip(x, (0,)), x.flip(-1)), x=X(RANKS1)))
+add(
+    "roll",
+    case("shifts", lambda x: (torch.roll(x, 1, 0), x.roll(-2, -1), torch.roll(x, 3)), x=X(RANKS1)),
+)
+add("tril", case("diagonal", lambda x: (torch.tril(x), x.tril(-1)), x=X(("b c", "a b c"))))
+add("triu", case("diagonal", lambda x: (torch.triu(x, 1), x.triu()), x=X(("b c", "a b c"))))
+add("cumsum", case("dims", lambda x: (torch.cumsum(x, 0), x.cumsum(-1)), x=X(RANKS1)))
+add("cumprod", case("dims", lambda x: (torch.cumprod(x, 0), x.cumprod(dim=-1)), x=X(RANKS1, **POS)))
+add(
+    "outer",
+    case(
+        "lazy and shared",
+        lambda x, y, w: (torch.outer(x, y), x.outer(w)),
+        x=X("b"),
+        y=X("c"),
+        w=W("c"),
+    ),
+)
+add(
+    "norm",
+    case(
+        "p and dims",
+        lambda x: (
+            torch.norm(x),
+            x.norm(dim=-1),
+            x.norm(p=1, dim=0),
+            torch.linalg.vector_norm(x, ord=2, dim=-1),
+        ),
+        x=X(RANKS1),
+    ),
+)
+add(
+    "normalize",
+    case("dims", lambda x: (F.normalize(x, dim=-1), F.normalize(x, p=1, dim=0)), x=X(RANKS1)),
+)
+add(
+    "cosine_similarity",
+    case(
+        "lazy and shared",
+        lambda x, y, w: (F.cosine_similarity(x, y, dim=-1), torch.cosine_similarity(x, w, dim=-1)),
+        x=X("b c"),
+        y=X("b c"),
+        w=W("c"),
+    ),
+)
+add(
+    "hardtanh",
+    case("bounds", lambda x: (F.hardtanh(x), F.hardtanh(x, -0.5, 0.5), F.relu6(x * 4)), x=X(RANKS)),
+)
+add(
+    "selu",
+    case(
+        "aliases", lambda x: (torch.selu(x), F.selu(x), F.celu(x, 0.5), torch.celu(x)), x=X(RANKS)
+    ),
+)
+add(
+    "mish",
+    case(
+        "aliases",
+        lambda x: (F.mish(x), F.hardswish(x), F.hardsigmoid(x), F.softsign(x)),
+        x=X(RANKS),
+    ),
+)
 
 
 # ---- the generated test ----------------------------------------------------------------
@@ -1577,9 +1665,10 @@ def test_input_structures(sizes, same):
 
     stats = check_map(f, insts)
     shapes = {len(inst["x"]) for inst in insts}
-    # one input batch per distinct (shape, dtype): x (and i) per size, b and y once each
-    assert stats.by_op["input"][0] == 2 * len(shapes) + 2
-    assert stats.by_op["input"][1] == 4 * len(insts)
+    # one input batch per distinct (shape, dtype): x (and i) per size, b, y and y[0] (a
+    # part of an argument, an input of its own) once each
+    assert stats.by_op["input"][0] == 2 * len(shapes) + 3
+    assert stats.by_op["input"][1] == 5 * len(insts)
 
 
 def test_input_two_iterables_and_shared():
@@ -1651,3 +1740,68 @@ def test_factories_given_a_computed_tensor_ask_for_its_value():
     # acrobat is usable after the error
     torch.testing.assert_close(sized_by_numbers.map([(torch.ones(2), 3, 1.0)])[0],
                                sized_by_numbers.eager((torch.ones(2), 3, 1.0)))  # fmt: skip
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_new_tensors_take_the_dtype_and_are_shared_constants(lengths, dtype):
+    @acrobat.autobatch
+    def f(x):
+        z = x.new_zeros(1, x.shape[-1])  # sizes as ints and as a tuple
+        o = x.new_ones((x.shape[-1],))
+        full = x.new_full((1, 1), 1.5)
+        ints = x.new_zeros(3, dtype=torch.long)
+        data = x.new_tensor([float(len(x)), 2.0])  # per-instance data, this dtype
+        legacy = x.new([1.0, float(len(x))])  # the legacy constructor: data
+        empty = x.new(2, 3), x.new_empty(4), x.new(torch.Size([1, 2]))
+        shapes = [tuple(t.shape) for t in empty] + [str(e.dtype) for e in empty]
+        return (x + z, x * o + full, ints + 1, data * legacy, x.sum() * data, shapes)
+
+    gen = torch.Generator().manual_seed(len(lengths))
+    xs = [torch.randn(n, 3, generator=gen, dtype=dtype) for n in lengths]
+    stats = check_map(f, xs)
+    for name in ("zeros", "ones", "full", "empty"):
+        assert name not in stats.by_op  # hoisted: one shared tensor, no per-instance node
+
+
+def test_filling_a_legacy_new_tensor_in_place_says_what_to_write():
+    @acrobat.autobatch
+    def f(x):
+        return x + x.new(1, 3).fill_(0.0)
+
+    with pytest.raises(acrobat.AcrobatError, match=r"empty\(\.\.\.\).*new_zeros"):
+        f.map([torch.randn(1, 3) for _ in range(2)])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lengths=st.lists(st.integers(2, 6), min_size=1, max_size=6),
+    grad=st.booleans(),
+)
+def test_parts_of_inputs_of_any_length_batch_as_inputs(lengths, grad):
+    @acrobat.autobatch
+    def f(x):
+        first, last = x[0], x[-1]  # rows whose position depends on nothing lazy
+        mid = x[len(x) // 2]
+        return torch.tanh(first * 2 + last) - mid, x[1:, 0] * 1, x[..., 1:2].sum()
+
+    gen = torch.Generator().manual_seed(sum(lengths))
+    xs = [torch.randn(n, 4, generator=gen).requires_grad_(grad) for n in lengths]
+    with torch.set_grad_enabled(grad):
+        stats = check_map(f, xs)
+    assert "getitem" not in stats.by_op  # every part is an input of its own
+    # the rows of inputs of every length batch together: one input batch for the rows, one
+    # per length for each of the two length-dependent parts and for the whole inputs
+    assert stats.by_op["input"][0] <= 1 + 3 * len(set(lengths))
+    if grad:  # gradients reach the user's tensors through the parts, as in eager
+        outs = f.map(xs)
+        torch.stack([o[0].sum() + o[1].sum() + o[2] for o in outs]).sum().backward()
+        got = [x.grad.clone() for x in xs]
+        for x in xs:
+            x.grad = None
+        torch.stack([sum(t.sum() for t in f.eager(x)[:3]) for x in xs]).sum().backward()
+        for g, x in zip(got, xs):
+            torch.testing.assert_close(g, x.grad)
