@@ -40,6 +40,11 @@ AUTO_METHODS: bool = bool(_env_int("ACROBAT_AUTO_METHODS", 1))
 #: FAST_MODULES). Read at every call.
 SEQUENTIAL_BLOCKS: bool = bool(_env_int("ACROBAT_SEQUENTIAL_BLOCKS", 1))
 
+#: nn.LSTM / nn.GRU / nn.RNN on one lazy sequence per call (no initial state): the
+#: sequences of every instance, of any lengths, run as one packed call of the module
+#: (ops._sequence_forward; with FAST_MODULES). Read at every call.
+PACKED_SEQUENCES: bool = bool(_env_int("ACROBAT_PACKED_SEQUENCES", 1))
+
 #: With AUTO_BLOCKS, also the straight-line runs inside functions with control flow (an
 #: LSTM cell written inline after a tree encoder's recursive calls): each maximal run of
 #: assignments making at least 2 tensor calls becomes one block node (analysis.outline).

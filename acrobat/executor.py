@@ -304,6 +304,9 @@ def run_batch(nodes: list, stats) -> None:
     elif op.kind == "ragged":
         _run_ragged(nodes, n, stats, t0)
         return
+    elif op.kind == "sequences":
+        _run_sequences(nodes, n, stats, t0)
+        return
     elif op.extra.get("lookup") and _lookup_in_place(nodes, op.extra["lookup"], stats, t0):
         return
     else:
@@ -408,6 +411,33 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     t1 = time.perf_counter()
     for nd, out in zip(nodes, nodes[0].op.rule(nodes, x)):
         nd.outs = (out,)
+        nd.row = 0
+        nd.slot = next(_batches) << _BATCH_SHIFT
+    _account(nodes, n, stats, t0, t1)
+
+
+def _run_sequences(nodes: list, n: int, stats, t0: float) -> None:
+    """Sequence modules over per-instance sequences of any lengths (ops.sequences_rule):
+    one packed call; each node's results are its own (a batch of one to its consumers)."""
+    xs = [t.node.outs[t.idx][t.node.row] for nd in nodes for t in nd.inputs]
+    t1 = time.perf_counter()
+    rule = nodes[0].op.rule
+    try:
+        results = rule(nodes, xs)
+    except Exception as exc:
+        for nd, x in zip(nodes, xs):  # the instance that fails alone, if one does
+            try:
+                rule([nd], [x])
+            except Exception as own:
+                raise AcrobatError(
+                    f"{nd.op.name} failed for instance {nd.instance}: {own}"
+                ) from own
+        raise AcrobatError(
+            f"batched {nodes[0].op.name} over {len(nodes)} instances failed although every "
+            f"instance runs alone: {exc} (please report this as an acrobat bug)"
+        ) from exc
+    for nd, outs in zip(nodes, results):
+        nd.outs = outs
         nd.row = 0
         nd.slot = next(_batches) << _BATCH_SHIFT
     _account(nodes, n, stats, t0, t1)

@@ -1285,10 +1285,13 @@ def supported_names() -> list[str]:
 # parameter-only math) take the original forward.
 
 _NO_MODE = torch._C.DisableTorchFunction
-_ORIGINAL_FORWARD = {
+_ORIGINAL_FORWARD: dict[type, Callable] = {
     nn.Linear: nn.Linear.forward,
     nn.Embedding: nn.Embedding.forward,
     nn.Sequential: nn.Sequential.forward,
+    nn.LSTM: nn.LSTM.forward,
+    nn.GRU: nn.GRU.forward,
+    nn.RNN: nn.RNN.forward,
 }
 
 
@@ -1379,11 +1382,152 @@ def _sequential_forward(self, input):
     return _ORIGINAL_FORWARD[nn.Sequential](self, input)
 
 
+def _sequence_forward(self, input, hx=None):
+    """``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` while a map runs, on one lazy sequence (T, D)
+    (or a batch of one, (1, T, D) / (T, 1, D)) without an initial state: a SEQUENCES node
+    whose signature leaves out T, so the sequences of every instance, of any lengths, run
+    as ONE packed call of the module (:func:`sequences_rule`). Anything else (an initial
+    state, real inputs, inside a block's trace) goes to the module's own forward."""
+    form = _sequence_form(self, input) if hx is None else None
+    rt = graph.RT
+    if form is None or rt is None or not config.PACKED_SEQUENCES:
+        return _ORIGINAL_FORWARD[type(self)](self, input, hx)
+    if rt.tracer is not None:  # inside a block's trace: T is the trace's, a plain batch
+        outs = record(SEQUENCE_BATCH, run_sequence_module, (self, input), {})
+        return (outs[0], (outs[1], outs[2])) if type(self) is nn.LSTM else tuple(outs)
+    length = input.shape[0] if form != "batch_first" else input.shape[1]
+    info = _sequence_info(self, form, length, input.dtype)
+    sig = (SEQUENCES, self, form, input.shape[-1], input.dtype)
+    node = graph.add_node(rt, SEQUENCES, None, (self, form), {}, [input], info, sig)
+    outs = graph.wrap_outputs(node, info)
+    if type(self) is nn.LSTM:
+        return outs[0], (outs[1], outs[2])
+    return outs[0], outs[1]
+
+
+def _sequence_form(module, x) -> str | None:
+    """How a lazy input holds its one sequence: "unbatched" (T, D), "batch_first" (1, T,
+    D) or "seq_first" (T, 1, D); None for anything acrobat leaves to the module."""
+    if type(x) is not LazyTensor or type(module) not in _SEQUENCE_MODULES:
+        return None
+    if not _hookless(module) or x.dtype != module.weight_ih_l0.dtype:
+        return None
+    shape = x.shape
+    if len(shape) == 2:
+        form = "unbatched"
+    elif len(shape) == 3 and shape[0 if module.batch_first else 1] == 1:
+        form = "batch_first" if module.batch_first else "seq_first"
+    else:
+        return None
+    length = shape[1] if form == "batch_first" else shape[0]
+    return form if shape[-1] == module.input_size and length > 0 else None
+
+
+_SEQUENCE_INFO: dict = {}  # (module, form, T, dtype) -> its Info
+
+
+def _sequence_info(module, form: str, length: int, dtype) -> graph.Info:
+    key = (id(module), form, length, dtype)
+    info = _SEQUENCE_INFO.get(key)
+    if info is None:
+        dirs = 2 if module.bidirectional else 1
+        proj = getattr(module, "proj_size", 0) or 0
+        h_out = proj or module.hidden_size
+        feature = dirs * h_out
+        out = {
+            "unbatched": (length, feature),
+            "batch_first": (1, length, feature),
+            "seq_first": (length, 1, feature),
+        }[form]
+        state = [module.num_layers * dirs, h_out]
+        cell = [module.num_layers * dirs, module.hidden_size]
+        if form != "unbatched":  # (layers * directions, 1, size)
+            state.insert(1, 1)
+            cell.insert(1, 1)
+        metas = [(torch.Size(out), dtype), (torch.Size(state), dtype)]
+        if type(module) is nn.LSTM:
+            metas.append((torch.Size(cell), dtype))
+        info = _SEQUENCE_INFO[key] = graph.Info(tuple(metas), False, None)
+        if len(_SEQUENCE_INFO) > 4096:
+            _SEQUENCE_INFO.clear()
+    return info
+
+
+def sequences_rule(nodes: list, xs: list) -> list:
+    """Outputs of SEQUENCES ``nodes`` (one module) from their input sequences ``xs``: all
+    packed (``pack_sequence``, any lengths, any order) into one call of the module's own
+    forward, then each node's output rows and final states, with a leading batch dim of
+    one (each node is a batch of its own for its consumers, as ragged nodes are)."""
+    module, form = nodes[0].args
+    seqs = [x if form == "unbatched" else x.reshape(-1, x.shape[-1]) for x in xs]
+    packed = nn.utils.rnn.pack_sequence(seqs, enforce_sorted=False)
+    forward = _ORIGINAL_FORWARD[type(module)]
+    out, state = forward(module, packed)
+    padded, lengths = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+    states = state if type(module) is nn.LSTM else (state,)
+    results = []
+    for i, nd in enumerate(nodes):
+        shapes = [m[0] for m in nd.info.metas]
+        row = padded[i, : int(lengths[i])].reshape(1, *shapes[0])
+        finals = [s[:, i].reshape(1, *shape) for s, shape in zip(states, shapes[1:])]
+        results.append((row, *finals))
+    return results
+
+
+def run_sequence_module(module, x):
+    """``module(x)`` by its own forward, flat: (output, h_n[, c_n]) (the op SEQUENCE_BATCH
+    records; its shape rule)."""
+    out, state = _ORIGINAL_FORWARD[type(module)](module, x)
+    return (out, *state) if type(module) is nn.LSTM else (out, state)
+
+
+def sequence_batch_rule(node, xs, n):
+    """SEQUENCE_BATCH over a batch of n sequences of one length: the module's own forward
+    on them as its batch, the final states moved to the batch's leading dim."""
+    module, x = node.args
+    form = _sequence_form(module, x)
+    X = xs[0].reshape(n, x.shape[1] if form == "batch_first" else x.shape[0], x.shape[-1])
+    if not module.batch_first:
+        X = X.transpose(0, 1)
+    out, state = _ORIGINAL_FORWARD[type(module)](module, X)
+    if not module.batch_first:
+        out = out.transpose(0, 1)
+    states = state if type(module) is nn.LSTM else (state,)
+    metas = node.info.metas
+    results = [out.reshape(n, *metas[0][0])]
+    results += [s.transpose(0, 1).reshape(n, *m[0]) for s, m in zip(states, metas[1:])]
+    return tuple(results)
+
+
+SEQUENCE_BATCH = _add(
+    Op(
+        "sequence_batch",
+        sequence_batch_rule,
+        "sequences-in-a-block",
+        (),
+        doc="nn.LSTM/GRU/RNN inside a block's trace: the batch's sequences share a length",
+    )
+)
+SEQUENCES = _add(
+    Op(
+        "sequences",
+        sequences_rule,
+        "sequences",
+        (),
+        doc="nn.LSTM/GRU/RNN over per-instance sequences of any lengths: one packed call",
+    )
+)
+_SEQUENCE_MODULES = (nn.LSTM, nn.GRU, nn.RNN)
+
+
 FAST_CALL = True  # with FAST_MODULES: also Module.__call__ (measured separately)
 _FAST_FORWARD = {
     nn.Linear: _linear_forward,
     nn.Embedding: _embedding_forward,
     nn.Sequential: _sequential_forward,
+    nn.LSTM: _sequence_forward,
+    nn.GRU: _sequence_forward,
+    nn.RNN: _sequence_forward,
 }
 _MODULE_CALL = nn.Module.__call__
 _mm = torch.nn.modules.module

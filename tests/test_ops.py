@@ -1280,6 +1280,41 @@ add(
 )
 
 
+# sequence modules: one packed call over sequences of any length (recorded outside blocks);
+# inside a block's trace (test_op_inside_a_block) the same calls are sequence_batch
+_SEQUENCE_CASES = [
+    case(
+        "lstm unbatched",
+        lambda x, m: m(x),
+        x=X("a b"),
+        m=Module(lambda d: nn.LSTM(d["b"], 3), uses="b"),
+    ),
+    case(
+        "bidirectional gru, batch of one",
+        lambda x, m: m(x.unsqueeze(0)),
+        x=X("a b"),
+        m=Module(
+            lambda d: nn.GRU(d["b"], 2, num_layers=2, bidirectional=True, batch_first=True),
+            uses="b",
+        ),
+    ),
+    case(
+        "rnn, sequence first",
+        lambda x, m: m(x.unsqueeze(1)),
+        x=X("a b"),
+        m=Module(lambda d: nn.RNN(d["b"], 4), uses="b"),
+    ),
+]
+add("sequences", *_SEQUENCE_CASES)
+add(
+    "sequence_batch",
+    *(
+        case(f"{c.label} (a node only inside blocks)", c.fn, recorded=False, **c.args)
+        for c in _SEQUENCE_CASES
+    ),
+)
+
+
 # ---- the generated test ----------------------------------------------------------------
 
 

@@ -1,0 +1,129 @@
+"""nn.LSTM / nn.GRU / nn.RNN on per-instance sequences (config.PACKED_SEQUENCES): the
+sequences of every instance, of any lengths, run as one packed call of the module, equal
+to the eager loop forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from acrobat import config
+from tests.helpers import check_map
+
+D = 4
+
+
+def make_module(kind: str, hidden: int, layers: int, bidirectional: bool, batch_first: bool):
+    cls = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[kind]
+    return cls(D, hidden, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first)
+
+
+def encoder(module, form: str):
+    @acrobat.autobatch
+    def encode(x):
+        if form == "batch of one":
+            x = x.unsqueeze(0 if module.batch_first else 1)
+        out, state = module(x)
+        return out, state
+
+    return encode
+
+
+modules = st.builds(
+    make_module,
+    kind=st.sampled_from(["lstm", "gru", "rnn"]),
+    hidden=st.integers(1, 5),
+    layers=st.integers(1, 2),
+    bidirectional=st.booleans(),
+    batch_first=st.booleans(),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    module=modules,
+    form=st.sampled_from(["unbatched", "batch of one"]),
+    lengths=st.lists(st.integers(1, 7), min_size=1, max_size=6),
+    seed=st.integers(0, 2**16),
+)
+def test_sequences_of_any_lengths_are_one_packed_call_equal_to_eager(module, form, lengths, seed):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, D, generator=gen) for n in lengths]
+    with torch.no_grad():
+        stats = check_map(encoder(module, form), xs)
+    assert stats.by_op["sequences"] == [1, len(xs)]  # one packed call for every length
+
+
+def test_switched_off_the_module_is_not_batched():
+    module = nn.GRU(D, 3)
+    with config.override(PACKED_SEQUENCES=False), pytest.raises(acrobat.UnsupportedOpError):
+        encoder(module, "unbatched").map([torch.randn(3, D), torch.randn(2, D)])
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
+def test_gradients_through_packed_sequences_equal_eager(kind):
+    torch.manual_seed(1)
+    module = make_module(kind, 3, 2, True, False)
+    encode = encoder(module, "unbatched")
+    xs = [torch.randn(n, D, requires_grad=True) for n in (4, 1, 6, 4)]
+
+    def loss(outputs):
+        total = 0
+        for out, state in outputs:
+            states = state if isinstance(state, tuple) else (state,)
+            total = total + (out * out).sum() + sum(s.sum() for s in states)
+        return total
+
+    loss(encode.map(xs)).backward()
+    got = [p.grad.clone() for p in module.parameters()] + [x.grad.clone() for x in xs]
+    module.zero_grad()
+    for x in xs:
+        x.grad = None
+    loss([encode.eager(x) for x in xs]).backward()
+    want = [p.grad for p in module.parameters()] + [x.grad for x in xs]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+class SentenceClassifier(nn.Module):
+    """The usual sentence model: word ids -> embeddings -> LSTM -> last state -> logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, D)
+        self.lstm = nn.LSTM(D, 5, batch_first=True)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, words):
+        vectors = self.emb(torch.tensor(words)).unsqueeze(0)
+        _, (h, _) = self.lstm(vectors)
+        return self.out(h[-1, 0])
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 19), min_size=1, max_size=9), min_size=1, max_size=8))
+def test_a_sentence_classifier_as_written(sentences):
+    model = SentenceClassifier().eval()
+
+    @acrobat.autobatch
+    def classify(words, model):
+        return model(words)
+
+    with torch.no_grad():
+        stats = check_map(classify, sentences, model=model)
+    assert stats.by_op["sequences"] == [1, len(sentences)]  # every sentence in one LSTM call
+
+
+def test_an_initial_state_is_not_batched_and_says_so():
+    module = nn.LSTM(D, 3)
+
+    @acrobat.autobatch
+    def encode(x):
+        return module(x, (torch.zeros(1, 3), torch.zeros(1, 3)))[0]
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="lstm"):
+        encode.map([torch.randn(2, D), torch.randn(3, D)])
