@@ -419,7 +419,7 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
 def _run_sequences(nodes: list, n: int, stats, t0: float) -> None:
     """Sequence modules over per-instance sequences of any lengths (ops.sequences_rule):
     one packed call; each node's results are its own (a batch of one to its consumers)."""
-    xs = [t.node.outs[t.idx][t.node.row] for nd in nodes for t in nd.inputs]
+    xs = [[t.node.outs[t.idx][t.node.row] for t in nd.inputs] for nd in nodes]
     t1 = time.perf_counter()
     rule = nodes[0].op.rule
     try:

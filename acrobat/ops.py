@@ -1384,25 +1384,51 @@ def _sequential_forward(self, input):
 
 def _sequence_forward(self, input, hx=None):
     """``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` while a map runs, on one lazy sequence (T, D)
-    (or a batch of one, (1, T, D) / (T, 1, D)) without an initial state: a SEQUENCES node
-    whose signature leaves out T, so the sequences of every instance, of any lengths, run
-    as ONE packed call of the module (:func:`sequences_rule`). Anything else (an initial
-    state, real inputs, inside a block's trace) goes to the module's own forward."""
-    form = _sequence_form(self, input) if hx is None else None
+    (or a batch of one, (1, T, D) / (T, 1, D)), with or without an initial state (lazy
+    or real, of the one sequence's state shape): a SEQUENCES node whose signature leaves
+    out T, so the sequences of every instance, of any lengths, run as ONE packed call of
+    the module (:func:`sequences_rule`); inside a block's trace, where the batch's
+    sequences share a length, a SEQUENCE_BATCH op. Anything else goes to the module's own
+    forward."""
+    form = _sequence_form(self, input)
     rt = graph.RT
-    if form is None or rt is None or not config.PACKED_SEQUENCES:
+    states = _initial_states(self, form, input, hx) if form is not None else None
+    if states is None or rt is None or not config.PACKED_SEQUENCES:
         return _ORIGINAL_FORWARD[type(self)](self, input, hx)
     if rt.tracer is not None:  # inside a block's trace: T is the trace's, a plain batch
-        outs = record(SEQUENCE_BATCH, run_sequence_module, (self, input), {})
+        outs = record(SEQUENCE_BATCH, run_sequence_module, (self, input, *states), {})
         return (outs[0], (outs[1], outs[2])) if type(self) is nn.LSTM else tuple(outs)
     length = input.shape[0] if form != "batch_first" else input.shape[1]
     info = _sequence_info(self, form, length, input.dtype)
-    sig = (SEQUENCES, self, form, input.shape[-1], input.dtype)
-    node = graph.add_node(rt, SEQUENCES, None, (self, form), {}, [input], info, sig)
+    spec = tuple(None if type(h) is LazyTensor else h for h in states)  # real ones: shared
+    sig = (SEQUENCES, self, form, input.shape[-1], input.dtype, spec)
+    inputs = [input, *(h for h in states if type(h) is LazyTensor)]
+    node = graph.add_node(rt, SEQUENCES, None, (self, form, spec), {}, inputs, info, sig)
     outs = graph.wrap_outputs(node, info)
     if type(self) is nn.LSTM:
         return outs[0], (outs[1], outs[2])
     return outs[0], outs[1]
+
+
+def _initial_states(module, form: str, x, hx) -> tuple | None:
+    """The initial states as a tuple ((), (h0,) or (h0, c0)), each a lazy or real tensor
+    of one sequence's state shape and the input's dtype; None for anything else."""
+    if hx is None:
+        return ()
+    lstm = type(module) is nn.LSTM
+    states = tuple(hx) if lstm and isinstance(hx, (tuple, list)) else (hx,)
+    if len(states) != (2 if lstm else 1):
+        return None
+    metas = _sequence_info(module, form, 1, x.dtype).metas[1:]
+    for h, (shape, dtype) in zip(states, metas):
+        if not (type(h) is LazyTensor or isinstance(h, torch.Tensor)) or h.dtype != dtype:
+            return None
+        with torch._C.DisableTorchFunction():
+            if tuple(h.shape) != tuple(shape):
+                return None
+            if type(h) is not LazyTensor and h.requires_grad:  # type: ignore[union-attr]
+                return None
+    return states
 
 
 def _sequence_form(module, x) -> str | None:
@@ -1423,11 +1449,14 @@ def _sequence_form(module, x) -> str | None:
     return form if shape[-1] == module.input_size and length > 0 else None
 
 
-_SEQUENCE_INFO: dict = {}  # (module, form, T, dtype) -> its Info
+_SEQUENCE_INFO: dict = {}  # (module configuration, form, T, dtype) -> its Info
 
 
 def _sequence_info(module, form: str, length: int, dtype) -> graph.Info:
-    key = (id(module), form, length, dtype)
+    key = (  # the module's configuration (an id could be a dead module's, reused)
+        type(module), module.hidden_size, module.num_layers, module.bidirectional,
+        getattr(module, "proj_size", 0), form, length, dtype,
+    )  # fmt: skip
     info = _SEQUENCE_INFO.get(key)
     if info is None:
         dirs = 2 if module.bidirectional else 1
@@ -1454,15 +1483,17 @@ def _sequence_info(module, form: str, length: int, dtype) -> graph.Info:
 
 
 def sequences_rule(nodes: list, xs: list) -> list:
-    """Outputs of SEQUENCES ``nodes`` (one module) from their input sequences ``xs``: all
+    """Outputs of SEQUENCES ``nodes`` (one module) from their inputs ``xs`` (per node: its
+    sequence and its lazy initial states, if any): the sequences all
     packed (``pack_sequence``, any lengths, any order) into one call of the module's own
     forward, then each node's output rows and final states, with a leading batch dim of
     one (each node is a batch of its own for its consumers, as ragged nodes are)."""
-    module, form = nodes[0].args
-    seqs = [x if form == "unbatched" else x.reshape(-1, x.shape[-1]) for x in xs]
+    module, form, spec = nodes[0].args
+    seqs = [v[0] if form == "unbatched" else v[0].reshape(-1, v[0].shape[-1]) for v in xs]
     packed = nn.utils.rnn.pack_sequence(seqs, enforce_sorted=False)
+    hx = _batch_states(_state_column(spec, [v[1:] for v in xs], len(nodes)), len(nodes))
     forward = _ORIGINAL_FORWARD[type(module)]
-    out, state = forward(module, packed)
+    out, state = forward(module, packed, hx)  # (hx in the nodes' order: the module sorts it)
     padded, lengths = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
     states = state if type(module) is nn.LSTM else (state,)
     results = []
@@ -1474,22 +1505,52 @@ def sequences_rule(nodes: list, xs: list) -> list:
     return results
 
 
-def run_sequence_module(module, x):
-    """``module(x)`` by its own forward, flat: (output, h_n[, c_n]) (the op SEQUENCE_BATCH
-    records; its shape rule)."""
-    out, state = _ORIGINAL_FORWARD[type(module)](module, x)
+def run_sequence_module(module, x, *states):
+    """``module(x, states)`` by its own forward, flat: (output, h_n[, c_n]) (the op
+    SEQUENCE_BATCH records; its shape rule)."""
+    hx = None if not states else states if type(module) is nn.LSTM else states[0]
+    out, state = _ORIGINAL_FORWARD[type(module)](module, x, hx)
     return (out, *state) if type(module) is nn.LSTM else (out, state)
+
+
+def _batch_states(states: list, n: int) -> object:
+    """Per-instance initial states (a batch (n, layers * dirs, [1,] size) each) as the
+    module's hx: (layers * dirs, n, size), a tuple for an LSTM; None for none."""
+    if not states:
+        return None
+    out = tuple(
+        h.reshape(n, h.shape[1], h.shape[-1]).transpose(0, 1).contiguous() for h in states
+    )
+    return out if len(out) == 2 else out[0]
+
+
+def _state_column(spec, values: list, n: int) -> list:
+    """Each initial state of a batch as (n, layers * dirs, size): the nodes' lazy values
+    stacked, a shared real one expanded."""
+    column, k = [], 0
+    for real in spec:
+        if real is None:
+            column.append(torch.stack([v[k].reshape(v[k].shape[0], -1) for v in values]))
+            k += 1
+        else:
+            h = real.reshape(real.shape[0], real.shape[-1])
+            column.append(h.unsqueeze(0).expand(n, *h.shape))
+    return column
 
 
 def sequence_batch_rule(node, xs, n):
     """SEQUENCE_BATCH over a batch of n sequences of one length: the module's own forward
     on them as its batch, the final states moved to the batch's leading dim."""
-    module, x = node.args
+    module, x, *states = node.args
     form = _sequence_form(module, x)
     X = xs[0].reshape(n, x.shape[1] if form == "batch_first" else x.shape[0], x.shape[-1])
     if not module.batch_first:
         X = X.transpose(0, 1)
-    out, state = _ORIGINAL_FORWARD[type(module)](module, X)
+    it = iter(xs[1:])
+    batched = [
+        next(it) if type(h) is LazyTensor else h.unsqueeze(0).expand(n, *h.shape) for h in states
+    ]
+    out, state = _ORIGINAL_FORWARD[type(module)](module, X, _batch_states(batched, n))
     if not module.batch_first:
         out = out.transpose(0, 1)
     states = state if type(module) is nn.LSTM else (state,)

@@ -118,12 +118,92 @@ def test_a_sentence_classifier_as_written(sentences):
     assert stats.by_op["sequences"] == [1, len(sentences)]  # every sentence in one LSTM call
 
 
-def test_an_initial_state_is_not_batched_and_says_so():
-    module = nn.LSTM(D, 3)
+def state_shape(module, form: str) -> tuple:
+    dirs = 2 if module.bidirectional else 1
+    size = (module.num_layers * dirs, module.hidden_size)
+    return size if form == "unbatched" else (size[0], 1, size[1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    module=modules,
+    form=st.sampled_from(["unbatched", "batch of one"]),
+    lazy=st.booleans(),
+    in_a_block=st.booleans(),
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    seed=st.integers(0, 2**16),
+)
+def test_initial_states_lazy_or_shared_equal_eager(module, form, lazy, in_a_block, lengths, seed):
+    gen = torch.Generator().manual_seed(seed)
+    shape = state_shape(module, form)
+    shared = torch.randn(shape, generator=gen)
+    lstm = isinstance(module, nn.LSTM)
+
+    def states(x):
+        h = torch.tanh(x.sum() + shared) if lazy else shared  # per-instance or shared
+        return (h, h * 0.5) if lstm else h
+
+    def run(x):
+        seq = x if form == "unbatched" else x.unsqueeze(0 if module.batch_first else 1)
+        if in_a_block:  # a statement of several tensor calls: outlined, traced as a block
+            out, state = module(seq * 1.0, states(x))
+        else:
+            hx = states(x)
+            out, state = module(seq, hx)
+        return out, state
+
+    encode = acrobat.autobatch(lambda x: run(x))
+    xs = [torch.randn(n, D, generator=gen) for n in lengths]
+    with torch.no_grad():
+        stats = check_map(encode, xs)
+    if not in_a_block:
+        assert stats.by_op["sequences"][1] == len(xs)
+
+
+class Seq2Seq(nn.Module):
+    """An encoder whose final state starts the decoder, as translation models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.LSTM(D, 5, batch_first=True)
+        self.decoder = nn.LSTM(D, 5, batch_first=True)
+        self.out = nn.Linear(5, 3)
+
+
+@acrobat.autobatch
+def translate(pair, model):
+    source, target = pair
+    _, state = model.encoder(source.unsqueeze(0))
+    decoded, _ = model.decoder(target.unsqueeze(0), state)
+    return model.out(decoded[0])
+
+
+def test_an_encoder_state_starting_a_decoder_trains_like_eager():
+    torch.manual_seed(2)
+    model = Seq2Seq()
+    pairs = [(torch.randn(s, D), torch.randn(t, D)) for s, t in ((3, 2), (5, 4), (1, 1), (4, 6))]
+    with torch.no_grad():
+        stats = check_map(translate, pairs, model=model)
+    assert stats.by_op["sequences"] == [2, 2 * len(pairs)]  # one call each: encoder, decoder
+    outs = translate.map(pairs, model=model)
+    torch.stack([o.square().sum() for o in outs]).sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch.stack([translate.eager(p, model=model).square().sum() for p in pairs]).sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_a_state_of_another_shape_goes_to_the_module_as_written():
+    module = nn.GRU(D, 3)
 
     @acrobat.autobatch
     def encode(x):
-        return module(x, (torch.zeros(1, 3), torch.zeros(1, 3)))[0]
+        return module(x, torch.zeros(2, 3))[0]  # two layers' state for a one-layer GRU
 
-    with pytest.raises(acrobat.UnsupportedOpError, match="lstm"):
-        encode.map([torch.randn(2, D), torch.randn(3, D)])
+    xs = [torch.randn(2, D), torch.randn(3, D)]
+    with pytest.raises(RuntimeError, match="Expected hidden size") as eager:
+        encode.eager(xs[0])
+    with pytest.raises(RuntimeError, match="Expected hidden size") as batched:
+        encode.map(xs)  # the module's own check, as in eager
+    assert str(eager.value).splitlines()[0] == str(batched.value).splitlines()[0]
