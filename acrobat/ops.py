@@ -1355,9 +1355,11 @@ def _pure_sequence(seq) -> bool:
     return True
 
 
-def sequential(seq, x):
-    """What ``nn.Sequential.forward`` does: each layer on the previous one's output."""
-    for layer in seq._modules.values():
+def sequential(layers: tuple, x):
+    """What ``nn.Sequential.forward`` does: each layer on the previous one's output. (Given
+    the layers, not the Sequential: the trace is keyed by them, so a Sequential changed
+    between calls, a layer appended or replaced, is traced anew.)"""
+    for layer in layers:
         x = layer(x)
     return x
 
@@ -1378,7 +1380,7 @@ def _sequential_forward(self, input):
                 from acrobat.block import Block
 
                 _SEQUENTIAL = Block(sequential)
-            return _SEQUENTIAL(self, input)
+            return _SEQUENTIAL(tuple(self._modules.values()), input)
     return _ORIGINAL_FORWARD[nn.Sequential](self, input)
 
 

@@ -240,3 +240,16 @@ def test_sequential_blocks_train_like_eager():
     torch.stack([heads.eager(xs, head=head).square().sum() for xs in batch]).sum().backward()
     for g, p in zip(got, head.parameters()):
         torch.testing.assert_close(g, p.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_a_sequential_changed_between_maps_is_traced_anew():
+    torch.manual_seed(4)
+    head = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    batch = [[torch.randn(4)], [torch.randn(4), torch.randn(4)]]
+    with torch.no_grad():
+        check_map(heads, batch, head=head)
+        head.append(nn.Linear(4, 2))  # the same object, another program
+        stats = check_map(heads, batch, head=head)
+        head[0] = nn.Linear(4, 4)  # a layer replaced
+        check_map(heads, batch, head=head)
+    assert stats.by_op["block:sequential"][1] == 3
