@@ -53,3 +53,24 @@ def check_schedule(stats, *, batches=None, max_batches=None, launches=None, susp
         assert stats.launches == launches, f"{stats.launches} launches != {launches}: {stats}"
     if suspensions is not None:
         assert stats.suspensions == suspensions, f"{stats.suspensions} suspensions: {stats}"
+
+
+def check_grads(f, inputs, module, atol=1e-6, rtol=1e-5, **shared):
+    """Training: the gradients of ``module``'s parameters after a backward through
+    ``f.map(inputs)`` equal those through the eager loop (loss: the sum of every output's
+    squares). Returns the map's stats."""
+
+    def loss(outputs):
+        return torch.stack([o.square().sum() for o in outputs]).sum()
+
+    module.zero_grad()
+    outputs, stats = f.map(inputs, stats=True, **shared)
+    loss(outputs).backward()
+    got = {k: p.grad.clone() for k, p in module.named_parameters() if p.grad is not None}
+    module.zero_grad()
+    loss([f.eager(x, **shared) for x in inputs]).backward()
+    want = {k: p.grad for k, p in module.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=atol, rtol=rtol, msg=k)
+    return stats

@@ -12,7 +12,7 @@ from torch import nn
 
 import acrobat
 from acrobat import config
-from tests.helpers import check_map
+from tests.helpers import check_grads, check_map
 
 D = 4
 
@@ -185,13 +185,7 @@ def test_an_encoder_state_starting_a_decoder_trains_like_eager():
     with torch.no_grad():
         stats = check_map(translate, pairs, model=model)
     assert stats.by_op["sequences"] == [2, 2 * len(pairs)]  # one call each: encoder, decoder
-    outs = translate.map(pairs, model=model)
-    torch.stack([o.square().sum() for o in outs]).sum().backward()
-    got = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    torch.stack([translate.eager(p, model=model).square().sum() for p in pairs]).sum().backward()
-    for g, p in zip(got, model.parameters()):
-        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+    check_grads(translate, pairs, model, atol=1e-5, rtol=1e-4, model=model)
 
 
 def test_a_state_of_another_shape_goes_to_the_module_as_written():

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import acrobat
-from tests.helpers import check_map
+from tests.helpers import check_grads, check_map
 
 
 class Tree:
@@ -98,15 +98,6 @@ def test_child_sum_treelstm_matches_eager_with_one_node_per_cell(shapes, seed):
 def test_child_sum_treelstm_trains_like_eager():
     gen = torch.Generator().manual_seed(0)
     shapes = [[0, 0, 1], [], [0, 1, 1, 0, 3]]
-    trees = [build(parents) for parents in shapes]
-    inputs = [torch.randn(len(p) + 1, 5, generator=gen) for p in shapes]
+    examples = [(build(p), torch.randn(len(p) + 1, 5, generator=gen)) for p in shapes]
     model = ChildSumTreeLSTM(5, 4)
-    examples = list(zip(trees, inputs))
-    outs = sentence_state.map(examples, model=model)
-    torch.stack([o.sum() for o in outs]).sum().backward()
-    got = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
-    eager = [sentence_state.eager(e, model=model) for e in examples]
-    torch.stack([o.sum() for o in eager]).sum().backward()
-    for k, p in model.named_parameters():
-        torch.testing.assert_close(got[k], p.grad, atol=1e-6, rtol=1e-5, msg=k)
+    check_grads(sentence_state, examples, model, model=model)
