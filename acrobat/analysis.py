@@ -380,7 +380,7 @@ def _reachable(
             if isinstance(obj, (Block, types.ModuleType)) or not _user_object(obj):
                 continue
             if isinstance(obj, types.FunctionType):
-                if classes or config.AUTO_METHODS:
+                if config.AUTO_METHODS:  # (classes come only with it)
                     names.update(_code_names(obj.__code__))
                 if obj is not root and straight_line(obj):
                     found[id(obj)] = obj

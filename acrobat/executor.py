@@ -425,17 +425,8 @@ def _run_sequences(nodes: list, n: int, stats, t0: float) -> None:
     try:
         results = rule(nodes, xs)
     except Exception as exc:
-        for nd, x in zip(nodes, xs):  # the instance that fails alone, if one does
-            try:
-                rule([nd], [x])
-            except Exception as own:
-                raise AcrobatError(
-                    f"{nd.op.name} failed for instance {nd.instance}: {own}"
-                ) from own
-        raise AcrobatError(
-            f"batched {nodes[0].op.name} over {len(nodes)} instances failed although every "
-            f"instance runs alone: {exc} (please report this as an acrobat bug)"
-        ) from exc
+        _explain_failure(nodes, exc, alone=lambda nd, vals: rule([nd], [vals]))
+        raise
     for nd, outs in zip(nodes, results):
         nd.outs = outs
         nd.row = 0
@@ -580,16 +571,18 @@ def _run_flat(nodes: list, n: int, stats, t0: float) -> None:
     _finish_batch(nodes, outs, n, stats, t0, t1)
 
 
-def _explain_failure(nodes: list, exc: Exception) -> None:
-    """A batched op failed: re-run each node on its own (eagerly, with its own operands);
-    the first that fails names the culprit instance. If none fails, the batching rule is
-    at fault, and the error says so."""
+def _explain_failure(nodes: list, exc: Exception, alone=None) -> None:
+    """A batched op failed: re-run each node on its own (eagerly, with its own operands,
+    or by ``alone(node, operands)``); the first that fails names the culprit instance. If
+    none fails, the batching rule is at fault, and the error says so."""
     from acrobat.graph import substitute
 
     for nd in nodes:
         vals = [t.node.outs[t.idx][t.node.row] for t in nd.inputs]
         try:
-            if nd.func is not None:
+            if alone is not None:
+                alone(nd, vals)
+            elif nd.func is not None:
                 it = iter(vals)
                 args = substitute(nd.args, it)
                 kwargs = {k: substitute(v, it) for k, v in (nd.kwargs or {}).items()}

@@ -1373,14 +1373,19 @@ def _sequential_forward(self, input):
     head of three layers: one node, not three); anything else, and inside a block's trace,
     the layers one by one."""
     global _SEQUENTIAL
-    if type(input) is LazyTensor and _pure_sequence(self):
-        rt = graph.RT
-        if rt is not None and rt.tracer is None and config.SEQUENTIAL_BLOCKS:
-            if _SEQUENTIAL is None:
-                from acrobat.block import Block
+    rt = graph.RT
+    if (
+        type(input) is LazyTensor
+        and rt is not None
+        and rt.tracer is None
+        and config.SEQUENTIAL_BLOCKS
+        and _pure_sequence(self)
+    ):
+        if _SEQUENTIAL is None:
+            from acrobat.block import Block
 
-                _SEQUENTIAL = Block(sequential)
-            return _SEQUENTIAL(tuple(self._modules.values()), input)
+            _SEQUENTIAL = Block(sequential)
+        return _SEQUENTIAL(tuple(self._modules.values()), input)
     return _ORIGINAL_FORWARD[nn.Sequential](self, input)
 
 
@@ -1400,8 +1405,7 @@ def _sequence_forward(self, input, hx=None):
     if rt.tracer is not None:  # inside a block's trace: T is the trace's, a plain batch
         outs = record(SEQUENCE_BATCH, run_sequence_module, (self, input, *states), {})
         return (outs[0], (outs[1], outs[2])) if type(self) is nn.LSTM else tuple(outs)
-    length = input.shape[0] if form != "batch_first" else input.shape[1]
-    info = _sequence_info(self, form, length, input.dtype)
+    info = _sequence_info(self, form, _length(form, input.shape), input.dtype)
     spec = tuple(None if type(h) is LazyTensor else h for h in states)  # real ones: shared
     sig = (SEQUENCES, self, form, input.shape[-1], input.dtype, spec)
     inputs = [input, *(h for h in states if type(h) is LazyTensor)]
@@ -1447,8 +1451,12 @@ def _sequence_form(module, x) -> str | None:
         form = "batch_first" if module.batch_first else "seq_first"
     else:
         return None
-    length = shape[1] if form == "batch_first" else shape[0]
-    return form if shape[-1] == module.input_size and length > 0 else None
+    return form if shape[-1] == module.input_size and _length(form, shape) > 0 else None
+
+
+def _length(form: str, shape) -> int:
+    """The length T of the one sequence in an input of this form and shape."""
+    return shape[1] if form == "batch_first" else shape[0]
 
 
 _SEQUENCE_INFO: dict = {}  # (module configuration, form, T, dtype) -> its Info
@@ -1493,7 +1501,8 @@ def sequences_rule(nodes: list, xs: list) -> list:
     module, form, spec = nodes[0].args
     seqs = [v[0] if form == "unbatched" else v[0].reshape(-1, v[0].shape[-1]) for v in xs]
     packed = nn.utils.rnn.pack_sequence(seqs, enforce_sorted=False)
-    hx = _batch_states(_state_column(spec, [v[1:] for v in xs], len(nodes)), len(nodes))
+    lazy = [torch.stack(states) for states in zip(*(v[1:] for v in xs))]
+    hx = _batched_hx(spec, lazy, len(nodes))
     forward = _ORIGINAL_FORWARD[type(module)]
     out, state = forward(module, packed, hx)  # (hx in the nodes' order: the module sorts it)
     padded, lengths = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
@@ -1515,44 +1524,30 @@ def run_sequence_module(module, x, *states):
     return (out, *state) if type(module) is nn.LSTM else (out, state)
 
 
-def _batch_states(states: list, n: int) -> object:
-    """Per-instance initial states (a batch (n, layers * dirs, [1,] size) each) as the
-    module's hx: (layers * dirs, n, size), a tuple for an LSTM; None for none."""
-    if not states:
+def _batched_hx(spec: tuple, lazy: list, n: int) -> object:
+    """The module's hx for a batch of n sequences: ``spec`` the initial states (None for
+    a lazy one, else the real tensor every instance shares), ``lazy`` the lazy ones batched
+    ((n, *one sequence's state shape) each, in order); (layers * dirs, n, size) each, a
+    tuple for an LSTM; None without initial states."""
+    if not spec:
         return None
-    out = tuple(
-        h.reshape(n, h.shape[1], h.shape[-1]).transpose(0, 1).contiguous() for h in states
-    )
-    return out if len(out) == 2 else out[0]
-
-
-def _state_column(spec, values: list, n: int) -> list:
-    """Each initial state of a batch as (n, layers * dirs, size): the nodes' lazy values
-    stacked, a shared real one expanded."""
-    column, k = [], 0
+    it = iter(lazy)
+    hx = []
     for real in spec:
-        if real is None:
-            column.append(torch.stack([v[k].reshape(v[k].shape[0], -1) for v in values]))
-            k += 1
-        else:
-            h = real.reshape(real.shape[0], real.shape[-1])
-            column.append(h.unsqueeze(0).expand(n, *h.shape))
-    return column
+        h = next(it) if real is None else real.expand(n, *real.shape)
+        hx.append(h.reshape(n, h.shape[1], h.shape[-1]).transpose(0, 1).contiguous())
+    return tuple(hx) if len(hx) == 2 else hx[0]
 
 
 def sequence_batch_rule(node, xs, n):
     """SEQUENCE_BATCH over a batch of n sequences of one length: the module's own forward
     on them as its batch, the final states moved to the batch's leading dim."""
     module, x, *states = node.args
-    form = _sequence_form(module, x)
-    X = xs[0].reshape(n, x.shape[1] if form == "batch_first" else x.shape[0], x.shape[-1])
+    X = xs[0].reshape(n, _length(_sequence_form(module, x), x.shape), x.shape[-1])
     if not module.batch_first:
         X = X.transpose(0, 1)
-    it = iter(xs[1:])
-    batched = [
-        next(it) if type(h) is LazyTensor else h.unsqueeze(0).expand(n, *h.shape) for h in states
-    ]
-    out, state = _ORIGINAL_FORWARD[type(module)](module, X, _batch_states(batched, n))
+    spec = tuple(None if type(h) is LazyTensor else h for h in states)
+    out, state = _ORIGINAL_FORWARD[type(module)](module, X, _batched_hx(spec, xs[1:], n))
     if not module.batch_first:
         out = out.transpose(0, 1)
     states = state if type(module) is nn.LSTM else (state,)

@@ -95,3 +95,16 @@ def cache_impl():
         if impl is not None:
             return impl
     return None
+
+
+def compiled(make, fn):
+    """``make(cache=True)(fn)``: ``fn`` compiled by the numba decorator ``make`` returns,
+    with the disk cache under :func:`sources_stamp`; without it where this numba has no
+    hook (:func:`install`) or no cache location can be written (numba raises RuntimeError:
+    no locator)."""
+    if install():
+        try:
+            return make(cache=True)(fn)
+        except RuntimeError:
+            pass
+    return make(cache=False)(fn)

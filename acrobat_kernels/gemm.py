@@ -222,12 +222,7 @@ def _jit(fn, *signature, **options):
 
     from acrobat_kernels import diskcache
 
-    if diskcache.install():
-        try:
-            return njit(*signature, cache=True, **options)(fn)
-        except RuntimeError:  # numba: no locator for a cache (a read-only install)
-            pass
-    return njit(*signature, cache=False, **options)(fn)
+    return diskcache.compiled(lambda cache: njit(*signature, cache=cache, **options), fn)
 
 
 _TENSORS = (torch.Tensor, torch.nn.Parameter)

@@ -50,17 +50,6 @@ def _call_int(typingctx, address):
     return types.int64(address), codegen
 
 
-def _cached(make, fn):
-    """``make(cache=True)(fn)``: compiled with numba's disk cache, or without it where no
-    cache location can be written (numba raises RuntimeError: no locator)."""
-    if diskcache.install():
-        try:
-            return make(cache=True)(fn)
-        except RuntimeError:
-            pass
-    return make(cache=False)(fn)
-
-
 def _row_share(rows, thread_fn, team_fn):  # pragma: no cover - compiled by numba
     """``(r0, r1)``: the rows of a row-split kernel that the calling thread of torch's
     OpenMP team takes (``thread_fn``, ``team_fn``: the addresses of
@@ -74,7 +63,7 @@ def _row_share(rows, thread_fn, team_fn):  # pragma: no cover - compiled by numb
     return r0, min(r0 + per, rows)
 
 
-row_share = _cached(lambda cache: njit(cache=cache), _row_share)
+row_share = diskcache.compiled(lambda cache: njit(cache=cache), _row_share)
 
 
 def _linear_loop(xa, wa, ws, ca, c_rows, oa, m, k, n, os):  # pragma: no cover - numba
@@ -168,7 +157,7 @@ def _elman_part(params):  # pragma: no cover - compiled by numba
 
 
 def _jit(fn, n_args: int):
-    return _cached(
+    return diskcache.compiled(
         lambda cache: njit(
             types.void(*[_I] * n_args), fastmath=_FAST, error_model="numpy", nogil=True,
             cache=cache,
@@ -187,7 +176,7 @@ def _entry(fn):
     OpenMP team is not reachable (parallel.available)."""
     if not parallel.available():
         return 0
-    made = _cached(
+    made = diskcache.compiled(
         lambda cache: cfunc(types.void(_I), fastmath=_FAST, error_model="numpy", cache=cache),
         fn,
     )

@@ -261,19 +261,16 @@ def tanh_kernels() -> tuple:
     float32 ``tanh`` over addresses, compiled (or loaded from numba's cache beside this
     file, else its user-wide cache directory; not cached where neither can be written)."""
     i = types.intp
-    made = []
-    for fn, sig in (
-        (_tanh_buffer, types.void(i, i, i)),
-        (_tanh_rows, types.void(i, i, i, i, i)),
-        (_tanh_in_place, types.void(i, i)),
-    ):
-        for cache in (True, False) if diskcache.install() else (False,):
-            try:
-                made.append(
-                    njit(sig, cache=cache, error_model="numpy", fastmath=False, nogil=True)(fn)
-                )
-                break
-            except RuntimeError:  # numba: no locator for a cache (a read-only install)
-                if not cache:
-                    raise
-    return tuple(made)
+    return tuple(
+        diskcache.compiled(
+            lambda cache, sig=sig: njit(
+                sig, cache=cache, error_model="numpy", fastmath=False, nogil=True
+            ),
+            fn,
+        )
+        for fn, sig in (
+            (_tanh_buffer, types.void(i, i, i)),
+            (_tanh_rows, types.void(i, i, i, i, i)),
+            (_tanh_in_place, types.void(i, i)),
+        )
+    )

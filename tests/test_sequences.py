@@ -201,3 +201,18 @@ def test_a_state_of_another_shape_goes_to_the_module_as_written():
     with pytest.raises(RuntimeError, match="Expected hidden size") as batched:
         encode.map(xs)  # the module's own check, as in eager
     assert str(eager.value).splitlines()[0] == str(batched.value).splitlines()[0]
+
+
+def test_a_failing_packed_call_names_the_instance_that_fails_alone(monkeypatch):
+    from acrobat import ops
+
+    real = ops.SEQUENCES.rule
+
+    def rule(nodes, xs):
+        if any(nd.instance == 1 for nd in nodes):
+            raise ValueError("bad sequence")
+        return real(nodes, xs)
+
+    monkeypatch.setattr(ops.SEQUENCES, "rule", rule)
+    with pytest.raises(acrobat.AcrobatError, match="sequences failed for instance 1: bad"):
+        encoder(nn.GRU(D, 3), "unbatched").map([torch.randn(n, D) for n in (2, 3, 4)])
