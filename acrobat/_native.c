@@ -25,6 +25,8 @@
  *   value_read   fibers.demand_py's common path (LazyBase.tolist, tensor.DEMAND_PY): a
  *                suspension and the read of a converted batch's row
  *   switch_away  fibers.switch_away: a blocked fiber hands over to the next ready one
+ *   Shortcut     a torch function's stand-in while a map runs: fibers.RecordMode's
+ *                handler for lazy arguments without torch's mode dispatch
  *
  * Semantics are those of the Python functions named above; keep them in step (the
  * tests run both: tests/test_native.py).
@@ -2031,6 +2033,162 @@ static PyObject *has_lazy(PyObject *mod, PyObject *a) {
     return PyBool_FromLong(r);
 }
 
+/* ---- Shortcut: a torch function's stand-in while a map runs ------------------------
+ * ``torch.tanh(h)`` on a lazy tensor reaches the RecordMode through torch's C++ dispatch
+ * of a Python TorchFunctionMode: ~0.9 us of argument scanning, mode-stack popping and
+ * pushing before the mode's handler runs, ~1.3 us of the ~1.9 us a recorded operator
+ * costs (the method ``h.tanh()``, installed on LazyTensor, costs ~0.6). While a map runs,
+ * ops.fast_functions() puts a Shortcut in the torch namespaces in place of each op of
+ * the table: called with a lazy tensor among its arguments on the map's thread, it does
+ * what the mode's handler does (the op's special rule, else graph.record) without the
+ * dispatch; called with anything else it calls the torch function as it is (the mode
+ * then sees it as before). fibers.RecordMode is the specification. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *func;     /* the torch function it stands for */
+    PyObject *op;       /* its ops.Op */
+    PyObject *special;  /* op.special, or None */
+    vectorcallfunc vectorcall;
+} ShortcutObject;
+
+static PyObject *record_fn;  /* graph.record: the checks and the block-tracing path */
+
+static PyObject *shortcut_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
+    ShortcutObject *s = (ShortcutObject *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    int lazy = 0;
+    for (Py_ssize_t i = 0; i < n + nk && !lazy; i++) {
+        lazy = has_lazy_impl(args[i], 0);
+        if (lazy < 0) return NULL;
+    }
+    if (!lazy || graph_mod == NULL || record_fn == NULL)
+        return PyObject_Vectorcall(s->func, args, nargsf, kwnames);
+    PyObject *rt = graph_rt();
+    if (rt == NULL) return NULL;
+    if (rt != Py_None) {  /* recorded on the map's thread only (the mode is per thread) */
+        PyObject *v = SLOT_GET(rt, s_thread);
+        long long t = v == NULL ? -1 : slot_value(v);
+        Py_XDECREF(v);
+        if (t == -1 && PyErr_Occurred()) { Py_DECREF(rt); return NULL; }
+        if ((unsigned long)t != PyThread_get_thread_ident()) Py_SETREF(rt, Py_NewRef(Py_None));
+    }
+    if (rt == Py_None) {  /* no map here: torch's dispatch (a lazy tensor that escaped) */
+        Py_DECREF(rt);
+        return PyObject_Vectorcall(s->func, args, nargsf, kwnames);
+    }
+    PyObject *targs = PyTuple_New(n), *kwargs = PyDict_New(), *out = NULL;
+    if (targs == NULL || kwargs == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(targs, i, Py_NewRef(args[i]));
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0) goto done;
+    if (s->special != Py_None) {
+        out = PyObject_CallFunctionObjArgs(s->special, s->func, targs, kwargs, NULL);
+        goto done;
+    }
+    PyObject *fiber = NULL, *live = recording_rt(0, &fiber);
+    if (live != NULL) {  /* graph.record's common case: a fiber records, no block traced */
+        PyObject *a[5] = {live, s->op, s->func, targs, kwargs};
+        out = record_node(NULL, a, 5);
+        Py_DECREF(fiber);
+        Py_DECREF(live);
+    } else if (!PyErr_Occurred()) {
+        out = PyObject_CallFunctionObjArgs(record_fn, s->op, s->func, targs, kwargs, NULL);
+    }
+done:
+    Py_XDECREF(targs);
+    Py_XDECREF(kwargs);
+    Py_DECREF(rt);
+    return out;
+}
+
+static PyObject *shortcut_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    PyObject *func, *op, *special;
+    if (!PyArg_ParseTuple(args, "OOO:Shortcut", &func, &op, &special)) return NULL;
+    ShortcutObject *s = (ShortcutObject *)tp->tp_alloc(tp, 0);
+    if (s == NULL) return NULL;
+    s->func = Py_NewRef(func);
+    s->op = Py_NewRef(op);
+    s->special = Py_NewRef(special);
+    s->vectorcall = shortcut_vectorcall;
+    return (PyObject *)s;
+}
+
+static int shortcut_traverse(ShortcutObject *s, visitproc visit, void *arg) {
+    Py_VISIT(s->func);
+    Py_VISIT(s->op);
+    Py_VISIT(s->special);
+    return 0;
+}
+
+static int shortcut_clear(ShortcutObject *s) {
+    Py_CLEAR(s->func);
+    Py_CLEAR(s->op);
+    Py_CLEAR(s->special);
+    return 0;
+}
+
+static void shortcut_dealloc(ShortcutObject *s) {
+    PyObject_GC_UnTrack(s);
+    shortcut_clear(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+/* the torch function's attributes (__name__, __doc__, __module__...) show through */
+static PyObject *shortcut_getattro(PyObject *self, PyObject *name) {
+    PyObject *v = PyObject_GenericGetAttr(self, name);
+    if (v != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return v;
+    PyErr_Clear();
+    return PyObject_GetAttr(((ShortcutObject *)self)->func, name);
+}
+
+static PyObject *shortcut_repr(ShortcutObject *s) {
+    return PyUnicode_FromFormat("<acrobat shortcut of %R>", s->func);
+}
+
+static PyObject *shortcut_forward(PyObject *self, void *name) {
+    return PyObject_GetAttrString(((ShortcutObject *)self)->func, (const char *)name);
+}
+
+static PyGetSetDef shortcut_getset[] = {  /* (class attributes of their own otherwise) */
+    {"__doc__", shortcut_forward, NULL, NULL, "__doc__"},
+    {"__name__", shortcut_forward, NULL, NULL, "__name__"},
+    {"__qualname__", shortcut_forward, NULL, NULL, "__qualname__"},
+    {"__module__", shortcut_forward, NULL, NULL, "__module__"},
+    {NULL}};
+
+static PyMemberDef shortcut_members[] = {
+    {"__wrapped__", T_OBJECT_EX, offsetof(ShortcutObject, func), READONLY,
+     "the torch function it stands for"},
+    {"op", T_OBJECT_EX, offsetof(ShortcutObject, op), READONLY, "its ops.Op"},
+    {NULL}};
+
+static PyTypeObject ShortcutType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "acrobat._native.Shortcut",
+    .tp_basicsize = sizeof(ShortcutObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Shortcut(func, op, special): func, recording its lazy calls without the "
+              "TorchFunctionMode's dispatch (see ops.fast_functions)",
+    .tp_new = shortcut_new,
+    .tp_dealloc = (destructor)shortcut_dealloc,
+    .tp_traverse = (traverseproc)shortcut_traverse,
+    .tp_clear = (inquiry)shortcut_clear,
+    .tp_vectorcall_offset = offsetof(ShortcutObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_getattro = shortcut_getattro,
+    .tp_repr = (reprfunc)shortcut_repr,
+    .tp_members = shortcut_members,
+    .tp_getset = shortcut_getset,
+};
+
+static PyObject *setup_shortcuts(PyObject *mod, PyObject *record) {
+    Py_INCREF(record);
+    Py_XSETREF(record_fn, record);
+    Py_RETURN_NONE;
+}
+
 /* ---- executor helpers: the per-row loops of a batch ------------------------------ */
 
 /* (col, slots), the references to both given up; NULL if packing fails. */
@@ -2630,6 +2788,8 @@ static PyMethodDef methods[] = {
      "clear_memos(blocks): drop the blocks' remembered cache hits (a map ended)"},
     {"switch_away", (PyCFunction)py_switch_away, METH_O,
      "switch_away(rt): fibers.switch_away in C"},
+    {"setup_shortcuts", (PyCFunction)setup_shortcuts, METH_O,
+     "setup_shortcuts(graph.record)"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,
      "setup_block(_key, _finish_call, split_call, _MISS)"},
     {NULL, NULL, 0, NULL}};
@@ -2640,7 +2800,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "acrobat._native",
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&NodeType) < 0 || PyType_Ready(&LazyType) < 0 ||
         PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&AutoBaseType) < 0 ||
-        PyType_Ready(&RegionBaseType) < 0)
+        PyType_Ready(&RegionBaseType) < 0 || PyType_Ready(&ShortcutType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
@@ -2726,5 +2886,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyModule_AddObject(m, "AutoBase", (PyObject *)&AutoBaseType) < 0) return NULL;
     Py_INCREF(&RegionBaseType);
     if (PyModule_AddObject(m, "RegionBase", (PyObject *)&RegionBaseType) < 0) return NULL;
+    Py_INCREF(&ShortcutType);
+    if (PyModule_AddObject(m, "Shortcut", (PyObject *)&ShortcutType) < 0) return NULL;
     return m;
 }

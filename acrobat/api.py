@@ -84,7 +84,7 @@ class Autobatched:
             return ([], st) if stats else []
         if config.HOLD_MEMORY and not memory.held():
             memory.hold()  # freed buffers serve the next mini-batch (acrobat/memory.py)
-        with analysis.auto_blocks(self.fn, shared), ops.fast_modules():
+        with analysis.auto_blocks(self.fn, shared), ops.fast_modules(), ops.fast_functions():
             results = fibers.run_map(self.fn, list(zip(*columns)), shared, st, self.__name__)
         return (results, st) if stats else results
 

@@ -74,6 +74,14 @@ KERNEL_BACKEND: str = os.environ.get("ACROBAT_KERNEL_BACKEND", "off")
 #: word lookup. Off: every call takes the generic route (the results are the same).
 FAST_MODULES: bool = bool(_env_int("ACROBAT_FAST_MODULES", 1))
 
+#: While a map runs, the torch functions of the op table (``torch.tanh``, ``torch.cat``,
+#: ``F.linear``... in ``torch``, ``torch.nn.functional``, ``torch.special``,
+#: ``torch.linalg``) are stand-ins that record lazy arguments directly, as LazyTensor's
+#: methods do, instead of through torch's dispatch to the TorchFunctionMode: 1.9 -> ~0.6
+#: us per recorded ``torch.tanh(h)`` (``python -m bench.record``). Real arguments go to
+#: torch as they are. Off: every call takes the mode (the results are the same).
+FAST_FUNCTIONS: bool = bool(_env_int("ACROBAT_FAST_FUNCTIONS", 1))
+
 #: A flush forced by value demands is also levelled as late as possible (by each node's
 #: longest path to the end of the flush) and runs that way when it needs fewer batches:
 #: the demanded values of all instances then line up, where levelling by depth splits

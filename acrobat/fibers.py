@@ -28,7 +28,15 @@ from acrobat import config, graph, tensor
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
 from acrobat.executor import execute, reset_slots
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
-from acrobat.ops import FUNCS, HOISTED_FACTORIES, HOISTED_GETTERS, INPUT, TENSOR, supported_names
+from acrobat.ops import (
+    FUNCS,
+    HOISTED_FACTORIES,
+    HOISTED_GETTERS,
+    INPUT,
+    SHORTCUT_ORIGINALS,
+    TENSOR,
+    supported_names,
+)
 from acrobat.scheduler import describe, lower_bound, relevel, schedule
 
 _IMPURE = {"rand_like", "dropout"}
@@ -42,6 +50,9 @@ class RecordMode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         op = FUNCS.get(func)
+        if op is None and func in SHORTCUT_ORIGINALS:  # a torch function written in Python
+            func = SHORTCUT_ORIGINALS[func]  # dispatches under its name: the stand-in
+            op = FUNCS[func]
         if op is not None:
             lazy = has_lazy(args) or (kwargs and has_lazy(kwargs))
             if op.special is not None and (lazy or op.kind == "data" or op.name == "getitem"):

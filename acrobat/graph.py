@@ -532,6 +532,7 @@ _py_add_node = add_node
 if _native is not None:
     _native.setup(Node, LazyTensor, _check_inputs, config, type_key)
     _native.setup_record(freeze, freeze_kwargs, infer, wrap_outputs)
+    _native.setup_shortcuts(record)
     has_lazy = _native.has_lazy
     add_node = _native.add_node  # type: ignore[assignment]
 

@@ -13,10 +13,15 @@ expose the cut. Whether to cut is learned online per trace (:func:`split_call`).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from acrobat import graph
 from acrobat.graph import Info, LazyTensor, Node, add_node, wrap_outputs
 from acrobat.ops import FUNCS, linear_operands
+
+# the torch functions as imported (while a map runs the namespaces hold stand-ins:
+# ops.fast_functions); the nodes recorded here must batch with the user's
+_LINEAR, _CAT, _ADD = F.linear, torch.cat, torch.add
 
 _GEMMS = frozenset({"linear", "matmul", "mm", "mv", "addmm", "addmv", "bilinear", "einsum"})
 
@@ -208,8 +213,6 @@ def _columns(w: torch.Tensor, start: int, length: int) -> torch.Tensor:
 def build_split(trace, k: int, rt, inputs: list) -> Split | None:
     """Cut ``trace`` at argument ``k`` (see the section comment); None if nothing heavy
     depends on that argument alone or nothing is left for the rest."""
-    import torch.nn.functional as F
-
     from acrobat.block import Trace, Tracer, finish_trace  # block imports this module
 
     inv_ids, cuts = _classify(trace, k)
@@ -227,7 +230,7 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
     ph_pos: dict[int, int] = {}
     for j, ph in enumerate(trace.placeholders):
         ph_pos.setdefault(id(ph), j)
-    linear, cat, add = FUNCS[F.linear], FUNCS[torch.cat], FUNCS[torch.add]
+    linear, cat, add = FUNCS[_LINEAR], FUNCS[_CAT], FUNCS[_ADD]
 
     def weight_cols(w, start, length):
         if w.requires_grad and torch.is_grad_enabled():
@@ -279,15 +282,15 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
             inv_start, var_start = (0, n_inv) if inv_first else (n_var, 0)
 
             def joined(tr, ps):
-                return ps[0] if len(ps) == 1 else tr.record(cat, torch.cat, (list(ps), -1), {})
+                return ps[0] if len(ps) == 1 else tr.record(cat, _CAT, (list(ps), -1), {})
 
             xi = joined(inv_tracer, [get_inv(p) for p in inv_parts])
             hi = inv_tracer.record(
-                linear, F.linear, (xi, weight_cols(w, inv_start, n_inv), bias), {}
+                linear, _LINEAR, (xi, weight_cols(w, inv_start, n_inv), bias), {}
             )
             xv = joined(var_tracer, [get_var(p) for p in var_parts])
-            hv = var_tracer.record(linear, F.linear, (xv, weight_cols(w, var_start, n_var)), {})
-            v = var_tracer.record(add, torch.add, (hv, from_inv(hi)), {})
+            hv = var_tracer.record(linear, _LINEAR, (xv, weight_cols(w, var_start, n_var)), {})
+            v = var_tracer.record(add, _ADD, (hv, from_inv(hi)), {})
         else:
             outs = _replay(var_tracer, nd, [get_var(u) for u in nd.inputs])
             for i, o in enumerate(outs):

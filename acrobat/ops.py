@@ -593,10 +593,13 @@ def masked_fill_rule(node, xs, n):
     return (torch.where(M, V.to(node.info.metas[0][1]), X),)
 
 
+_INDEX_SELECT = torch.index_select  # (as imported: see fast_functions)
+
+
 def index_select_rule(node, xs, n):
     """torch.vmap's index_select rule is wrong for a 0-d index (it keeps every row, torch
     2.x); a 0-d index selects exactly like a 1-element 1-d one, so batch it as that."""
-    if node.func is torch.index_select or node.func is Tensor.index_select:
+    if node.func is _INDEX_SELECT or node.func is Tensor.index_select:
         x, dim, index = _arg(node, 0, "input"), _arg(node, 1, "dim"), _arg(node, 2, "index")
         if index.ndim == 0:
             lazy = {id(t): v for t, v in zip(node.inputs, xs)}
@@ -842,14 +845,26 @@ def _basic_index(idx) -> bool:
     return True
 
 
+_DROPOUT = torch.dropout  # (as imported: see fast_functions)
+
+
 def _special_dropout(func, args, kwargs):
     training = _bind_kw(args, kwargs, 2, "training", True)
     p = _bind_kw(args, kwargs, 1, "p", 0.5)
-    if func is torch.dropout:  # torch.dropout(input, p, train); Tensor has no dropout method
+    if func is _DROPOUT:  # torch.dropout(input, p, train); Tensor has no dropout method
         training = _bind_kw(args, kwargs, 2, "train", True)
     if not training or p == 0:
         return args[0]
     return record(DROPOUT, func, args, kwargs)
+
+
+# (the functions as imported: see fast_functions)
+_LIKE_FACTORIES = {
+    torch.zeros_like: torch.zeros,
+    torch.ones_like: torch.ones,
+    torch.empty_like: torch.empty,
+    torch.full_like: torch.full,
+}
 
 
 def _special_like(func, args, kwargs):
@@ -859,15 +874,9 @@ def _special_like(func, args, kwargs):
     kw = dict(kwargs)
     kw.setdefault("dtype", x.dtype)
     kw.setdefault("device", x.device)
-    target = {
-        torch.zeros_like: torch.zeros,
-        torch.ones_like: torch.ones,
-        torch.empty_like: torch.empty,
-    }.get(func)
+    target = _LIKE_FACTORIES.get(func)
     if target is not None:
         return graph.hoist(target, (tuple(x.shape), *rest), kw)
-    if func is torch.full_like:
-        return graph.hoist(torch.full, (tuple(x.shape), *rest), kw)
     return record(TABLE["rand_like"], func, args, kwargs)
 
 
@@ -1306,11 +1315,14 @@ def _param(module, cls, name: str):
     return getattr(module, name)
 
 
+_F_LINEAR, _F_EMBEDDING = F.linear, F.embedding  # (as imported: see fast_functions)
+
+
 def _linear_forward(self, input):
     if type(input) is LazyTensor:
         weight, bias = _param(self, nn.Linear, "weight"), _param(self, nn.Linear, "bias")
         with _NO_MODE():  # as inside the mode's handler: real tensors' attributes are plain
-            return record(LINEAR, F.linear, (input, weight, bias), {})
+            return record(LINEAR, _F_LINEAR, (input, weight, bias), {})
     return _ORIGINAL_FORWARD[nn.Linear](self, input)
 
 
@@ -1326,7 +1338,7 @@ def _embedding_forward(self, input):
                 return _special_take(weight, input.node.data)
             args = (input, weight, self.padding_idx, self.max_norm, self.norm_type,
                     self.scale_grad_by_freq, self.sparse)  # fmt: skip
-            return _special_embedding(F.embedding, args, {})
+            return _special_embedding(_F_EMBEDDING, args, {})
     return _ORIGINAL_FORWARD[nn.Embedding](self, input)
 
 
@@ -1657,6 +1669,103 @@ def factory_call(func, size):
             if hit is not None and rt.thread == threading.get_ident():
                 return hit
     return func(size)
+
+
+# ---- shortcuts of torch functions -------------------------------------------------------
+# torch.tanh(h) on a lazy tensor costs ~0.9 us in torch's dispatch to the Python
+# TorchFunctionMode before its handler runs; h.tanh() (a LazyTensor method) does not pay
+# it. While a map runs, fast_functions() puts a stand-in in the torch namespaces for each
+# function of the table: lazy arguments on the map's thread are recorded as the mode
+# would record them (fibers.RecordMode is the specification), anything else calls the
+# torch function itself. Code in acrobat that compares or records a torch function while
+# a map runs must therefore name the original, captured at import (as below), never
+# ``torch.<name>`` looked up at run time.
+
+_SHORTCUT_NAMESPACES = (torch, F, torch.special, torch.linalg)
+_BUILTIN = type(torch.tanh)  # the functions torch implements in C (its dispatch as called)
+
+
+def _shortcut_py(op, func):
+    """The Python stand-in (without acrobat._native): the same steps as ``Shortcut``."""
+    special = op.special
+
+    def shortcut(*args, **kwargs):
+        if has_lazy(args) or (kwargs and has_lazy(kwargs)):
+            rt = graph.RT
+            if rt is not None and rt.thread == threading.get_ident():
+                if special is not None:
+                    return special(func, args, kwargs)
+                return record(op, func, args, kwargs)
+        return func(*args, **kwargs)
+
+    for name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        value = getattr(func, name, None)
+        if isinstance(value, str):
+            setattr(shortcut, name, value)
+    shortcut.__wrapped__ = func  # type: ignore[attr-defined]
+    return shortcut
+
+
+#: stand-in -> the torch function it stands for (RecordMode reads it: a torch function
+#: written in Python dispatches to the mode under its module-level name, the stand-in)
+SHORTCUT_ORIGINALS: dict = {}
+_SHORTCUTS: list[tuple] = []  # (namespace, name, stand-in, original); made on first use
+
+
+def _make_shortcuts() -> list[tuple]:
+    from acrobat.tensor import _native
+
+    made: dict = {}
+    for ns in _SHORTCUT_NAMESPACES:
+        for name, func in list(vars(ns).items()):
+            if type(func) is not _BUILTIN:
+                continue  # a torch function written in Python reaches the mode with its
+                # arguments as its handle_torch_function passes them, which its rule reads
+            try:
+                op = FUNCS.get(func)
+            except TypeError:  # unhashable
+                continue
+            if op is None or op.kind == "data" or op.name == "getitem":
+                continue  # (the mode's handler takes those even without lazy arguments)
+            if func in HOISTED_FACTORIES or func in HOISTED_GETTERS:
+                continue
+            stand_in = made.get(func)
+            if stand_in is None:
+                if _native is not None:
+                    stand_in = _native.Shortcut(func, op, op.special)
+                else:
+                    stand_in = _shortcut_py(op, func)
+                made[func] = stand_in
+                SHORTCUT_ORIGINALS[stand_in] = func
+            _SHORTCUTS.append((ns, name, stand_in, func))
+    return _SHORTCUTS
+
+
+_installed = [0]  # maps running with the stand-ins in place (one per thread at most)
+_install_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def fast_functions():
+    """The stand-ins in the torch namespaces for the duration of a map
+    (``config.FAST_FUNCTIONS``)."""
+    if not config.FAST_FUNCTIONS:
+        yield
+        return
+    with _install_lock:
+        shortcuts = _SHORTCUTS or _make_shortcuts()
+        if _installed[0] == 0:
+            for ns, name, stand_in, _ in shortcuts:
+                setattr(ns, name, stand_in)
+        _installed[0] += 1
+    try:
+        yield
+    finally:
+        with _install_lock:
+            _installed[0] -= 1
+            if _installed[0] == 0:
+                for ns, name, _, func in shortcuts:
+                    setattr(ns, name, func)
 
 
 @contextlib.contextmanager
