@@ -274,14 +274,89 @@ def _shape_key(a):
     return a
 
 
+def _linear_shape(args: tuple, kwargs: dict):
+    """``F.linear``'s output (shape, dtype) when it is plain (one dtype, fitting shapes),
+    else None: its meta kernel is a Python decomposition whose first call imports
+    torch._dynamo (~0.8 s of a fresh process's first map)."""
+    if kwargs or not 2 <= len(args) <= 3:
+        return None
+    x, w = args[0], args[1]
+    b = args[2] if len(args) == 3 else None
+    if not (_has_shape(x) and _has_shape(w)) or (b is not None and not _has_shape(b)):
+        return None
+    xs, ws = x.shape, w.shape
+    if len(xs) < 1 or len(ws) != 2 or xs[-1] != ws[1] or w.dtype != x.dtype:
+        return None
+    if not x.dtype.is_floating_point:
+        return None
+    if b is not None and (b.dtype != x.dtype or tuple(b.shape) not in ((ws[0],), ())):
+        return None
+    return torch.Size((*xs[:-1], ws[0])), x.dtype
+
+
+def _has_shape(a) -> bool:
+    return type(a) is LazyTensor or isinstance(a, torch.Tensor)
+
+
+def _ones_of(a):
+    """Tensors as contiguous CPU ones of their shape and dtype (``x.view`` needs them
+    contiguous; at most CPU_SHAPES_MAX elements each)."""
+    t = type(a)
+    if t is LazyTensor or isinstance(a, torch.Tensor):
+        return torch.ones(a.shape, dtype=a.dtype)
+    if t is tuple or t is list:
+        return t([_ones_of(x) for x in a])
+    if t is dict:
+        return {k: _ones_of(v) for k, v in a.items()}
+    return a
+
+
+#: Shapes and dtypes are inferred by running the op on CPU ones where every tensor
+#: operand has at most CPU_SHAPES_MAX elements: torch's meta kernels
+#: of most ops (elementwise, cat, stack...) are Python references whose first call
+#: imports torch._dynamo (~0.8 s of a process's first map), where the CPU kernels are
+#: ready and run in microseconds at such sizes. An error there (an index the ones do not
+#: fit) falls back to the meta kernels. Not for the ops named in IMPURE_OPS (filled by
+#: acrobat.ops: random draws would move the generator).
+CPU_SHAPES_MAX = 1 << 16
+IMPURE_OPS: set[str] = set()
+
+
+def _small(a) -> bool:
+    t = type(a)
+    if t is LazyTensor or isinstance(a, torch.Tensor):
+        return a.shape.numel() <= CPU_SHAPES_MAX
+    if t is tuple or t is list:
+        return all(_small(x) for x in a)
+    if t is dict:
+        return all(_small(x) for x in a.values())
+    return True
+
+
+_LINEAR = torch.nn.functional.linear
+_SHAPE_RULES = {_LINEAR: _linear_shape}  # functions whose meta kernel is costly to reach
+
+
 def infer(op, func, args, kwargs, rt) -> Info:
     key = (op.name, func, _shape_key(args), _shape_key(tuple(kwargs.items())) if kwargs else None)
     info = _SHAPE_CACHE.get(key)
     if info is not None:
         return info
+    rule = _SHAPE_RULES.get(func)
+    meta = rule(args, kwargs) if rule is not None else None
+    if meta is not None:
+        info = _SHAPE_CACHE[key] = Info((meta,), True, None)
+        return info
     with torch._C.DisableTorchFunction():
+        out = None
+        if op.name not in IMPURE_OPS and _small(args) and _small(kwargs):
+            try:
+                out = func(*_ones_of(args), **_ones_of(kwargs))
+            except Exception:
+                out = None
         try:
-            out = func(*_meta_of(args), **_meta_of(kwargs))
+            if out is None:
+                out = func(*_meta_of(args), **_meta_of(kwargs))
         except Exception:
             # No meta kernel, or one that reads values (a 0-d index tensor): evaluate on
             # zeros of the right shapes instead; a real shape error raises here too.

@@ -975,6 +975,7 @@ _add(
     )
 )
 _add(Op("rand_like", vmap_rule, "elementwise", (torch.rand_like, torch.randn_like)))
+graph.IMPURE_OPS.update(["dropout", "rand_like"])  # their shapes: from the meta kernels
 _add(
     Op(
         "zeros_like",
