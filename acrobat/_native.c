@@ -25,6 +25,7 @@
  *   value_read   fibers.demand_py's common path (LazyBase.tolist, tensor.DEMAND_PY): a
  *                suspension and the read of a converted batch's row
  *   switch_away  fibers.switch_away: a blocked fiber hands over to the next ready one
+ *   prune_dead   scheduler.prune_dead: nodes only their bucket references are dropped
  *   Shortcut     a torch function's stand-in while a map runs: fibers.RecordMode's
  *                handler for lazy arguments without torch's mode dispatch
  *
@@ -2189,6 +2190,38 @@ static PyObject *setup_shortcuts(PyObject *mod, PyObject *record) {
     Py_RETURN_NONE;
 }
 
+/* ---- scheduler.prune_dead: nodes nothing can read are not executed ---------------- */
+
+static PyObject *prune_dead(PyObject *mod, PyObject *batches) {
+    if (!PyList_Check(batches)) {
+        PyErr_SetString(PyExc_TypeError, "prune_dead(batches: list of lists)");
+        return NULL;
+    }
+    Py_ssize_t dead = 0;
+    for (Py_ssize_t i = PyList_GET_SIZE(batches) - 1; i >= 0; i--) {
+        PyObject *nodes = PyList_GET_ITEM(batches, i);
+        if (!PyList_Check(nodes)) {
+            PyErr_SetString(PyExc_TypeError, "prune_dead(batches: list of lists)");
+            return NULL;
+        }
+        Py_ssize_t m = PyList_GET_SIZE(nodes), gone = 0;
+        for (Py_ssize_t j = 0; j < m; j++)  /* referenced by its bucket alone: dead */
+            gone += Py_REFCNT(PyList_GET_ITEM(nodes, j)) == 1;
+        if (gone == 0) continue;
+        PyObject *live = PyList_New(m - gone);
+        if (live == NULL) return NULL;
+        for (Py_ssize_t j = 0, k = 0; j < m; j++) {
+            PyObject *nd = PyList_GET_ITEM(nodes, j);
+            if (Py_REFCNT(nd) > 1) PyList_SET_ITEM(live, k++, Py_NewRef(nd));
+        }
+        dead += gone;
+        PyList_SetItem(batches, i, live);  /* the old bucket goes, and the dead with it:
+                                               their operands' nodes, earlier, may follow */
+    }
+    return PyLong_FromSsize_t(dead);
+}
+
+
 /* ---- executor helpers: the per-row loops of a batch ------------------------------ */
 
 /* (col, slots), the references to both given up; NULL if packing fails. */
@@ -2788,6 +2821,9 @@ static PyMethodDef methods[] = {
      "clear_memos(blocks): drop the blocks' remembered cache hits (a map ended)"},
     {"switch_away", (PyCFunction)py_switch_away, METH_O,
      "switch_away(rt): fibers.switch_away in C"},
+    {"prune_dead", (PyCFunction)prune_dead, METH_O,
+     "prune_dead(batches) -> how many nodes nothing could read were dropped "
+     "(scheduler.prune_dead)"},
     {"setup_shortcuts", (PyCFunction)setup_shortcuts, METH_O,
      "setup_shortcuts(graph.record)"},
     {"setup_block", (PyCFunction)setup_block, METH_VARARGS,

@@ -82,6 +82,11 @@ FAST_MODULES: bool = bool(_env_int("ACROBAT_FAST_MODULES", 1))
 #: torch as they are. Off: every call takes the mode (the results are the same).
 FAST_FUNCTIONS: bool = bool(_env_int("ACROBAT_FAST_FUNCTIONS", 1))
 
+#: Recorded nodes that nothing can read any more (no LazyTensor of theirs is alive: an
+#: unused ``x.detach()``, an output the code dropped) are not executed
+#: (scheduler.prune_dead; counted in ``stats.dead``).
+PRUNE_DEAD: bool = bool(_env_int("ACROBAT_PRUNE_DEAD", 1))
+
 #: A flush forced by value demands is also levelled as late as possible (by each node's
 #: longest path to the end of the flush) and runs that way when it needs fewer batches:
 #: the demanded values of all instances then line up, where levelling by depth splits

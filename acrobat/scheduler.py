@@ -9,6 +9,8 @@ flush forced by one instance's value demand does not split the next phase's batc
 
 from __future__ import annotations
 
+import sys
+
 from acrobat import config, executor
 from acrobat.graph import Runtime, lint
 from acrobat.tensor import _native
@@ -30,8 +32,35 @@ def schedule(rt: Runtime, max_phase: float = float("inf")) -> list[list]:
     else:
         batches = [buckets[k] for k in keys]
         rt.buckets = {}
+    del buckets  # (the batches hold the buckets alone: prune_dead frees what it drops)
     rt.nodes += sum(map(len, batches))  # every recorded node passes here once
+    if config.PRUNE_DEAD:
+        dead = (_native.prune_dead if _native is not None else prune_dead)(batches)
+        if dead:
+            rt.stats.dead += dead
+            batches = [nodes for nodes in batches if nodes]
     return batches
+
+
+def prune_dead(batches: list[list]) -> int:
+    """Drop the nodes nothing can read from ``batches`` (in execution order); how many.
+
+    A pending node is referenced by its bucket, by every LazyTensor of its outputs and by
+    nothing else that matters: its consumers hold those LazyTensors (``node.inputs``),
+    and so does user code that may still use them. A node only its bucket references can
+    never be read (``y = x.detach()`` never used; a value computed for a branch not
+    taken). Consumers first: dropping one releases its operands, so a chain of dead
+    nodes goes at once. ``_native.prune_dead`` is the same loop in C."""
+    dead = 0
+    for i in range(len(batches) - 1, -1, -1):
+        nodes = batches[i]
+        # references to a dead node here: its bucket, the loop variable, the call's argument
+        live = [nd for nd in nodes if sys.getrefcount(nd) > 3]
+        if len(live) < len(nodes):
+            dead += len(nodes) - len(live)
+            batches[i] = live
+            del nodes  # (the old bucket: the dead nodes go with it)
+    return dead
 
 
 def relevel(rt: Runtime, batches: list[list], late: bool = True) -> list[list]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class Stats:
-    """``nodes`` recorded, ``batches`` executed, kernel ``launches`` (torch calls issued by
+    """``nodes`` recorded (``dead`` of them never executed: nothing could read them),
+    ``batches`` executed, kernel ``launches`` (torch calls issued by
     batched rules, a block counting its inner ops), ``gathers`` (copies made to collect
     operands; views are free) and their bytes, fiber ``suspensions`` and ``flushes``, and
     times in seconds: ``t_record`` (running user code + recording the graph), ``t_schedule``
@@ -27,12 +28,14 @@ class Stats:
         "by_op",
         "gathers_fused",
         "batches_lower_bound",
+        "dead",
     )
 
     def __init__(self):
         self.nodes = self.batches = self.launches = self.gathers = self.gather_bytes = 0
         self.gathers_fused = self.suspensions = self.flushes = self.instances = 0
         self.batches_lower_bound = 0  # computed only with config.VERIFY or DEBUG
+        self.dead = 0  # recorded nodes nothing could read: not executed (config.PRUNE_DEAD)
         self.t_record = self.t_schedule = self.t_gather = self.t_kernel = self.t_total = 0.0
         self.by_op: dict[str, list[int]] = {}  # op name -> [batches, nodes]
 

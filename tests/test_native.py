@@ -92,6 +92,7 @@ def test_python_path_passes_the_core_tests():
         "tests/test_regions.py",
         "tests/test_scans.py",
         "tests/test_shortcuts.py",  # the Python stand-ins (ops._shortcut_py)
+        "tests/test_dead.py",  # scheduler.prune_dead in Python
     ]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
