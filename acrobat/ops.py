@@ -953,6 +953,23 @@ _aliases: tuple
 for _name, _aliases in {**_UNARY, **_BINARY}.items():
     _add(Op(_name, elementwise_rule, "elementwise", _aliases, fusible=True))
 
+
+def _special_where(func, args, kwargs):
+    """``torch.where(condition)`` alone is ``torch.nonzero(condition, as_tuple=True)``:
+    its shape depends on the values, so it cannot be recorded (it was batched as the
+    elementwise three-argument form, silently wrong)."""
+    if len(args) + len(kwargs) == 1:
+        raise UnsupportedOpError(
+            f"torch.where(condition) of a lazy tensor (at {user_line(2)}): its result's "
+            "shape depends on the values (it is torch.nonzero(condition, as_tuple=True)); "
+            "read the condition first (condition.tolist()) or use torch.where(condition, "
+            "x, y)"
+        )
+    return record(TABLE["where"], func, args, kwargs)
+
+
+TABLE["where"].special = _special_where
+
 _add(
     Op(
         "masked_fill",

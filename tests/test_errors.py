@@ -31,6 +31,28 @@ def test_unsupported_function_names_function_and_line():
     check_map(good, [torch.randn(4) for _ in range(3)])  # map usable afterwards
 
 
+@pytest.mark.parametrize("call", ["function", "keyword"])
+def test_where_of_a_condition_alone_is_refused(call):
+    """torch.where(c) is nonzero(c, as_tuple=True): a value-dependent shape (it was
+    batched as the elementwise form and returned wrong indices)."""
+
+    @acrobat.autobatch
+    def f(x):
+        if call == "function":
+            return torch.where(x > 0)  # where-alone-line
+        return torch.where(condition=x > 0)  # where-alone-line
+
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"nonzero") as err:
+        f.map([torch.tensor([1.0, -1.0]), torch.tensor([-1.0, 2.0])])
+    assert "where-alone-line" in str(err.value)
+
+    @acrobat.autobatch
+    def three(x):
+        return torch.where(x > 0, x, -x), x.where(x > 0, 0.0)
+
+    check_map(three, [torch.randn(4) for _ in range(3)])
+
+
 def test_unsupported_method_suggests_nearby_ops():
     @acrobat.autobatch
     def f(x):
