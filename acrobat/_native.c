@@ -1740,15 +1740,17 @@ static PyObject *setup_block(PyObject *mod, PyObject *args) {
  * traced, a deferred constant, a value copied to the host) is demand_py itself. */
 
 static PyObject *demand_py_fn;  /* fibers.demand_py */
+static PyObject *tf_enabled_fn; /* torch._C._is_torch_function_enabled */
 static PyObject *host_list_fn;  /* fibers._host_list */
 static PyObject *s_blocked, *s_waiting, *s_host, *s_switch, *s_py_rows, *s_ready, *s_failed,
     *s_glet, *s_popleft, *s_pool, *s_main, *s_parent;
 
 static PyObject *setup_fibers(PyObject *mod, PyObject *args) {
-    PyObject *d, *h;
-    if (!PyArg_ParseTuple(args, "OO", &d, &h)) return NULL;
+    PyObject *d, *h, *e;
+    if (!PyArg_ParseTuple(args, "OOO", &d, &h, &e)) return NULL;
     Py_INCREF(d); Py_XSETREF(demand_py_fn, d);
     Py_INCREF(h); Py_XSETREF(host_list_fn, h);
+    Py_INCREF(e); Py_XSETREF(tf_enabled_fn, e);
     Py_RETURN_NONE;
 }
 
@@ -1903,6 +1905,12 @@ static PyObject *value_read(PyObject *mod, PyObject *arg) {
         if (v == NULL) goto fail;
         Py_DECREF(v);
         if (v != Py_None) goto slow_rt;  /* a block reads a value: demand_py's error */
+        if (tf_enabled_fn != NULL) {  /* inside acrobat's or torch's own evaluation: */
+            PyObject *on = PyObject_CallNoArgs(tf_enabled_fn);  /* demand_py's error */
+            if (on == NULL) goto fail;
+            Py_DECREF(on);
+            if (on != Py_True) goto slow_rt;
+        }
         PyObject *fiber = SLOT_GET(rt, s_fiber), *host;
         if (fiber == NULL) goto fail;
         if (fiber == Py_None) {
@@ -2814,7 +2822,7 @@ static PyMethodDef methods[] = {
     {"value_read", (PyCFunction)value_read, METH_O,
      "value_read(t) -> t.tolist() (fibers.demand_py, its common path in C)"},
     {"setup_fibers", (PyCFunction)setup_fibers, METH_VARARGS,
-     "setup_fibers(demand_py, host_list)"},
+     "setup_fibers(demand_py, host_list, torch._C._is_torch_function_enabled)"},
     {"memo_entries", (PyCFunction)memo_entries, METH_O,
      "memo_entries(block): how many cache hits the block remembers"},
     {"clear_memos", (PyCFunction)clear_memos, METH_O,

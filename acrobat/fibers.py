@@ -349,6 +349,9 @@ def concurrent(*thunks):
     return [f.result() for f in futures]
 
 
+_torch_function_on = torch._C._is_torch_function_enabled
+
+
 def _wait(t: LazyTensor):
     """Suspend the running fiber until ``t`` is computed; the host copy of its value when
     the flush made one (non-CPU devices), else None."""
@@ -367,6 +370,16 @@ def _wait(t: LazyTensor):
         raise LazyValueError(
             f"a block read a tensor value (at {user_line(4)}): @acrobat.block functions "
             "must not have tensor-dependent control flow; move the decision out of the block"
+        )
+    if not _torch_function_on():
+        # Inside acrobat's or torch's own evaluation (shape inference, a batched rule):
+        # torch asked for a lazy tensor as a Python number (a slice bound, a start, a
+        # size). Suspending here would carry DisableTorchFunction's state to the fibers
+        # that run meanwhile (it is per thread, not per fiber) and break the map.
+        raise LazyValueError(
+            f"a per-instance tensor was given where torch needs a Python number (a slice "
+            f"bound, a start, a size or a count; at {user_line(4)}): read it first, e.g. "
+            "x[int(i):] or torch.narrow(x, 0, int(i), n)"
         )
     fiber = rt.fiber
     fiber.waiting = t
@@ -424,7 +437,7 @@ def _host_list(host: torch.Tensor):
 
 if tensor._native is not None:  # the common path of a read in C (_native.value_read):
     # a suspension and the row of the converted batch without a Python frame
-    tensor._native.setup_fibers(demand_py, _host_list)
+    tensor._native.setup_fibers(demand_py, _host_list, _torch_function_on)
     switch_away = tensor._native.switch_away  # the same, in C (joins use it)
     tensor.DEMAND_PY = tensor._native.value_read
     LazyTensor.tolist = tensor._native.LazyBase.tolist  # type: ignore[method-assign]

@@ -364,6 +364,12 @@ def infer(op, func, args, kwargs, rt) -> Info:
                 out = func(*_zeros_of(args, rt.device), **_zeros_of(kwargs, rt.device))
             except Exception as exc:
                 inst = rt.fiber.instance if rt.fiber is not None else None
+                if isinstance(exc, LazyValueError):  # a lazy tensor where a number goes
+                    raise UnsupportedOpError(
+                        f"{op.name} given a per-instance tensor where torch needs a Python "
+                        f"number (instance {inst}, at {user_line(3)}): read it first with "
+                        "int(t) (a value read), e.g. x[int(i):]"
+                    ) from exc
                 raise ShapeError(
                     f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
                 ) from exc

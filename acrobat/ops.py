@@ -1056,6 +1056,34 @@ for _name, _aliases in {
 }.items():
     _add(Op(_name, split_rule, "shape", _aliases))
 
+
+def _special_select_narrow(func, args, kwargs):
+    """``select(x, dim, i)`` / ``narrow(x, dim, i, length)`` with a per-instance 0-d index
+    tensor ``i`` (torch accepts one where an int goes): the shape is the same for every
+    instance, the rows differ, so they record as a row pick (``x[..., i]``) and an
+    ``index_select`` of ``arange(length) + i`` (torch's vmap has no rule for the tensor
+    forms). With ints, as usual."""
+    name = FUNCS[func].name  # (func is the original: see fast_functions)
+    x = _bind_kw(args, kwargs, 0, "input")
+    dim = _bind_kw(args, kwargs, 1, "dim")
+    start = _bind_kw(args, kwargs, 2, "index" if name == "select" else "start")
+    if type(start) is not LazyTensor or type(dim) is not int:
+        return record(TABLE[name], func, args, kwargs)
+    if start.shape != () or start.dtype.is_floating_point or start.dtype == torch.bool:
+        raise UnsupportedOpError(
+            f"torch.{name} given a per-instance index of shape {tuple(start.shape)} and "
+            f"dtype {start.dtype} (at {user_line(2)}): it takes a 0-d integer tensor"
+        )
+    ndim = len(x.shape)
+    d = dim + ndim if dim < 0 else dim
+    if name == "select":
+        return x[(slice(None),) * d + (start,)]
+    length = _bind_kw(args, kwargs, 3, "length")
+    return x.index_select(d, torch.arange(length) + start)
+
+
+TABLE["select"].special = TABLE["narrow"].special = _special_select_narrow
+
 # Rows batched by the vmap fallback: ops plain per-instance code uses (legacy TreeLSTM code's
 # ``.repeat``, normalisations, more activations), correct for whatever torch can vmap.
 for _name, _aliases in {

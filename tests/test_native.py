@@ -415,12 +415,12 @@ def test_value_reads_take_the_c_path_with_eager_values(shape, n, seed):
         slow.append(1)
         return fibers.demand_py(t)
 
-    _native.setup_fibers(spy, fibers._host_list)
+    _native.setup_fibers(spy, fibers._host_list, fibers._torch_function_on)
     try:
         with torch.no_grad():
             got = _reads.map(xs, k=1.5)
     finally:
-        _native.setup_fibers(fibers.demand_py, fibers._host_list)
+        _native.setup_fibers(fibers.demand_py, fibers._host_list, fibers._torch_function_on)
     assert got == [_reads.eager(x, k=1.5) for x in xs]
     reads = n * (2 * _STEPS + 1)  # tolist + float per step, int at the end
     if len(shape) <= 1:  # flat rows: demand_py makes each batch's rows once

@@ -1,0 +1,75 @@
+"""Per-instance index tensors where torch takes a Python number: ``select`` / ``narrow``
+batch (same shape, different rows); a slice bound (a value-dependent shape) is refused
+with a clear error, and the map after it works (the refusal used to leave torch's
+function handling disabled for the thread)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import acrobat
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(2, 5),
+    cols=st.integers(2, 5),
+    picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=5),
+    dim=st.sampled_from([0, 1, -1, -2]),
+    how=st.sampled_from(["select", "select-method", "narrow", "narrow-keywords"]),
+    seed=st.integers(0, 2**16),
+)
+def test_select_and_narrow_take_per_instance_indices(rows, cols, picks, dim, how, seed):
+    g = torch.Generator().manual_seed(seed)
+    size = (rows, cols)[dim]
+    length = 1 + seed % max(size - 1, 1)  # 1 .. size - 1
+    xs = [torch.randn(rows, cols, generator=g) for _ in picks]
+    hi = size if how.startswith("select") else size - length + 1
+    idx = [torch.tensor(p % hi) for p in picks]
+
+    @acrobat.autobatch
+    def f(x, i):
+        if how == "select":
+            return torch.select(x, dim, i)
+        if how == "select-method":
+            return x.select(dim, i) * 2
+        if how == "narrow":
+            return torch.narrow(x, dim, i, length)
+        return torch.narrow(x, dim=dim, start=i, length=length)
+
+    got = f.map(xs, idx)
+    want = [f.eager(x, i) for x, i in zip(xs, idx)]
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)
+
+
+def test_a_per_instance_slice_bound_is_refused_and_the_next_map_works():
+    @acrobat.autobatch
+    def f(x, i):
+        return x[i:]  # slice-bound-line
+
+    xs, idx = [torch.arange(4.0), torch.arange(4.0)], [torch.tensor(1), torch.tensor(2)]
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"int\(t\)") as err:
+        f.map(xs, idx)
+    assert "slice-bound-line" in str(err.value)
+    assert torch._C._is_torch_function_enabled()
+
+    @acrobat.autobatch
+    def g(x, i):
+        return x[int(i):].sum()  # read first: fine
+
+    got = g.map(xs, idx)
+    assert [float(v) for v in got] == [float(x[int(i):].sum()) for x, i in zip(xs, idx)]
+
+
+def test_a_float_index_is_refused():
+    @acrobat.autobatch
+    def f(x, i):
+        return torch.select(x, 0, i)
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="0-d integer"):
+        f.map([torch.randn(3, 2)], [torch.tensor(1.0)])
