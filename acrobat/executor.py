@@ -17,7 +17,7 @@ from array import array
 import torch
 
 from acrobat import config
-from acrobat.errors import AcrobatError
+from acrobat.errors import AcrobatError, UnsupportedOpError
 from acrobat.ops import DATA_OPS, ROW_VIEWS, TAKE, TENSOR, reshape_rule
 from acrobat.rows import rows_of
 from acrobat.scan import looping
@@ -593,8 +593,18 @@ def _explain_failure(nodes: list, exc: Exception, alone=None) -> None:
             where = nd.op.extra.get("where")
             name = f"{nd.op.name} in {where}" if where else nd.op.name
             raise AcrobatError(f"{name} failed for instance {nd.instance}: {own}") from own
+    n0 = nodes[0]
+    if ".item()" in str(exc) and any(
+        t.shape == () and not t.dtype.is_floating_point for t in n0.inputs
+    ):  # torch.vmap met a per-instance number: a dim, a shift, a count given as a tensor
+        raise UnsupportedOpError(
+            f"{n0.op.name} (instance {n0.instance} and others) was given a per-instance "
+            "0-d tensor where torch needs a Python number (a dim, a shift, a count): each "
+            "instance would need its own program; read it first with int(t) (a value "
+            "read), e.g. x.sum(int(d))"
+        ) from exc
     raise AcrobatError(
-        f"batched {nodes[0].op.name} over {len(nodes)} instances failed although every "
+        f"batched {n0.op.name} over {len(nodes)} instances failed although every "
         f"instance runs alone: {exc} (please report this as an acrobat bug)"
     ) from exc
 

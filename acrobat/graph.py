@@ -298,17 +298,58 @@ def _has_shape(a) -> bool:
     return type(a) is LazyTensor or isinstance(a, torch.Tensor)
 
 
-def _ones_of(a):
+def _ones_of(a, twos: bool = False):
     """Tensors as contiguous CPU ones of their shape and dtype (``x.view`` needs them
-    contiguous; at most CPU_SHAPES_MAX elements each)."""
+    contiguous; at most CPU_SHAPES_MAX elements each); with ``twos``, 0-d integer lazy
+    tensors as twos (see _value_shaped)."""
     t = type(a)
     if t is LazyTensor or isinstance(a, torch.Tensor):
+        if twos and t is LazyTensor and _index_like(a):
+            return torch.full((), 2, dtype=a.dtype)
         return torch.ones(a.shape, dtype=a.dtype)
     if t is tuple or t is list:
-        return t([_ones_of(x) for x in a])
+        return t([_ones_of(x, twos) for x in a])
     if t is dict:
-        return {k: _ones_of(v) for k, v in a.items()}
+        return {k: _ones_of(v, twos) for k, v in a.items()}
     return a
+
+
+def _index_like(a) -> bool:
+    return a.shape == () and not a.dtype.is_floating_point and a.dtype is not torch.bool
+
+
+def _has_index_like(a) -> bool:
+    t = type(a)
+    if t is LazyTensor:
+        return _index_like(a)
+    if t is tuple or t is list:
+        return any(_has_index_like(x) for x in a)
+    if t is dict:
+        return any(_has_index_like(x) for x in a.values())
+    return False
+
+
+def _shapes(out):
+    if isinstance(out, torch.Tensor):
+        return out.shape
+    if isinstance(out, (tuple, list)):
+        return tuple(_shapes(o) for o in out)
+    return None
+
+
+def _value_shaped(func, args, kwargs, out) -> bool:
+    """Whether ``out``'s shape (computed with ones) depends on the value of a 0-d integer
+    lazy operand: ``x.reshape(n, -1)``, ``x.unsqueeze(d)``, ``x.repeat(k, 1)`` with a
+    per-instance ``n``, ``d``, ``k`` (torch reads such a tensor as the number). Run again
+    with twos there: another shape means the recorded one would be wrong for some
+    instances. (An error with twos, ``x[i]`` past a 2-row ``x``, says nothing.)"""
+    if not (_has_index_like(args) or _has_index_like(kwargs)):
+        return False
+    try:
+        again = func(*_ones_of(args, True), **_ones_of(kwargs, True))
+    except Exception:
+        return False
+    return _shapes(again) != _shapes(out)
 
 
 #: Shapes and dtypes are inferred by running the op on CPU ones where every tensor
@@ -354,6 +395,14 @@ def infer(op, func, args, kwargs, rt) -> Info:
                 out = func(*_ones_of(args), **_ones_of(kwargs))
             except Exception:
                 out = None
+            if out is not None and _value_shaped(func, args, kwargs, out):
+                inst = rt.fiber.instance if rt.fiber is not None else None
+                raise UnsupportedOpError(
+                    f"{op.name} given a per-instance tensor where torch needs a Python "
+                    f"number (a size, a dim or a count; instance {inst}, at {user_line(3)}): "
+                    "the result's shape would depend on its value; read it first with "
+                    "int(t) (a value read), e.g. x.reshape(int(n), -1)"
+                )
         try:
             if out is None:
                 out = func(*_meta_of(args), **_meta_of(kwargs))

@@ -73,3 +73,32 @@ def test_a_float_index_is_refused():
 
     with pytest.raises(acrobat.UnsupportedOpError, match="0-d integer"):
         f.map([torch.randn(3, 2)], [torch.tensor(1.0)])
+
+
+_NUMBER_USES = {
+    # shape from the value: refused when recorded (they returned wrong shapes silently)
+    "reshape": lambda x, i: x.reshape(i, -1),
+    "unsqueeze": lambda x, i: x.unsqueeze(i),
+    "repeat": lambda x, i: x.repeat(i, 1),
+    "expand": lambda x, i: x[0:1].expand(i, 4),
+    "chunk": lambda x, i: torch.chunk(x, i)[0],
+    # same shape, another program per value: refused when the batch runs
+    "transpose": lambda x, i: x.transpose(0, i - 1),
+    "sum": lambda x, i: x.sum(i - 1),
+    "softmax": lambda x, i: torch.softmax(x, i - 1),
+    "cumsum": lambda x, i: torch.cumsum(x, dim=i - 1),
+    "roll": lambda x, i: torch.roll(x, i, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NUMBER_USES))
+def test_a_per_instance_number_is_refused_never_wrong(name):
+    xs = [torch.arange(12.0).reshape(3, 4), torch.arange(12.0, 24.0).reshape(3, 4)]
+    idx = [torch.tensor(1), torch.tensor(2)]
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"int\(t\)"):
+        acrobat.autobatch(_NUMBER_USES[name]).map(xs, idx)
+    assert torch._C._is_torch_function_enabled()
+    fine = acrobat.autobatch(lambda x, i: x * i + x[i])  # tensor uses of i: batched
+    got = fine.map(xs, idx)
+    for g, x, i in zip(got, xs, idx):
+        torch.testing.assert_close(g, x * i + x[i])
