@@ -246,15 +246,33 @@ def _meta_of(a):
     return a
 
 
-def _zeros_of(a, device):
+def _filled(a, value, device, index_value=None):
+    """Tensors as real ones of their shape and dtype filled with ``value`` on ``device``
+    (contiguous: ``x.view`` needs them so); with ``index_value``, 0-d integer lazy
+    tensors filled with that instead (see _value_shaped)."""
     t = type(a)
     if t is LazyTensor or isinstance(a, torch.Tensor):
-        return torch.zeros(a.shape, dtype=a.dtype, device=device)
+        if index_value is not None and t is LazyTensor and index_like(a):
+            value = index_value
+        return torch.full(a.shape, value, dtype=a.dtype, device=device)
     if t is tuple or t is list:
-        return t([_zeros_of(x, device) for x in a])
+        return t([_filled(x, value, device, index_value) for x in a])
     if t is dict:
-        return {k: _zeros_of(v, device) for k, v in a.items()}
+        return {k: _filled(v, value, device, index_value) for k, v in a.items()}
     return a
+
+
+def _tensors(a):
+    """The tensors (lazy or real) among an argument pytree (tuples, lists, dicts)."""
+    t = type(a)
+    if t is LazyTensor or isinstance(a, torch.Tensor):
+        yield a
+    elif t is tuple or t is list:
+        for x in a:
+            yield from _tensors(x)
+    elif t is dict:
+        for x in a.values():
+            yield from _tensors(x)
 
 
 def _shape_key(a):
@@ -298,35 +316,10 @@ def _has_shape(a) -> bool:
     return type(a) is LazyTensor or isinstance(a, torch.Tensor)
 
 
-def _ones_of(a, twos: bool = False):
-    """Tensors as contiguous CPU ones of their shape and dtype (``x.view`` needs them
-    contiguous; at most CPU_SHAPES_MAX elements each); with ``twos``, 0-d integer lazy
-    tensors as twos (see _value_shaped)."""
-    t = type(a)
-    if t is LazyTensor or isinstance(a, torch.Tensor):
-        if twos and t is LazyTensor and _index_like(a):
-            return torch.full((), 2, dtype=a.dtype)
-        return torch.ones(a.shape, dtype=a.dtype)
-    if t is tuple or t is list:
-        return t([_ones_of(x, twos) for x in a])
-    if t is dict:
-        return {k: _ones_of(v, twos) for k, v in a.items()}
-    return a
-
-
-def _index_like(a) -> bool:
-    return a.shape == () and not a.dtype.is_floating_point and a.dtype is not torch.bool
-
-
-def _has_index_like(a) -> bool:
-    t = type(a)
-    if t is LazyTensor:
-        return _index_like(a)
-    if t is tuple or t is list:
-        return any(_has_index_like(x) for x in a)
-    if t is dict:
-        return any(_has_index_like(x) for x in a.values())
-    return False
+def index_like(t) -> bool:
+    """A 0-d integer tensor: one torch would also take as a Python number (a dim, a
+    size, a start), so a per-instance one may make each instance a program of its own."""
+    return t.shape == () and not t.dtype.is_floating_point and t.dtype is not torch.bool
 
 
 def _shapes(out):
@@ -343,10 +336,12 @@ def _value_shaped(func, args, kwargs, out) -> bool:
     per-instance ``n``, ``d``, ``k`` (torch reads such a tensor as the number). Run again
     with twos there: another shape means the recorded one would be wrong for some
     instances. (An error with twos, ``x[i]`` past a 2-row ``x``, says nothing.)"""
-    if not (_has_index_like(args) or _has_index_like(kwargs)):
+    operands = (*_tensors(args), *_tensors(kwargs))
+    if not any(type(t) is LazyTensor and index_like(t) for t in operands):
         return False
+    cpu = torch.device("cpu")
     try:
-        again = func(*_ones_of(args, True), **_ones_of(kwargs, True))
+        again = func(*_filled(args, 1, cpu, 2), **_filled(kwargs, 1, cpu, 2))
     except Exception:
         return False
     return _shapes(again) != _shapes(out)
@@ -363,15 +358,19 @@ CPU_SHAPES_MAX = 1 << 16
 IMPURE_OPS: set[str] = set()
 
 
-def _small(a) -> bool:
-    t = type(a)
-    if t is LazyTensor or isinstance(a, torch.Tensor):
-        return a.shape.numel() <= CPU_SHAPES_MAX
-    if t is tuple or t is list:
-        return all(_small(x) for x in a)
-    if t is dict:
-        return all(_small(x) for x in a.values())
-    return True
+def _small(args: tuple, kwargs: dict) -> bool:
+    operands = (*_tensors(args), *_tensors(kwargs))
+    return all(t.shape.numel() <= CPU_SHAPES_MAX for t in operands)
+
+
+def _number_error(op, rt, what: str, example: str) -> UnsupportedOpError:
+    """A per-instance 0-d tensor given where torch reads a Python number."""
+    inst = rt.fiber.instance if rt.fiber is not None else None
+    return UnsupportedOpError(
+        f"{op.name} given a per-instance tensor where torch needs a Python number ({what}"
+        f"instance {inst}, at {user_line(4)}): read it first with int(t) (a value read), "
+        f"e.g. {example}"
+    )
 
 
 _LINEAR = torch.nn.functional.linear
@@ -390,19 +389,17 @@ def infer(op, func, args, kwargs, rt) -> Info:
         return info
     with torch._C.DisableTorchFunction():
         out = None
-        if op.name not in IMPURE_OPS and _small(args) and _small(kwargs):
+        if op.name not in IMPURE_OPS and _small(args, kwargs):
+            cpu = torch.device("cpu")
             try:
-                out = func(*_ones_of(args), **_ones_of(kwargs))
+                out = func(*_filled(args, 1, cpu), **_filled(kwargs, 1, cpu))
             except Exception:
                 out = None
             if out is not None and _value_shaped(func, args, kwargs, out):
-                inst = rt.fiber.instance if rt.fiber is not None else None
-                raise UnsupportedOpError(
-                    f"{op.name} given a per-instance tensor where torch needs a Python "
-                    f"number (a size, a dim or a count; instance {inst}, at {user_line(3)}): "
-                    "the result's shape would depend on its value; read it first with "
-                    "int(t) (a value read), e.g. x.reshape(int(n), -1)"
-                )
+                raise _number_error(
+                    op, rt, "a size, a dim or a count: the result's shape would depend on "
+                    "its value; ", "x.reshape(int(n), -1)",
+                )  # fmt: skip
         try:
             if out is None:
                 out = func(*_meta_of(args), **_meta_of(kwargs))
@@ -410,15 +407,11 @@ def infer(op, func, args, kwargs, rt) -> Info:
             # No meta kernel, or one that reads values (a 0-d index tensor): evaluate on
             # zeros of the right shapes instead; a real shape error raises here too.
             try:
-                out = func(*_zeros_of(args, rt.device), **_zeros_of(kwargs, rt.device))
+                out = func(*_filled(args, 0, rt.device), **_filled(kwargs, 0, rt.device))
             except Exception as exc:
-                inst = rt.fiber.instance if rt.fiber is not None else None
                 if isinstance(exc, LazyValueError):  # a lazy tensor where a number goes
-                    raise UnsupportedOpError(
-                        f"{op.name} given a per-instance tensor where torch needs a Python "
-                        f"number (instance {inst}, at {user_line(3)}): read it first with "
-                        "int(t) (a value read), e.g. x[int(i):]"
-                    ) from exc
+                    raise _number_error(op, rt, "", "x[int(i):]") from exc
+                inst = rt.fiber.instance if rt.fiber is not None else None
                 raise ShapeError(
                     f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
                 ) from exc

@@ -1069,7 +1069,7 @@ def _special_select_narrow(func, args, kwargs):
     start = _bind_kw(args, kwargs, 2, "index" if name == "select" else "start")
     if type(start) is not LazyTensor or type(dim) is not int:
         return record(TABLE[name], func, args, kwargs)
-    if start.shape != () or start.dtype.is_floating_point or start.dtype == torch.bool:
+    if not graph.index_like(start):
         raise UnsupportedOpError(
             f"torch.{name} given a per-instance index of shape {tuple(start.shape)} and "
             f"dtype {start.dtype} (at {user_line(2)}): it takes a 0-d integer tensor"
