@@ -129,6 +129,7 @@ typedef struct {
     PyObject *op, *func, *args, *kwargs, *inputs, *info, *sig, *rt, *data, *outs;
     Py_ssize_t depth, phase, instance, row, height;
     long long slot;
+    int used;  /* a node recorded since reads an output (in-place ops check it) */
 } NodeObject;
 
 static PyTypeObject NodeType;
@@ -195,6 +196,7 @@ static NodeObject *node_new_fields(PyTypeObject *tp, PyObject *op, PyObject *fun
     nd->row = 0;
     nd->slot = 0;
     nd->height = 0;
+    nd->used = 0;
     return nd;
 }
 
@@ -224,6 +226,7 @@ static int node_init(NodeObject *self, PyObject *args, PyObject *kwds) {
     self->row = 0;
     self->slot = 0;
     self->height = 0;
+    self->used = 0;
     return 0;
 }
 
@@ -237,6 +240,7 @@ static PyMemberDef node_members[] = {
     {"row", T_PYSSIZET, offsetof(NodeObject, row), 0, NULL},
     {"height", T_PYSSIZET, offsetof(NodeObject, height), 0, NULL},
     {"slot", T_LONGLONG, offsetof(NodeObject, slot), 0, NULL},
+    {"used", T_INT, offsetof(NodeObject, used), 0, NULL},
     {NULL}};
 
 static PyTypeObject NodeType = {
@@ -555,6 +559,7 @@ static NodeObject *add_node_impl(PyObject *rt, PyObject *op, PyObject *func, PyO
             return NULL;
         }
         NodeObject *producer = (NodeObject *)p;
+        producer->used = 1;
         if (producer->depth < 0 && queue_deferred(rt, producer) < 0)
             return NULL;  /* (a deferred constant: its value is needed after all) */
         if (producer->outs != NULL && producer->outs != Py_None) {

@@ -1026,12 +1026,9 @@ def _outline(fn) -> Outlined | None:
         regions.append(dispatcher)
     main = codes[node.name]
     consts = tuple(dispatchers.get(c, c) if type(c) is float else c for c in main.co_consts)
-    new = main.replace(
-        co_consts=consts,
-        co_name=code.co_name,
-        co_qualname=code.co_qualname,
-        co_firstlineno=code.co_firstlineno,
-    )
+    # (co_firstlineno stays the recompiled def's: line numbers are stored relative to it,
+    # so the original's, a decorator's line, moved every reported line up by one)
+    new = main.replace(co_consts=consts, co_name=code.co_name, co_qualname=code.co_qualname)
     if new.co_freevars:  # pragma: no cover - no nested scopes, so none
         return None
     return Outlined(new, regions)

@@ -32,9 +32,12 @@ from acrobat.ops import (
     FUNCS,
     HOISTED_FACTORIES,
     HOISTED_GETTERS,
+    INPLACE_FUNCS,
     INPUT,
     SHORTCUT_ORIGINALS,
     TENSOR,
+    in_place,
+    inplace_kwarg,
     supported_names,
 )
 from acrobat.scheduler import describe, lower_bound, relevel, schedule
@@ -55,6 +58,8 @@ class RecordMode(TorchFunctionMode):
             op = FUNCS[func]
         if op is not None:
             lazy = has_lazy(args) or (kwargs and has_lazy(kwargs))
+            if lazy and kwargs.get("inplace"):  # F.relu(x, inplace=True), nn.ReLU(True)
+                return inplace_kwarg(op, func, args, kwargs)
             if op.special is not None and (lazy or op.kind == "data" or op.name == "getitem"):
                 return op.special(func, args, kwargs)
             if lazy:
@@ -67,6 +72,11 @@ class RecordMode(TorchFunctionMode):
                 args, kwargs = _read_numbers(func, args, kwargs)
             return hoist(func, args, kwargs)
         if has_lazy(args) or (kwargs and has_lazy(kwargs)):
+            if func in INPLACE_FUNCS:  # torch.relu_(x), F.leaky_relu_(x)
+                op, out_of_place = INPLACE_FUNCS[func]
+                name = func.__name__
+                fix = f"x = torch.{name[:-1]}(x, ...)"
+                return in_place(op, out_of_place, args, kwargs, f"{name}(...)", fix)
             raise _unsupported(func)
         rt = graph.RT
         if rt is not None and rt.tracer is not None and getattr(func, "__name__", "") in _RANDOM:

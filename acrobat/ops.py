@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from acrobat import choice, config, graph
-from acrobat.errors import UnsupportedOpError, user_line
+from acrobat.errors import LazyValueError, ShapeError, UnsupportedOpError, user_line
 from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
 from acrobat.tensor import index_tensor
 from acrobat_kernels import gemm, unary
@@ -1321,6 +1321,170 @@ def _install_methods():
 
 
 _install_methods()
+
+
+# ---- in-place updates -------------------------------------------------------------------
+# ``x += y``, ``x.add_(y)``, ``torch.relu_(x)``, ``F.relu(x, inplace=True)`` (``nn.ReLU(
+# inplace=True)``): a LazyTensor is a handle on a node's output, so the update is recorded
+# as the out-of-place op on a new handle of the old value, and ``x`` is rebound to the
+# result. Every Python reference to ``x`` then reads the new value, as every reference to
+# the eager tensor would. That is exact when nothing else can see the old value change:
+# no node recorded so far reads ``x`` (``node.used``: a consumer holds ``x`` itself and
+# would read the new value), and ``x`` is no view of another tensor and shares no object
+# with other instances (a map's input, a hoisted ``torch.zeros(n)``). Anything else is
+# refused with the out-of-place spelling to write; before, ``inplace=True`` was passed to
+# the batched kernel, which updated whatever buffer it was given (a copy: the update was
+# lost; a view of the producer's output: read by consumers recorded before it).
+
+# ops that may return their operand itself (or a view of it) in eager; the conversions
+# make a new tensor when they change the dtype
+_ALIASING = frozenset({"contiguous", "detach"})
+_CONVERSIONS = frozenset({"to", "type_as", "float", "double", "long", "int", "bool", "half"})
+# op kinds whose eager results are new tensors, and other such ops
+_FRESH_KINDS = frozenset({"elementwise", "reduce", "matmul", "gather", "norm", "cell", "vmap"})
+_FRESH_NAMES = frozenset({"cat", "stack", "tensor", "take"})
+
+
+def _fresh(node, idx: int) -> bool:
+    """Whether output ``idx`` of ``node`` is, in eager, a tensor of its own (no view or
+    alias of an operand, not an input of the map, not shared by instances)."""
+    op = node.op
+    if op.kind == "block":  # the traced program's own output node
+        trace = getattr(op.rule, "__self__", None)
+        outs = getattr(trace, "out_lazies", None)
+        if outs is None or idx >= len(outs):
+            return False
+        out = outs[idx]
+        return _fresh(out.node, out.idx)
+    if op.name in _FRESH_NAMES:
+        return True
+    if op.name in _CONVERSIONS:
+        inputs = node.inputs
+        return bool(inputs) and inputs[0].dtype != node.info.metas[idx][1]
+    return op.kind in _FRESH_KINDS and op.name not in _ALIASING
+
+
+def _swap(a, x, old):
+    """``a`` with the handle ``x`` (by identity) replaced by ``old``."""
+    if a is x:
+        return old
+    t = type(a)
+    if t is tuple or t is list:
+        return t([_swap(v, x, old) for v in a])
+    return a
+
+
+def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str):
+    """Record ``what`` (an in-place update of ``args[0]`` by ``func``, its out-of-place
+    form; ``inplace`` already dropped from ``kwargs``) and rebind ``args[0]``: see the
+    section comment. ``fix``: the out-of-place statement the errors suggest."""
+    x = args[0]
+    line = user_line(3)
+    if type(x) is not LazyTensor:
+        raise UnsupportedOpError(
+            f"{what} on a real tensor with per-instance operands (at {line}): the tensor is "
+            "not per-instance (a parameter, or a constant made inside the map, such as "
+            "torch.zeros(n), which is one tensor for every instance); write it out of "
+            f"place: {fix}"
+        )
+    node = x.node
+    problem = None
+    if node.op.name == "arg":  # a block's placeholder, while the block is traced
+        raise LazyValueError(
+            f"{what} updates an argument of a block in place (at {line}): a block must "
+            "not change its inputs; return the new value instead"
+        )  # (an automatic block then records the function op by op, where it is exact)
+    if node.used:
+        problem = "an op recorded before it reads that tensor and must see the old value"
+    elif node.op.name == "input":
+        problem = (
+            "the tensor is an input of the map or a constant shared by every instance "
+            "(torch.zeros(n) inside a map is one tensor for all instances)"
+        )
+    elif not _fresh(node, x.idx):
+        problem = f"the tensor may be a view of another one (made by {node.op.name})"
+    if problem is not None:
+        raise UnsupportedOpError(
+            f"{what} on a lazy tensor (at {line}) cannot be recorded: {problem}; write it "
+            f"out of place: {fix}"
+        )
+    old = LazyTensor(node, x.idx, x.shape, x.dtype, x.key)
+    args = _swap(args, x, old)
+    kwargs = {k: _swap(v, x, old) for k, v in kwargs.items()}
+    special = op.special
+    out = special(func, args, kwargs) if special is not None else record(op, func, args, kwargs)
+    if type(out) is not LazyTensor or out.shape != x.shape or out.dtype != x.dtype:
+        shape = getattr(out, "shape", None)
+        dtype = getattr(out, "dtype", None)
+        raise ShapeError(
+            f"{what} (at {line}): the result ({tuple(shape) if shape is not None else out!r}, "
+            f"{dtype}) does not fit the updated tensor ({tuple(x.shape)}, {x.dtype}); an "
+            "in-place update keeps its tensor's shape and dtype"
+        )
+    x.node = out.node
+    x.idx = out.idx
+    return x
+
+
+def inplace_kwarg(op, func, args: tuple, kwargs: dict):
+    """``F.relu(x, inplace=True)`` and the other functions with an ``inplace`` flag."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+    name = getattr(func, "__name__", op.name)
+    fix = f"x = {name}(x, ...) without inplace=True"
+    return in_place(op, func, args, kwargs, f"{name}(..., inplace=True)", fix)
+
+
+#: torch's in-place functions (torch.relu_, F.leaky_relu_, ...) -> (op, out-of-place form)
+INPLACE_FUNCS: dict = {}
+
+
+def _in_place_method(name: str, op, func):
+    what, fix = f"x.{name}(...)", f"x = x.{name[:-1]}(...)"
+
+    def m(self, *args, **kwargs):
+        return in_place(op, func, (self, *args), kwargs, what, fix)
+
+    m.__name__ = name
+    return m
+
+
+def _in_place_operator(symbol: str, op, func):
+    def m(self, other):
+        return in_place(op, func, (self, other), {}, f"x {symbol}= y", f"x = x {symbol} y")
+
+    return m
+
+
+def _install_in_place():
+    for name, op in TABLE.items():
+        if op.kind not in ("elementwise", "vmap") or name in _ALIASING or name in _CONVERSIONS:
+            continue
+        if name in ("dropout", "rand_like", "where"):  # no in-place form to mirror
+            continue
+        method, inplace_method = getattr(T, name, None), getattr(T, name + "_", None)
+        if method in FUNCS and inplace_method is not None:
+            setattr(LazyTensor, name + "_", _in_place_method(name + "_", op, method))
+            INPLACE_FUNCS[inplace_method] = (op, method)  # real.add_(lazy): refused clearly
+        for owner in (torch, F):
+            fn, inplace_fn = getattr(owner, name, None), getattr(owner, name + "_", None)
+            if fn in FUNCS and inplace_fn is not None and inplace_fn not in FUNCS:
+                INPLACE_FUNCS.setdefault(inplace_fn, (op, fn))
+    for symbol, name, func in [
+        ("+", "add", torch.add),
+        ("-", "sub", torch.sub),
+        ("*", "mul", torch.mul),
+        ("/", "div", torch.div),
+        ("**", "pow", torch.pow),
+        ("//", "floor_divide", torch.floor_divide),
+        ("%", "remainder", torch.remainder),
+    ]:
+        dunder = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "**": "pow",
+                  "//": "floordiv", "%": "mod"}[symbol]  # fmt: skip
+        setattr(LazyTensor, f"__i{dunder}__", _in_place_operator(symbol, TABLE[name], func))
+        INPLACE_FUNCS[getattr(T, f"__i{dunder}__")] = (TABLE[name], func)
+
+
+_install_in_place()
 
 
 def supported_names() -> list[str]:

@@ -219,15 +219,18 @@ class LazyTensor(_LazyBase):
             "them; use the real tensors that f.map returns instead of storing lazy ones."
         )
 
-    # In-place updates would alias across instances of a batch: refuse them loudly.
+    # Updates of part of a tensor, or to values not computed from it: refused loudly.
+    # (x += y, x.add_(y), x.relu_() ... are recorded out of place and x rebound where
+    # that is exact: ops.in_place, installed by acrobat.ops.)
     def _inplace(self, *args, **kwargs):
         from acrobat.errors import UnsupportedOpError
 
         raise UnsupportedOpError(
-            f"in-place tensor updates are not supported inside f.map (at {user_line(2)}): "
-            "lazy tensors are immutable values; write `x = x + y` instead of `x += y`."
+            f"this in-place update is not supported inside f.map (at {user_line(2)}): "
+            "assigning into part of a lazy tensor (x[i] = v), copy_, zero_ and fill_ cannot "
+            "be recorded; build the new tensor instead (torch.cat, torch.where, "
+            "torch.zeros_like)."
         )
 
-    __iadd__ = __isub__ = __imul__ = __itruediv__ = __imatmul__ = __ipow__ = _inplace
-    __setitem__ = _inplace
-    add_ = sub_ = mul_ = div_ = copy_ = zero_ = fill_ = clamp_ = _inplace
+    __imatmul__ = __setitem__ = _inplace
+    copy_ = zero_ = fill_ = _inplace
