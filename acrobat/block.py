@@ -154,8 +154,9 @@ class Trace:
         fused elementwise region as one kernel, when the online choice says so)."""
         plan = self.fusion
         device = None
-        if xs:
-            device = xs[0].buf.device if type(xs[0]) is fusion.Source else xs[0].device
+        x = next((x for x in xs if x is not None), None)  # (None: a joined buffer's part)
+        if x is not None:
+            device = x.buf.device if type(x) is fusion.Source else x.device
         if plan is not None and fusion.use_fused(self, device):
             return fusion.choose(
                 self, n,

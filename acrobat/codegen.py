@@ -21,6 +21,7 @@ from acrobat.graph import LazyTensor
 from acrobat.ops import (
     BATCHED_FUNCS,
     LOOKUP_ROWS,
+    JoinedLinear,
     batched_addmm,
     batched_addmm_tanh,
     batched_linear,
@@ -457,6 +458,70 @@ def joined_cats(placeholders: list, nodes: list, uses: dict) -> dict:
     return found
 
 
+JOIN_LINEARS = True  # linear(x, W_x, b_x) + linear(h, W_h) over block inputs as one GEMM
+#: Largest concatenated weight (bytes) a joined linear may have: past about half of this
+#: CPU's 2 MiB L2 the one GEMM streams its weight from L3 and can be several times slower
+#: than the two (measured: 280 x 1024 -> 512 with its tanh 5.8-6.0 ms against 1.7-1.9 ms
+#: for 2 x (280 x 512 -> 512); at 1 MiB and below never slower beyond noise up to 280
+#: rows, 121 x 512 -> 256 with its tanh 197 against 225 µs).
+JOINED_WEIGHT_MAX = 1 << 20
+
+
+def joined_linears(placeholders: list, nodes: list, uses: dict, claimed: set) -> dict:
+    """``{id(add node): (linear a, linear b, position a, position b)}`` for each
+    ``linear(x, W_x[, b_x]) + linear(h, W_h[, b_h])`` whose inputs ``x`` and ``h`` are two
+    block inputs (per-instance vectors of one dtype) that nothing else reads, each linear
+    read only by the add: the executor gathers ``x`` and ``h`` as one buffer ``[x, h]``
+    (executor._join) and the program runs one GEMM over it with the concatenated weights
+    (ops.JoinedLinear), in place of two (the GEMM epilogue turns them into linear + addmm).
+    ``claimed``: placeholder positions another join has (joined_cats)."""
+    position: dict[int, int] = {}
+    for i, ph in enumerate(placeholders):
+        position.setdefault(id(ph), i)
+    by_id = {id(nd): nd for nd in nodes}
+    found: dict[int, tuple] = {}
+    taken = set(claimed)
+    for nd in nodes:
+        if nd.op.rule is not elementwise_rule or nd.func not in _ADDS or nd.kwargs:
+            continue
+        if len(nd.args) != 2 or not all(type(a) is LazyTensor for a in nd.args):
+            continue
+        lins = [by_id.get(id(a.node)) for a in nd.args]
+        if any(lin is None or lin.op.rule is not linear_rule for lin in lins):
+            continue
+        if lins[0] is lins[1] or any(uses.get(id(lin)) != 1 for lin in lins):
+            continue
+        if not all(_tensor_linear(lin) for lin in lins):
+            continue
+        (x, wx, bx), (h, wh, bh) = (linear_operands(lin) for lin in lins)
+        if x.idx or h.idx or id(x.node) not in position or id(h.node) not in position:
+            continue
+        px, ph = position[id(x.node)], position[id(h.node)]
+        if px == ph or px in taken or ph in taken:
+            continue
+        if uses.get(id(x.node)) != 1 or uses.get(id(h.node)) != 1:
+            continue
+        if len(x.shape) != 1 or len(h.shape) != 1 or x.dtype != h.dtype:
+            continue
+        tensors = [t for t in (wx, wh, bx, bh) if t is not None]
+        if len({(t.dtype, t.device) for t in tensors}) != 1 or wx.shape[0] != wh.shape[0]:
+            continue
+        if (wx.numel() + wh.numel()) * wx.element_size() > JOINED_WEIGHT_MAX:
+            continue
+        found[id(nd)] = (lins[0], lins[1], px, ph)
+        taken.update((px, ph))
+    return found
+
+
+def _emit_joined(e, pair, k, tanh: bool) -> str:
+    """The one GEMM of a joined pair over the buffer at its first position."""
+    a, b, pa, _ = pair
+    (_, wx, bx), (_, wh, bh) = linear_operands(a), linear_operands(b)
+    weights = e.const(f"jw{k}", JoinedLinear((wx, wh), (bx, bh)))
+    fn = e.const("linear_tanh", batched_linear_tanh) if tanh else e.const("linear", batched_linear)
+    return f"{fn}(p{pa}, *{weights}())"
+
+
 def _if_usable(e, fast: str, slow: str, operands, var) -> str:
     """``fast`` (products over addresses) where rows.usable says so at run time."""
     names = ", ".join(dict.fromkeys(var[(id(t.node), t.idx)] for t in operands))
@@ -502,6 +567,10 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     in_place = row_operands(placeholders, nodes, outputs, cat_of)
     row_nodes = {id(placeholders[i]) for i in in_place}
     joins = joined_cats(placeholders, nodes, uses)
+    claimed = {i for group in joins.values() for i in group}
+    pairs = joined_linears(placeholders, nodes, uses, claimed) if JOIN_LINEARS else {}
+    # each linear of a pair runs only when its inputs came apart (the else branch)
+    pair_of = {id(lin): pair for pair in pairs.values() for lin in pair[:2]}
     for k, nd in enumerate(nodes):
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k
@@ -531,6 +600,14 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             expr = _emit_tanh_epilogue(e, kind, src, var, into_add, k)
         if expr is None and nd.op.rule is elementwise_rule and into_add:
             expr = _emit_addmm(e, nd, var, into_add)
+        joined = pairs.get(id(nd))
+        if id(nd) in squash and id(squash[id(nd)][1]) in pairs:
+            joined = pairs[id(squash[id(nd)][1])]
+            expr = f"{_emit_joined(e, joined, k, True)} if p{joined[3]} is None else {expr}"
+        elif joined is not None:
+            if expr is None and _EMITTERS.get(nd.op.rule) is not None:
+                expr = _EMITTERS[nd.op.rule](e, nd, var, k)
+            expr = f"{_emit_joined(e, joined, k, False)} if p{joined[3]} is None else {expr}"
         if expr is None and emit is not None:
             expr = emit(e, nd, var, k)
         single = nd.info.single
@@ -540,6 +617,9 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             ins = ", ".join(var[(id(t.node), t.idx)] for t in nd.inputs)
             expr = f"{rule}({node}, [{ins}], n)"
             single = False  # rules return tuples
+        pair = pair_of.get(id(nd))
+        if pair is not None:
+            expr = f"({expr}) if p{pair[3]} is not None else None"
         lines.append(f"    v{k} = {expr}")
         for j in range(len(nd.info.metas)):
             var[(id(nd), j)] = f"v{k}" if single else f"v{k}[{j}]"
@@ -550,5 +630,6 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     run = e.consts.pop("run")  # (left in its own globals, a reference cycle)
     run.source = source
     run.row_args = frozenset(in_place)  # placeholders the executor may pass as rows.Rows
-    run.joins = tuple(joins.values())  # placeholders it may gather as one buffer
+    run.joins = (*joins.values(), *((pa, pb) for _, _, pa, pb in pairs.values()))
+    # (placeholders it may gather as one buffer)
     return run

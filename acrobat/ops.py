@@ -510,6 +510,36 @@ def linear_operands(node):
     return None
 
 
+class JoinedLinear:
+    """``linear(x, W_x, b_x) + linear(h, W_h, b_h)`` as one layer over ``[x, h]``:
+    ``(cat([W_x, W_h], 1), b_x + b_h)`` (codegen's joined linears), made when first asked
+    and again when a parameter changes (its ``_version`` or its storage). Inference only:
+    the result carries no autograd history."""
+
+    __slots__ = ("weights", "biases", "key", "value")
+
+    def __init__(self, weights: tuple, biases: tuple):
+        self.weights = weights
+        self.biases = tuple(b for b in biases if b is not None)
+        self.key: tuple = ()
+        self.value: tuple = ()
+
+    def __call__(self) -> tuple:
+        key = tuple((t._version, t.data_ptr()) for t in (*self.weights, *self.biases))
+        if key != self.key:
+            with torch.no_grad():
+                w = _CAT_ORIGINAL([t.detach() for t in self.weights], 1)
+                b = None
+                for bias in self.biases:
+                    b = bias.detach().clone() if b is None else b + bias.detach()
+            self.value = (w, b)
+            self.key = key
+        return self.value
+
+
+_CAT_ORIGINAL = torch.cat  # (as imported: see fast_functions)
+
+
 def linear_rule(node, xs, n):
     operands = linear_operands(node)
     if operands is not None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 import acrobat
 from acrobat import config, executor
@@ -369,3 +370,110 @@ def test_a_join_whose_rows_cannot_all_be_read_gathers_the_parts(monkeypatch):
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
     assert calls
+
+
+# linear(x, W_x, b_x) + linear(h, W_h, b_h) over two block inputs: one GEMM over the
+# buffer [x, h] with the concatenated weights (codegen.joined_linears, ops.JoinedLinear).
+
+
+def _sum_cell(form):
+    def cell(lx, lh, x, h):
+        s = lx(x) + lh(h) if form != "swapped" else lh(h) + lx(x)
+        return torch.tanh(s) if form != "plain" else s * 2
+
+    return acrobat.block(cell)
+
+
+_SUM_CELLS = {form: _sum_cell(form) for form in ("tanh", "plain", "swapped")}
+
+
+def _chain(xs, lx, lh, cell, h):
+    if not xs:
+        return []
+    h = cell(lx, lh, xs[0], h)  # h from the previous step's batch, x from the inputs
+    return [h, *_chain(xs[1:], lx, lh, cell, h)]  # (recursion: no loop to scan)
+
+
+@acrobat.autobatch
+def sum_chain(xs, lx, lh, cell):
+    return torch.stack(_chain(xs, lx, lh, cell, torch.zeros(lh.in_features)))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 4), min_size=1, max_size=6),
+    dims=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    biases=st.sampled_from([(True, False), (False, True), (True, True), (False, False)]),
+    form=st.sampled_from(sorted(_SUM_CELLS)),
+    grad=st.booleans(),
+)
+def test_joined_linears_match_eager(lengths, dims, biases, form, grad):
+    """map == eager with the two products joined into one (no autograd) or apart (autograd:
+    gradients as eager's), for every bias combination and operand order."""
+    dx, dh = dims
+    torch.manual_seed(dx * 10 + dh)
+    lx, lh = nn.Linear(dx, dh, bias=biases[0]), nn.Linear(dh, dh, bias=biases[1])
+    seqs = [[torch.randn(dx) for _ in range(k)] for k in lengths]
+    cell = _SUM_CELLS[form]
+    with torch.set_grad_enabled(grad):
+        for _ in range(2):  # the second map: the compiled program
+            got = sum_chain.map(seqs, lx=lx, lh=lh, cell=cell)
+        want = [sum_chain.eager(s, lx, lh, cell) for s in seqs]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        if grad:
+            params = [p for p in (*lx.parameters(), *lh.parameters())]
+            got_g = torch.autograd.grad(sum(g.sum() for g in got), params)
+            want_g = torch.autograd.grad(sum(g.sum() for g in want), params)
+            torch.testing.assert_close(got_g, want_g)
+
+
+def test_joined_linears_are_one_gemm_and_follow_parameter_updates(monkeypatch):
+    cell = _SUM_CELLS["tanh"]
+    torch.manual_seed(0)
+    lx, lh = nn.Linear(5, 7), nn.Linear(7, 7, bias=False)
+    seqs = [[torch.randn(5) for _ in range(k)] for k in (3, 1, 4, 2)]
+    from acrobat import ops
+
+    calls = []
+    joined_weights = ops.JoinedLinear.__call__
+    counted = lambda jl: calls.append(1) or joined_weights(jl)
+    monkeypatch.setattr(ops.JoinedLinear, "__call__", counted)
+    cell.cache.clear()
+    with torch.no_grad():
+        sum_chain.map(seqs, lx=lx, lh=lh, cell=cell)
+        calls.clear()
+        joined = sum_chain.map(seqs, lx=lx, lh=lh, cell=cell)
+        assert calls  # the one GEMM ran
+        traces = [t for t in cell.cache.values() if t.compiled is not None]
+        assert any((0, 1) in t.op.joins for t in traces)  # (x, h: the lazy arguments)
+        monkeypatch.setattr(config, "JOIN_GATHERS", False)  # the two products
+        calls.clear()
+        apart = sum_chain.map(seqs, lx=lx, lh=lh, cell=cell)
+        assert not calls
+        monkeypatch.setattr(config, "JOIN_GATHERS", True)
+        for a, b in zip(joined, apart):
+            torch.testing.assert_close(a, b)
+        lx.weight.mul_(-0.5)  # in place: the joined weights are made again
+        lh.weight.add_(0.1)
+        got = sum_chain.map(seqs, lx=lx, lh=lh, cell=cell)
+        want = [sum_chain.eager(s, lx, lh, cell) for s in seqs]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_joined_weight_past_the_bound_stays_two_gemms(monkeypatch):
+    from acrobat import codegen
+
+    monkeypatch.setattr(codegen, "JOINED_WEIGHT_MAX", 16)
+    cell = _sum_cell("tanh")
+    lx, lh = nn.Linear(5, 7), nn.Linear(7, 7, bias=False)
+    seqs = [[torch.randn(5) for _ in range(k)] for k in (3, 2)]
+    with torch.no_grad():
+        for _ in range(2):
+            got = sum_chain.map(seqs, lx=lx, lh=lh, cell=cell)
+        want = [sum_chain.eager(s, lx, lh, cell) for s in seqs]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    traces = [t for t in cell.cache.values() if t.compiled is not None]
+    assert traces and not any("jw" in t.compiled.source for t in traces)
