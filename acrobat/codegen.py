@@ -459,11 +459,10 @@ def joined_cats(placeholders: list, nodes: list, uses: dict) -> dict:
 
 
 JOIN_LINEARS = True  # linear(x, W_x, b_x) + linear(h, W_h) over block inputs as one GEMM
-#: Largest concatenated weight (bytes) a joined linear may have: past about half of this
-#: CPU's 2 MiB L2 the one GEMM streams its weight from L3 and can be several times slower
-#: than the two (measured: 280 x 1024 -> 512 with its tanh 5.8-6.0 ms against 1.7-1.9 ms
-#: for 2 x (280 x 512 -> 512); at 1 MiB and below never slower beyond noise up to 280
-#: rows, 121 x 512 -> 256 with its tanh 197 against 225 µs).
+#: Largest concatenated weight (bytes) a joined linear may have. Up to 1 MiB (half this
+#: CPU's L2) the one GEMM was faster or equal at every row count tried (121 x 512 -> 256
+#: with its tanh 197 against 225 µs, 4 rows 15 against 48); at 2 MiB it gained nothing
+#: (280 x 1024 -> 512: 1694 against 1752 µs, 121 rows 771 against 747).
 JOINED_WEIGHT_MAX = 1 << 20
 
 
