@@ -51,6 +51,11 @@ class UnsupportedOpError(AcrobatError, NotImplementedError):
     """A torch function acrobat cannot record on lazy tensors."""
 
 
+class UnsupportedMethodError(UnsupportedOpError, AttributeError):
+    """A torch.Tensor method acrobat cannot record (an AttributeError too, so ``hasattr``
+    and ``getattr(x, name, default)`` keep working)."""
+
+
 class ShapeError(AcrobatError, ValueError):
     """An op's operands do not fit together (raised at record time)."""
 

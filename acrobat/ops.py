@@ -1135,6 +1135,41 @@ for _name, _aliases in {
 }.items():
     _add(Op(_name, vmap_rule, "vmap", _aliases, doc="batched by torch.vmap"))
 
+# ... and orderings, spreads, matrix parts, padding, scatters, and the losses a training
+# step computes per instance (a tree's per-node sentiment loss)
+for _name, _aliases in {
+    "topk": (torch.topk, T.topk),
+    "sort": (torch.sort, T.sort, torch.argsort, T.argsort),
+    "kthvalue": (torch.kthvalue, T.kthvalue, torch.median, T.median),
+    "std": (torch.std, T.std, torch.var, T.var),
+    "diag": (torch.diag, T.diag, torch.trace, T.trace),
+    "diagonal": (torch.diagonal, T.diagonal),
+    "pad": (F.pad,),
+    "one_hot": (F.one_hot,),
+    "scatter": (
+        torch.scatter, T.scatter, torch.scatter_add, T.scatter_add, torch.index_add, T.index_add
+    ),
+    "loss": (
+        F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss,
+        F.binary_cross_entropy, F.binary_cross_entropy_with_logits, F.kl_div,
+    ),
+}.items():  # fmt: skip
+    _add(Op(_name, vmap_rule, "vmap", _aliases, doc="batched by torch.vmap"))
+
+
+def _special_one_hot(func, args, kwargs):
+    """``F.one_hot(t)`` sizes its result by the largest value: refused; with
+    ``num_classes`` a vmap batch."""
+    if _bind_kw(args, kwargs, 1, "num_classes", -1) < 0:
+        raise UnsupportedOpError(
+            f"F.one_hot of a lazy tensor without num_classes (at {user_line(2)}): the "
+            "result's size would depend on the values; pass num_classes"
+        )
+    return record(TABLE["one_hot"], func, args, kwargs)
+
+
+TABLE["one_hot"].special = _special_one_hot
+
 _add(
     Op(
         "matmul",
@@ -1368,7 +1403,7 @@ _install_methods()
 
 # ops that may return their operand itself (or a view of it) in eager; the conversions
 # make a new tensor when they change the dtype
-_ALIASING = frozenset({"contiguous", "detach"})
+_ALIASING = frozenset({"contiguous", "detach", "diagonal"})
 _CONVERSIONS = frozenset({"to", "type_as", "float", "double", "long", "int", "bool", "half"})
 # op kinds whose eager results are new tensors, and other such ops
 _FRESH_KINDS = frozenset({"elementwise", "reduce", "matmul", "gather", "norm", "cell", "vmap"})

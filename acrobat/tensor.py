@@ -209,6 +209,19 @@ class LazyTensor(_LazyBase):
         with torch._C.DisableTorchFunction():
             return value.numpy()
 
+    def __getattr__(self, name: str):
+        # (only reached when the attribute does not exist) a torch.Tensor method acrobat
+        # has no row for: say so, instead of "'LazyTensor' object has no attribute"
+        if name[:1] != "_" and hasattr(torch.Tensor, name):
+            from acrobat.errors import UnsupportedMethodError
+
+            raise UnsupportedMethodError(
+                f"acrobat cannot batch Tensor.{name} on lazy tensors (at {user_line(2)}); "
+                "see acrobat.ops.TABLE for the supported ops, compute it on real tensors "
+                "outside f.map, or open an issue to add a batching rule"
+            )
+        raise AttributeError(f"'LazyTensor' object has no attribute {name!r}")
+
     # ---- escape hatch: used without a running map -----------------------------------
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

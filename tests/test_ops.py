@@ -1279,6 +1279,131 @@ add(
     ),
 )
 
+add(
+    "topk",
+    case(
+        "k and dims",
+        lambda x: (plain(torch.topk(x, 2)), plain(x.topk(1, dim=0, largest=False))),
+        x=X(("3", "b 3")),
+    ),
+)
+add(
+    "sort",
+    case(
+        "values and orders",
+        lambda x: (
+            plain(torch.sort(x)),
+            plain(x.sort(dim=0, descending=True)),
+            torch.argsort(x, dim=-1),
+            x.argsort(descending=True),
+        ),
+        x=X(RANKS1),
+    ),
+)
+add(
+    "kthvalue",
+    case(
+        "k-th and median",
+        lambda x: (
+            plain(torch.kthvalue(x, 1)),
+            plain(x.kthvalue(1, dim=0)),
+            torch.median(x),
+            plain(x.median(dim=-1)),
+        ),
+        x=X(RANKS1),
+    ),
+)
+add(
+    "std",
+    case(
+        "spreads",
+        lambda x: (
+            torch.std(x),
+            x.std(dim=-1, unbiased=False),
+            torch.var(x, -2),
+            x.var(dim=-1, correction=0, keepdim=True),
+        ),
+        x=X(("2 3", "b 2 3")),
+    ),
+)
+add(
+    "diag",
+    case(
+        "matrix and vector",
+        lambda x, v: (torch.diag(x), x.diag(1), torch.diag(v), torch.trace(x), x.trace()),
+        x=X("b c"),
+        v=X("c"),
+    ),
+)
+add(
+    "diagonal",
+    case(
+        "offsets",
+        lambda x: (torch.diagonal(x), x.diagonal(offset=1, dim1=-2, dim2=-1)),
+        x=X(("b c", "a b c")),
+    ),
+)
+add(
+    "pad",
+    case("sides and value", lambda x: (F.pad(x, (1, 2)), F.pad(x, (0, 1), value=3.0)), x=X(RANKS1)),
+)
+add(
+    "one_hot",
+    case(
+        "classes",
+        lambda i: (F.one_hot(i, 5), F.one_hot(i, num_classes=6) * 2),
+        i=X(RANKS, dtype=torch.long, lo=0, hi=5),
+    ),
+)
+add(
+    "scatter",
+    case(
+        "scatters and index_add",
+        lambda x, s, i, j: (
+            torch.scatter(x, 1, i, 2.0),
+            x.scatter(1, i, -1.0),
+            torch.scatter_add(x, 1, i, s),
+            x.scatter_add(1, i, s),
+            x.index_add(1, i[0], s),
+            torch.index_add(x, 0, j, s),
+        ),
+        x=X("b c"),
+        s=X("b c"),
+        i=X("b c", dtype=torch.long, lo=0, hi="c"),
+        j=X("b", dtype=torch.long, lo=0, hi="b"),
+    ),
+)
+add(
+    "loss",
+    case(
+        "per-instance losses",
+        lambda x, t, y, p, q: (
+            F.cross_entropy(x, t),
+            F.cross_entropy(x, t, reduction="none", label_smoothing=0.1),
+            F.nll_loss(F.log_softmax(x, -1), t),
+            F.mse_loss(x, y),
+            F.l1_loss(x, y, reduction="sum"),
+            F.smooth_l1_loss(x, y),
+            F.huber_loss(x, y, delta=0.5),
+            F.binary_cross_entropy(p, q),
+            F.binary_cross_entropy_with_logits(x, q),
+            F.kl_div(F.log_softmax(x, -1), q, reduction="batchmean"),
+        ),
+        x=X("b c"),
+        t=X("b", dtype=torch.long, lo=0, hi="c"),
+        y=X("b c"),
+        p=X("b c", lo=0.05, hi=0.95),
+        q=X("b c", lo=0.0, hi=1.0),
+    ),
+    case(
+        "shared weights",
+        lambda x, t, w: F.cross_entropy(x, t, weight=w),
+        x=X("b c"),
+        t=X("b", dtype=torch.long, lo=0, hi="c"),
+        w=W("c", lo=0.5, hi=2.0),
+    ),
+)
+
 
 # sequence modules: one packed call over sequences of any length (recorded outside blocks);
 # inside a block's trace (test_op_inside_a_block) the same calls are sequence_batch
@@ -1840,3 +1965,65 @@ def test_parts_of_inputs_of_any_length_batch_as_inputs(lengths, grad):
         torch.stack([sum(t.sum() for t in f.eager(x)[:3]) for x in xs]).sum().backward()
         for g, x in zip(got, xs):
             torch.testing.assert_close(g, x.grad)
+
+
+# ---- losses under training; methods without a row ------------------------------------------
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 4), min_size=1, max_size=5),
+    classes=st.integers(2, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_per_instance_losses_train_like_eager(lengths, classes, seed):
+    """A per-step cross-entropy and MSE inside the instance: the batched losses and every
+    parameter's gradient equal the eager loop's."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    cell, head = nn.Linear(6, 4), nn.Linear(4, classes)
+    seqs = [
+        (
+            [torch.randn(6, generator=g) for _ in range(k)],
+            torch.randint(0, classes, (k,), generator=g),
+        )
+        for k in lengths
+    ]
+
+    @acrobat.autobatch
+    def loss_of(xs, labels):
+        h = torch.zeros(4)
+        total = torch.zeros(())
+        for x, y in zip(xs, labels.tolist()):
+            h = torch.tanh(cell(x) + h)
+            total = total + F.cross_entropy(head(h), torch.tensor(y))
+        return total + F.mse_loss(h, torch.ones(4))
+
+    params = [*cell.parameters(), *head.parameters()]
+    got = torch.stack(loss_of.map([s for s, _ in seqs], [t for _, t in seqs]))
+    want = torch.stack([loss_of.eager(s, t) for s, t in seqs])
+    torch.testing.assert_close(got, want)
+    for a, b in zip(
+        torch.autograd.grad(got.sum(), params), torch.autograd.grad(want.sum(), params)
+    ):
+        torch.testing.assert_close(a, b)
+
+
+def test_one_hot_without_num_classes_is_refused():
+    @acrobat.autobatch
+    def f(i):
+        return F.one_hot(i)
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="num_classes"):
+        f.map([torch.tensor(1), torch.tensor(2)])
+
+
+def test_a_tensor_method_without_a_row_raises_clearly():
+    @acrobat.autobatch
+    def f(x):
+        assert not hasattr(x, "no_such_attribute") and hasattr(x, "topk")
+        return x.nonzero()  # a value-dependent shape: no row
+
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"Tensor\.nonzero") as err:
+        f.map([torch.randn(3)])
+    assert isinstance(err.value, AttributeError)  # hasattr(x, "nonzero") is False
