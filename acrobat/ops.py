@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
@@ -86,6 +87,15 @@ def _expand_real(t, n: int):
 # ---- generic rules -----------------------------------------------------------------
 
 
+# torch.vmap runs ops without a batching rule (bilinear, ...) as a loop over the instances
+# and says so once per call site; inside acrobat's batches that is an implementation
+# detail the user cannot act on (acrobat.ops.TABLE documents which rows use vmap)
+warnings.filterwarnings(
+    "ignore", message="There is a performance drop because we have not yet implemented",
+    category=UserWarning, module="acrobat.ops",
+)  # fmt: skip
+
+
 def vmap_rule(node, xs, n):
     """Fallback batching rule: vmap the user's call over the per-instance operands."""
     func, args, kwargs = node.func, node.args, node.kwargs or {}
@@ -138,9 +148,7 @@ def batched_addmm(y, x, w):
     if config.FAST_GEMM and gemm.usable_addmm(y, x, w, grad_ok=True):
         grad = gemm.records(x, w, y)
         key = ("addmm", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads(), grad)
-        return _gemm_chosen(
-            key, lambda: gemm.run_addmm(y, x, w), lambda: torch.addmm(y, x, w.t())
-        )
+        return _gemm_chosen(key, lambda: gemm.run_addmm(y, x, w), lambda: torch.addmm(y, x, w.t()))
     return torch.addmm(y, x, w.t())
 
 
@@ -172,6 +180,7 @@ def batched_addmm_tanh(y, x, w):
             lambda: unary.tanh(torch.addmm(y, x, w.t())),
         )
     return batched_tanh(batched_addmm(y, x, w))
+
 
 #: Most rows a table may have for :func:`batched_lookup_linear` to precompute its product.
 LOOKUP_ROWS = 64
@@ -1153,6 +1162,17 @@ for _name, _aliases in {
         F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss,
         F.binary_cross_entropy, F.binary_cross_entropy_with_logits, F.kl_div,
     ),
+    # convolutions and pooling over one instance's channels (a word's characters, a
+    # node's image), unbatched as eager gets them
+    "conv": (F.conv1d, F.conv2d),
+    "pool": (
+        F.max_pool1d, F.max_pool2d, F.avg_pool1d, F.avg_pool2d, F.adaptive_avg_pool1d,
+        F.adaptive_avg_pool2d, F.adaptive_max_pool1d, F.max_pool1d_with_indices,
+        F.max_pool2d_with_indices, F.adaptive_max_pool1d_with_indices,
+    ),
+    "prelu": (F.prelu, F.glu),
+    "pairwise_distance": (F.pairwise_distance,),
+    "attention": (F.scaled_dot_product_attention, F.multi_head_attention_forward),
 }.items():  # fmt: skip
     _add(Op(_name, vmap_rule, "vmap", _aliases, doc="batched by torch.vmap"))
 
@@ -1169,6 +1189,25 @@ def _special_one_hot(func, args, kwargs):
 
 
 TABLE["one_hot"].special = _special_one_hot
+
+
+def _special_attention(func, args, kwargs):
+    """``F.multi_head_attention_forward(..., need_weights=False)`` returns ``(out, None)``
+    (nn.TransformerEncoderLayer asks so): recorded with the weights, which are dropped."""
+    op = TABLE["attention"]
+    if func is not F.multi_head_attention_forward or _bind_kw(
+        args, kwargs, 15, "need_weights", True
+    ):
+        return record(op, func, args, kwargs)
+    if len(args) > 15:
+        args = (*args[:15], True, *args[16:])
+    else:
+        kwargs = {**kwargs, "need_weights": True}
+    out, _ = record(op, func, args, kwargs)
+    return out, None
+
+
+TABLE["attention"].special = _special_attention
 
 _add(
     Op(
@@ -1534,19 +1573,17 @@ def _install_in_place():
             fn, inplace_fn = getattr(owner, name, None), getattr(owner, name + "_", None)
             if fn in FUNCS and inplace_fn is not None and inplace_fn not in FUNCS:
                 INPLACE_FUNCS.setdefault(inplace_fn, (op, fn))
-    for symbol, name, func in [
-        ("+", "add", torch.add),
-        ("-", "sub", torch.sub),
-        ("*", "mul", torch.mul),
-        ("/", "div", torch.div),
-        ("**", "pow", torch.pow),
-        ("//", "floor_divide", torch.floor_divide),
-        ("%", "remainder", torch.remainder),
+    for dunder, symbol, name, func in [
+        ("__iadd__", "+", "add", torch.add),
+        ("__isub__", "-", "sub", torch.sub),
+        ("__imul__", "*", "mul", torch.mul),
+        ("__itruediv__", "/", "div", torch.div),
+        ("__ipow__", "**", "pow", torch.pow),
+        ("__ifloordiv__", "//", "floor_divide", torch.floor_divide),
+        ("__imod__", "%", "remainder", torch.remainder),
     ]:
-        dunder = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "**": "pow",
-                  "//": "floordiv", "%": "mod"}[symbol]  # fmt: skip
-        setattr(LazyTensor, f"__i{dunder}__", _in_place_operator(symbol, TABLE[name], func))
-        INPLACE_FUNCS[getattr(T, f"__i{dunder}__")] = (TABLE[name], func)
+        setattr(LazyTensor, dunder, _in_place_operator(symbol, TABLE[name], func))
+        INPLACE_FUNCS[getattr(T, dunder)] = (TABLE[name], func)
 
 
 _install_in_place()

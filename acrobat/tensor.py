@@ -125,6 +125,9 @@ class LazyTensor(_LazyBase):
     def layout(self):
         return torch.strided
 
+    # what torch's Python code asks of a tensor before choosing its path (nn.MultiheadAttention)
+    is_nested = is_sparse = is_quantized = is_meta = is_mkldnn = False
+
     def __repr__(self) -> str:
         n = self.node
         state = "pending" if n.outs is None else "computed"

@@ -1404,6 +1404,69 @@ add(
     ),
 )
 
+add(
+    "conv",
+    case(
+        "1-d and 2-d, unbatched and batched",
+        lambda x, m, w: (
+            F.conv1d(x, w, padding=1),
+            m(x),
+            F.conv2d(x.unsqueeze(1), w.unsqueeze(-1)),
+        ),
+        x=X("2 b"),
+        m=Module(lambda d: nn.Conv1d(2, 3, 1)),
+        w=W("2 2 1"),
+    ),
+)
+add(
+    "pool",
+    case(
+        "max, average, adaptive",
+        lambda x: (
+            F.max_pool1d(x, 2),
+            plain(F.max_pool1d(x, 2, return_indices=True)),
+            F.max_pool2d(x.unsqueeze(0), 1),
+            F.avg_pool1d(x, 1),
+            F.avg_pool2d(x.unsqueeze(0), 1),
+            F.adaptive_avg_pool1d(x, 1),
+            F.adaptive_avg_pool2d(x.unsqueeze(0), 1),
+            F.adaptive_max_pool1d(x, 1),
+            plain(F.max_pool2d(x.unsqueeze(0), 1, return_indices=True)),
+            plain(F.adaptive_max_pool1d(x, 2, return_indices=True)),
+        ),
+        x=X("b 2 4"),
+    ),
+)
+add(
+    "prelu",
+    case("prelu and glu", lambda x, w: (F.prelu(x, w), F.glu(x * 1, -1)), x=X("b 2"), w=W("1")),
+)
+add(
+    "pairwise_distance",
+    case(
+        "lazy and shared",
+        lambda x, y, w: (F.pairwise_distance(x, y), F.pairwise_distance(x, w)),
+        x=X("b c"),
+        y=X("b c"),
+        w=W("c"),
+    ),
+)
+add(
+    "attention",
+    case(
+        "scaled dot product",
+        lambda q, k: F.scaled_dot_product_attention(q, k, k),
+        q=X("b c"),
+        k=X("a c"),
+    ),
+    case(
+        "multi-head attention, with and without weights",
+        lambda x, m: (plain(m(x, x, x)), m(x, x, x, need_weights=False)[0]),
+        x=X("b 4"),
+        m=Module(lambda d: nn.MultiheadAttention(4, 2).eval()),
+    ),
+)
+
 
 # sequence modules: one packed call over sequences of any length (recorded outside blocks);
 # inside a block's trace (test_op_inside_a_block) the same calls are sequence_batch
