@@ -22,6 +22,7 @@ from acrobat.ops import (
     BATCHED_FUNCS,
     LOOKUP_ROWS,
     JoinedLinear,
+    StackedLinear,
     batched_addmm,
     batched_addmm_tanh,
     batched_linear,
@@ -521,6 +522,40 @@ def _emit_joined(e, pair, k, tanh: bool) -> str:
     return f"{fn}(p{pa}, *{weights}())"
 
 
+STACK_LINEARS = True  # linears reading the same input as one GEMM (ops.StackedLinear)
+STACK_MAX = 8  # most layers in one stacked GEMM (bounded, as Dali bounds fusion groups)
+
+
+def stacked_linears(nodes: list, outputs: list) -> list[list]:
+    """Groups of 2 to ``STACK_MAX`` linear nodes of real 2-D weights of one dtype that read
+    the same per-instance value (a textbook LSTM cell's per-gate ``W_i x``, ``W_f x``, ...):
+    each group is one GEMM over the stacked weights (ops.StackedLinear), in program order.
+    Stacked, 4 x (121 x 256 -> 256) took 387 against 402 µs; 4 x (8 x 256 -> 256) 42
+    against 64; 4 x (280 x 512 -> 512) 3186 against 3275."""
+    groups: dict = {}
+    for nd in nodes:
+        if nd.op.rule is not linear_rule or not _tensor_linear(nd):
+            continue
+        x, w, _ = linear_operands(nd)
+        key = (id(x.node), x.idx, w.dtype, w.device)
+        group = groups.setdefault(key, [[]])
+        if len(group[-1]) == STACK_MAX:
+            group.append([])
+        group[-1].append(nd)
+    return [g for parts in groups.values() for g in parts if len(g) >= 2]
+
+
+def _emit_stacked(e, group, var, outputs, k) -> str:
+    x = linear_operands(group[0])[0]
+    leaving = {id(t.node) for t in outputs}
+    stack = StackedLinear(
+        tuple(linear_operands(nd)[1] for nd in group),
+        tuple(linear_operands(nd)[2] for nd in group),
+        tuple(id(nd) in leaving for nd in group),
+    )
+    return f"{e.const(f'stk{k}', stack)}({var[(id(x.node), x.idx)]})"
+
+
 def _if_usable(e, fast: str, slow: str, operands, var) -> str:
     """``fast`` (products over addresses) where rows.usable says so at run time."""
     names = ", ".join(dict.fromkeys(var[(id(t.node), t.idx)] for t in operands))
@@ -553,14 +588,18 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             var[(id(ph), 0)] = f"p{i}"
             lines.append(f"    p{i} = xs[{i}]")
     uses = _uses(nodes, outputs)
+    stacks = stacked_linears(nodes, outputs) if STACK_LINEARS else []
+    stacked = {id(nd): (group, j) for group in stacks for j, nd in enumerate(group)}
     into_add = _gemm_epilogues(nodes, uses) if EPILOGUES else {}
+    into_add = {key: v for key, v in into_add.items() if key not in stacked}
     cat_of = _matmuls_over_cat(nodes, uses) if EPILOGUES else {}
     split_cats = {id(cat) for cat in cat_of.values()}
     lookups = _lookups_through_linear(nodes, uses) if EPILOGUES else {}
+    lookups = {key: v for key, v in lookups.items() if key not in stacked}
     for key in [key for key in lookups if key in into_add]:
         del lookups[key]  # (an addmm epilogue has it already)
     folded = {id(n) for emb, cat, _ in lookups.values() for n in (emb, cat)}
-    taken = folded | set(lookups) | set(cat_of) | split_cats
+    taken = folded | set(lookups) | set(cat_of) | split_cats | set(stacked)
     squash = _tanh_epilogues(nodes, uses, into_add, taken) if TANH_EPILOGUES and EPILOGUES else {}
     folded |= {id(src) for _, src in squash.values()}
     in_place = row_operands(placeholders, nodes, outputs, cat_of)
@@ -570,7 +609,15 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     pairs = joined_linears(placeholders, nodes, uses, claimed) if JOIN_LINEARS else {}
     # each linear of a pair runs only when its inputs came apart (the else branch)
     pair_of = {id(lin): pair for pair in pairs.values() for lin in pair[:2]}
+    stack_var: dict = {}  # id(group's first node) -> the variable holding its results
     for k, nd in enumerate(nodes):
+        if id(nd) in stacked:  # one GEMM for the group, at its first member
+            group, j = stacked[id(nd)]
+            if j == 0:
+                stack_var[id(group[0])] = f"s{k}"
+                lines.append(f"    s{k} = {_emit_stacked(e, group, var, outputs, k)}")
+            var[(id(nd), 0)] = f"{stack_var[id(group[0])]}[{j}]"
+            continue
         if id(nd) in into_add:  # emitted by its consumer, as torch.addmm
             into_add[id(nd)] = k
             continue

@@ -549,6 +549,53 @@ class JoinedLinear:
 _CAT_ORIGINAL = torch.cat  # (as imported: see fast_functions)
 
 
+class StackedLinear:
+    """Linear layers that read the same input, ``linear(x, W_1, b_1)``, ...,
+    ``linear(x, W_k, b_k)`` (per-gate layers of a textbook LSTM cell), as one GEMM with the
+    weights stacked, ``[W_1; ...; W_k]``, and each result a column view of its output
+    (codegen's stacked linears). The stacked weights are made when first asked and again
+    when a parameter changes; where autograd records, the layers run one by one (their
+    gradients as eager's) instead of stacking the weights on every batch. ``contiguous``:
+    the members whose result leaves the program (copied: later gathers read rows)."""
+
+    __slots__ = ("weights", "biases", "sizes", "contiguous", "key", "value")
+
+    def __init__(self, weights: tuple, biases: tuple, contiguous: tuple):
+        self.weights = weights
+        self.biases = biases
+        self.sizes = [w.shape[0] for w in weights]
+        self.contiguous = contiguous
+        self.key: tuple = ()
+        self.value: tuple = ()
+
+    def _stacked(self) -> tuple:
+        tensors = [t for t in (*self.weights, *self.biases) if t is not None]
+        key = tuple((t._version, t.data_ptr()) for t in tensors)
+        if key != self.key:
+            with torch.no_grad():
+                w = _CAT_ORIGINAL([t.detach() for t in self.weights], 0)
+                b = None
+                if any(bias is not None for bias in self.biases):
+                    b = _CAT_ORIGINAL([
+                        bias.detach() if bias is not None else w.new_zeros(n)
+                        for bias, n in zip(self.biases, self.sizes)
+                    ])  # fmt: skip
+            self.value = (w, b)
+            self.key = key
+        return self.value
+
+    def __call__(self, x) -> tuple:
+        if torch.is_grad_enabled() and (
+            x.requires_grad
+            or any(t is not None and t.requires_grad for t in (*self.weights, *self.biases))
+        ):
+            return tuple(batched_linear(x, w, b) for w, b in zip(self.weights, self.biases))
+        parts = batched_linear(x, *self._stacked()).split(self.sizes, -1)
+        return tuple(
+            part.contiguous() if keep else part for part, keep in zip(parts, self.contiguous)
+        )
+
+
 def linear_rule(node, xs, n):
     operands = linear_operands(node)
     if operands is not None:

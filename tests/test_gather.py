@@ -477,3 +477,85 @@ def test_a_joined_weight_past_the_bound_stays_two_gemms(monkeypatch):
         torch.testing.assert_close(a, b)
     traces = [t for t in cell.cache.values() if t.compiled is not None]
     assert traces and not any("jw" in t.compiled.source for t in traces)
+
+
+# Linear layers reading the same value: one GEMM over the stacked weights
+# (codegen.stacked_linears, ops.StackedLinear): a textbook LSTM cell, one layer per gate.
+
+
+class GateLSTM(nn.Module):
+    def __init__(self, d: int, h: int, bias_h: bool = False):
+        super().__init__()
+        self.w = nn.ModuleList(nn.Linear(d, h) for _ in range(4))
+        self.u = nn.ModuleList(nn.Linear(h, h, bias=bias_h) for _ in range(4))
+
+
+@acrobat.block
+def gate_cell(m, x, h, c):
+    i, f, o, g = (m.w[k](x) + m.u[k](h) for k in range(4))
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def _gate_chain(m, xs, h, c):
+    if not xs:
+        return h
+    h, c = gate_cell(m, xs[0], h, c)
+    return _gate_chain(m, xs[1:], h, c)  # (recursion: no loop to scan)
+
+
+@acrobat.autobatch
+def gate_chain(xs, m):
+    return _gate_chain(m, xs, torch.zeros(m.u[0].in_features), torch.zeros(m.u[0].in_features))
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 4), min_size=1, max_size=6),
+    dims=st.tuples(st.integers(1, 7), st.integers(1, 7)),
+    bias_h=st.booleans(),
+    grad=st.booleans(),
+)
+def test_stacked_linears_match_eager(lengths, dims, bias_h, grad):
+    """A cell with one layer per gate: map == eager with the layers stacked (no autograd)
+    or one by one (autograd: gradients as eager's)."""
+    torch.manual_seed(sum(dims))
+    m = GateLSTM(*dims, bias_h=bias_h)
+    seqs = [[torch.randn(dims[0]) for _ in range(k)] for k in lengths]
+    with torch.set_grad_enabled(grad):
+        for _ in range(2):  # the second map: the compiled program
+            got = gate_chain.map(seqs, m=m)
+        want = [gate_chain.eager(s, m) for s in seqs]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        if grad:
+            params = list(m.parameters())
+            got_g = torch.autograd.grad(sum(g.sum() for g in got), params)
+            want_g = torch.autograd.grad(sum(g.sum() for g in want), params)
+            torch.testing.assert_close(got_g, want_g)
+    traces = [t for t in gate_cell.cache.values() if t.compiled is not None]
+    assert any("stk" in t.compiled.source for t in traces)
+
+
+def test_stacked_linears_are_one_gemm_and_follow_parameter_updates(monkeypatch):
+    from acrobat import ops
+
+    torch.manual_seed(0)
+    m = GateLSTM(5, 6)
+    seqs = [[torch.randn(5) for _ in range(k)] for k in (3, 1, 4)]
+    calls = []
+    stacked_call = ops.StackedLinear.__call__
+    monkeypatch.setattr(
+        ops.StackedLinear, "__call__", lambda s, x: calls.append(len(s.sizes)) or stacked_call(s, x)
+    )
+    with torch.no_grad():
+        gate_chain.map(seqs, m=m)
+        calls.clear()
+        gate_chain.map(seqs, m=m)
+        assert calls and set(calls) == {4}  # the W x and the U h layers: 4 each
+        for layer in (*m.w, *m.u):
+            layer.weight.mul_(-0.7)  # in place: the stacked weights are made again
+        got = gate_chain.map(seqs, m=m)
+        want = [gate_chain.eager(s, m) for s in seqs]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
