@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from acrobat import rows
+from acrobat import config, rows
 from acrobat.graph import LazyTensor
 from acrobat.ops import (
     BATCHED_FUNCS,
@@ -459,7 +459,6 @@ def joined_cats(placeholders: list, nodes: list, uses: dict) -> dict:
     return found
 
 
-JOIN_LINEARS = True  # linear(x, W_x, b_x) + linear(h, W_h) over block inputs as one GEMM
 #: Largest concatenated weight (bytes) a joined linear may have. Up to 1 MiB (half this
 #: CPU's L2) the one GEMM was faster or equal at every row count tried (121 x 512 -> 256
 #: with its tanh 197 against 225 µs, 4 rows 15 against 48); at 2 MiB it gained nothing
@@ -522,7 +521,6 @@ def _emit_joined(e, pair, k, tanh: bool) -> str:
     return f"{fn}(p{pa}, *{weights}())"
 
 
-STACK_LINEARS = True  # linears reading the same input as one GEMM (ops.StackedLinear)
 STACK_MAX = 8  # most layers in one stacked GEMM (bounded, as Dali bounds fusion groups)
 
 
@@ -588,7 +586,7 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             var[(id(ph), 0)] = f"p{i}"
             lines.append(f"    p{i} = xs[{i}]")
     uses = _uses(nodes, outputs)
-    stacks = stacked_linears(nodes, outputs) if STACK_LINEARS else []
+    stacks = stacked_linears(nodes, outputs) if config.STACK_LINEARS else []
     stacked = {id(nd): (group, j) for group in stacks for j, nd in enumerate(group)}
     into_add = _gemm_epilogues(nodes, uses) if EPILOGUES else {}
     into_add = {key: v for key, v in into_add.items() if key not in stacked}
@@ -606,7 +604,7 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     row_nodes = {id(placeholders[i]) for i in in_place}
     joins = joined_cats(placeholders, nodes, uses)
     claimed = {i for group in joins.values() for i in group}
-    pairs = joined_linears(placeholders, nodes, uses, claimed) if JOIN_LINEARS else {}
+    pairs = joined_linears(placeholders, nodes, uses, claimed) if config.JOIN_LINEARS else {}
     # each linear of a pair runs only when its inputs came apart (the else branch)
     pair_of = {id(lin): pair for pair in pairs.values() for lin in pair[:2]}
     stack_var: dict = {}  # id(group's first node) -> the variable holding its results

@@ -202,6 +202,17 @@ def override(**flags):
     finally:
         g.update(old)
 
+#: In a block's generated program, ``linear(x, W_x, b_x) + linear(h, W_h, b_h)`` over two
+#: block inputs nothing else reads runs as one GEMM over the inputs gathered as one
+#: buffer ``[x, h]`` with the weights concatenated (codegen.joined_linears; up to
+#: codegen.JOINED_WEIGHT_MAX bytes of weights). Read when a program is generated.
+JOIN_LINEARS: bool = bool(_env_int("ACROBAT_JOIN_LINEARS", 1))
+
+#: In a block's generated program, 2 to 8 linear layers reading the same value (a
+#: textbook LSTM cell's per-gate layers) run as one GEMM over their stacked weights
+#: (codegen.stacked_linears). Read when a program is generated.
+STACK_LINEARS: bool = bool(_env_int("ACROBAT_STACK_LINEARS", 1))
+
 #: Block inputs read only by matrix products (MV-RNN's phrase matrices) are not gathered:
 #: the products read each instance's matrix where its producer wrote it, through MKL's
 #: batched GEMM over address lists (acrobat/rows.py), on CPU without autograd, where
