@@ -2078,6 +2078,8 @@ static PyObject *shortcut_vectorcall(PyObject *self, PyObject *const *args, size
         lazy = has_lazy_impl(args[i], 0);
         if (lazy < 0) return NULL;
     }
+    for (Py_ssize_t i = 0; i < nk && lazy; i++)  /* out=: the mode's handler (ops.out_kwarg) */
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "out") == 0) lazy = 0;
     if (!lazy || graph_mod == NULL || record_fn == NULL)
         return PyObject_Vectorcall(s->func, args, nargsf, kwnames);
     PyObject *rt = graph_rt();

@@ -38,6 +38,7 @@ from acrobat.ops import (
     TENSOR,
     in_place,
     inplace_kwarg,
+    out_kwarg,
     supported_names,
 )
 from acrobat.scheduler import describe, lower_bound, relevel, schedule
@@ -60,6 +61,8 @@ class RecordMode(TorchFunctionMode):
             lazy = has_lazy(args) or (kwargs and has_lazy(kwargs))
             if lazy and kwargs.get("inplace"):  # F.relu(x, inplace=True), nn.ReLU(True)
                 return inplace_kwarg(op, func, args, kwargs)
+            if lazy and kwargs.get("out") is not None:  # torch.add(a, b, out=y)
+                return out_kwarg(op, func, args, kwargs)
             if op.special is not None and (lazy or op.kind == "data" or op.name == "getitem"):
                 return op.special(func, args, kwargs)
             if lazy:

@@ -238,7 +238,11 @@ def reshape_rule(node, xs, n):
     """View-like ops whose per-instance output shape is known: reshape the batch to it."""
     if type(_arg(node, 0, "input")) is not LazyTensor:
         return vmap_rule(node, xs, n)
-    return (xs[0].reshape(n, *node.info.metas[0][0]),)
+    shape, dtype = node.info.metas[0]
+    x = xs[0]
+    if x.dtype != dtype:  # x.view(torch.int32): the same bits read as another dtype (it
+        x = x.view(dtype)  # returned the float values, silently)
+    return (x.reshape(n, *shape),)
 
 
 def expand_rule(node, xs, n):
@@ -1515,6 +1519,9 @@ def _fresh(node, idx: int) -> bool:
     return op.kind in _FRESH_KINDS and op.name not in _ALIASING
 
 
+_ARG0 = object()  # in_place's default target: its first argument
+
+
 def _swap(a, x, old):
     """``a`` with the handle ``x`` (by identity) replaced by ``old``."""
     if a is x:
@@ -1525,11 +1532,12 @@ def _swap(a, x, old):
     return a
 
 
-def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str):
-    """Record ``what`` (an in-place update of ``args[0]`` by ``func``, its out-of-place
-    form; ``inplace`` already dropped from ``kwargs``) and rebind ``args[0]``: see the
-    section comment. ``fix``: the out-of-place statement the errors suggest."""
-    x = args[0]
+def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_ARG0):
+    """Record ``what`` (an update of ``target``, by default ``args[0]``, with the result of
+    ``func``, its out-of-place form; ``inplace`` / ``out`` already dropped from ``kwargs``)
+    and rebind ``target``: see the section comment. ``fix``: the out-of-place statement
+    the errors suggest."""
+    x = args[0] if target is _ARG0 else target
     line = user_line(3)
     if type(x) is not LazyTensor:
         raise UnsupportedOpError(
@@ -1575,6 +1583,16 @@ def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str):
     x.node = out.node
     x.idx = out.idx
     return x
+
+
+def out_kwarg(op, func, args: tuple, kwargs: dict):
+    """``torch.add(a, b, out=y)``: the result written into ``y``, an in-place update of
+    ``y`` (recorded as ``y = torch.add(a, b)`` where that is exact, as above)."""
+    target = kwargs["out"]
+    kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+    name = getattr(func, "__name__", op.name)
+    fix = f"y = {name}(...) without out="
+    return in_place(op, func, args, kwargs, f"{name}(..., out=y)", fix, target)
 
 
 def inplace_kwarg(op, func, args: tuple, kwargs: dict):
@@ -2049,6 +2067,8 @@ def _shortcut_py(op, func):
     special = op.special
 
     def shortcut(*args, **kwargs):
+        if "out" in kwargs:  # written into a tensor: the mode's handler (ops.out_kwarg)
+            return func(*args, **kwargs)
         if has_lazy(args) or (kwargs and has_lazy(kwargs)):
             rt = graph.RT
             if rt is not None and rt.thread == threading.get_ident():

@@ -37,6 +37,9 @@ UPDATES = {
     "elu-inplace": lambda y, x: F.elu(y, inplace=True),
     "ReLU-module": lambda y, x: nn.ReLU(inplace=True)(y),
     "dropout-eval": lambda y, x: F.dropout(y, 0.5, training=False, inplace=True),
+    "add-out": lambda y, x: torch.add(y, x, out=y),
+    "tanh-out": lambda y, x: torch.tanh(y, out=y),
+    "mul-out-alpha": lambda y, x: torch.sub(x, y, alpha=0.5, out=y),
 }
 
 
@@ -205,6 +208,41 @@ def test_updates_that_cannot_be_recorded_are_refused(case):
 
     for a, b in zip(ok.map(xs), [ok.eager(x) for x in xs]):
         torch.testing.assert_close(a, b)
+
+
+def test_out_writes_into_a_fresh_tensor():
+    """``torch.f(..., out=z)`` writes the result into ``z`` (a tensor the instance made):
+    it was batched with ``out=`` given to the batched kernel, and the map returned ``z``'s
+    old values, silently."""
+
+    @acrobat.autobatch
+    def f(x):
+        z = x * 0
+        r = torch.tanh(x * 2, out=z)
+        assert r is z
+        return z, torch.mul(x, 3, out=x * 1)
+
+    xs = [torch.randn(4) for _ in range(3)]
+    for got, want in zip(f.map(xs), [f.eager(x) for x in xs]):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "update, message",
+    [
+        (lambda x: torch.add(x, 1, out=torch.zeros(3)), "real tensor"),
+        (lambda x: (lambda z: (z + 1, torch.add(x, 1, out=z)))(x * 2), "must see the old value"),
+        (lambda x: torch.add(x, torch.ones(2, 3), out=x * 1), "keeps its tensor's shape"),
+    ],
+)
+def test_out_that_cannot_be_recorded_is_refused(update, message):
+    @acrobat.autobatch
+    def f(x):
+        return update(x)
+
+    with pytest.raises(acrobat.AcrobatError, match=message):
+        f.map([torch.randn(3), torch.randn(3)])
 
 
 def test_parts_and_fills_stay_refused():

@@ -516,6 +516,11 @@ add(
     "view",
     case("flat", lambda x: (x.view(-1), x.view(1, *x.shape), x.view((-1, 1))), x=X(RANKS)),
     case("split a dim", lambda x: x.view(x.shape[0], 2, -1), x=X("a 2*b")),
+    case(
+        "as another dtype",  # the same bits read as another dtype (was float, silently)
+        lambda x: (x.view(torch.int32), x.view(torch.int16), (x * 2).view(torch.uint8) * 1),
+        x=X(("4", "a 4")),
+    ),
 )
 add(
     "view_as",
