@@ -15,11 +15,15 @@ global state.
 
 from __future__ import annotations
 
+import dis
 import functools
+import types
 import warnings
 from collections import OrderedDict
+from itertools import chain
 
 import torch
+from torch import nn
 
 from acrobat import codegen, config, fusion, graph, hoisting
 from acrobat.errors import AcrobatError, LazyValueError, user_line
@@ -114,6 +118,7 @@ class Trace:
         self.seen: set = set()  # (position, id(argument)) seen in map run seen_run
         self.seen_run = 0
         self.scan = None  # scan.Scan running this program as a loop body; False: cannot
+        self.deps: tuple | None = None  # what its constants came from (_dependencies)
         self.grad_built = torch.is_grad_enabled()  # autograd on while it was traced
 
     @property
@@ -146,6 +151,8 @@ class Trace:
         for t, version in self.sources:
             if t._version != version:
                 return False
+        if self.deps is not None and not _deps_hold(self.deps):
+            return False  # a module's layer or parameter replaced, a global rebound
         self.run_id = rt.id
         return True
 
@@ -270,6 +277,87 @@ def _key(a, keep: list, inputs: list):
         return (t, tuple((k, _key(v, keep, inputs)) for k, v in a.items()))
     keep.append(a)
     return ("id", id(a))
+
+
+# ---- what a trace's constants came from --------------------------------------------
+# A trace folds in the tensors the function reached when it was traced: ``m.head.weight``
+# of a module argument, a global ``W``. The cache key names a module by identity, so
+# replacing one of its layers or parameters (``m.head = nn.Linear(...)``, loading a new
+# model into a global name) left the trace computing with the old tensors, silently.
+# Each trace records the identities it depended on, checked when a map first uses it
+# (valid_for; in-place updates are seen anyway, the tensors are the same objects).
+# Rebinding during a map is not seen.
+
+_DEPTH = 3  # functions followed from the traced one through the globals they name
+
+
+def _module_state(m: nn.Module) -> tuple:
+    """The identities of a module's submodules, parameters and buffers, in order."""
+    return tuple(map(id, chain(m.modules(), m.parameters(), m.buffers())))
+
+
+def _dependencies(fn, keep: list) -> tuple | None:
+    """``(modules, globals)``: each module among the key's objects, the globals ``fn``
+    (and the functions it names, a few levels deep) reads, the modules among them, with
+    what they were; None if nothing to check."""
+    modules = {id(m): m for m in keep if isinstance(m, nn.Module)}
+    names: list[tuple] = []
+    seen: set = set()
+    todo = [(fn, 0)]
+    while todo:
+        f, depth = todo.pop()
+        code = getattr(f, "__code__", None)
+        scope = getattr(f, "__globals__", None)
+        if code is None or scope is None or code in seen:
+            continue
+        seen.add(code)
+        for name in _code_names(code):
+            if name not in scope:
+                continue
+            value = scope[name]
+            names.append((scope, name, value))
+            if isinstance(value, nn.Module):
+                modules.setdefault(id(value), value)
+            elif isinstance(value, types.FunctionType) and depth < _DEPTH:
+                todo.append((value, depth + 1))
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(value, nn.Module):
+                modules.setdefault(id(value), value)
+    states = tuple((m, _module_state(m)) for m in modules.values())
+    if not states and not names:
+        return None
+    return states, tuple(names)
+
+
+_GLOBAL_NAMES: dict = {}  # code object -> the global names it loads
+
+
+def _code_names(code) -> frozenset:
+    """The global names a code object (and the code nested in it) loads (LOAD_GLOBAL:
+    not attribute names, which co_names also holds)."""
+    names = _GLOBAL_NAMES.get(code)
+    if names is None:
+        found = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                found |= _code_names(const)
+        names = _GLOBAL_NAMES[code] = frozenset(found)
+    return names
+
+
+def _deps_hold(deps: tuple) -> bool:
+    states, names = deps
+    for scope, name, value in names:
+        if scope.get(name, _MISSING) is not value:
+            return False
+    return all(_module_state(m) == state for m, state in states)
+
+
+_MISSING = object()
 
 
 def _kept(args, kwargs) -> list:
@@ -464,6 +552,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         lookup = _lookup(trace)
         if lookup is not None:
             trace.op.extra["lookup"] = lookup
+        trace.deps = _dependencies(self.fn, keep)
         trace.run_id = rt.id
         return trace
 

@@ -1,0 +1,101 @@
+"""A block's trace folds in the tensors its function reached when it was traced. Replacing
+a module's layer or parameter, or rebinding a global the function reads, between maps made
+the cached trace compute with the old tensors, silently (map != eager); each trace now
+records those identities and is traced again when one changed (block.Trace.deps)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import acrobat
+
+torch.manual_seed(0)
+HEAD = nn.Linear(4, 3)  # a global the functions below read
+SCALE = torch.tensor(2.0)
+
+
+def global_cell(x):  # straight-line: an automatic block reading globals
+    return torch.tanh(HEAD(x)) * SCALE
+
+
+@acrobat.autobatch
+def uses_globals(x):
+    return global_cell(x * 1) + 1
+
+
+@acrobat.autobatch
+def uses_globals_in_a_region(x):
+    h = torch.tanh(HEAD(x * 1))
+    if h.sum() > 100:  # control flow: the straight-line runs around it are outlined
+        return h
+    return HEAD(x) * SCALE + h
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+
+
+def module_cell(m, x):
+    return torch.tanh(m.head(x)) * 2
+
+
+@acrobat.block
+def explicit_cell(m, x):
+    return torch.sigmoid(m.head(x))
+
+
+@acrobat.autobatch
+def uses_module(x, m):
+    return module_cell(m, x * 1) + explicit_cell(m, x)
+
+
+XS = [torch.randn(4) for _ in range(3)]
+
+
+def _check(fn, **shared):
+    with torch.no_grad():
+        got = fn.map(XS, **shared)
+        want = [fn.eager(x, **shared) for x in XS]
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)
+
+
+def test_a_rebound_global_is_seen():
+    global HEAD, SCALE
+    for fn in (uses_globals, uses_globals_in_a_region):
+        _check(fn)
+        old = HEAD, SCALE
+        try:
+            HEAD = nn.Linear(4, 3)
+            _check(fn)
+            HEAD = nn.Linear(4, 5)  # another shape
+            _check(fn)
+            SCALE = torch.tensor(-3.0)  # a global tensor
+            _check(fn)
+        finally:
+            HEAD, SCALE = old
+
+
+def test_a_replaced_layer_or_parameter_is_seen():
+    m = Model()
+    _check(uses_module, m=m)
+    m.head = nn.Linear(4, 3)  # a submodule replaced
+    _check(uses_module, m=m)
+    m.head.weight = nn.Parameter(torch.randn(3, 4))  # a parameter replaced
+    _check(uses_module, m=m)
+    m.load_state_dict(Model().state_dict())  # in place (seen before too)
+    _check(uses_module, m=m)
+
+
+def test_an_unchanged_trace_is_kept():
+    m = Model()
+    with torch.no_grad():
+        uses_module.map(XS, m=m)
+        before = list(explicit_cell.cache.values())
+        uses_module.map(XS, m=m)
+        after = list(explicit_cell.cache.values())
+    assert before and all(a is b for a, b in zip(before, after))
