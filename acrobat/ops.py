@@ -295,8 +295,8 @@ def reduce_rule(node, xs, n):
             fn = torch.amax if name == "max" else torch.amin
         out = fn(xs[0].reshape(n, -1), 1, **kw)
         return (out.reshape(n, *node.info.metas[0][0]),)
-    if isinstance(dim, (tuple, list)):
-        dim = tuple(_dim(d, nd) for d in dim)
+    if isinstance(dim, (tuple, list)):  # (an empty one: every dim, as torch reads it)
+        dim = tuple(_dim(d, nd) for d in dim) if dim else tuple(range(1, nd + 1))
     else:
         dim = _dim(dim, nd)
     out = fn(xs[0], dim, keepdim, **kw)
@@ -1000,6 +1000,21 @@ _UNARY: dict[str, tuple] = {
     "logical_not": (torch.logical_not, T.logical_not),
     "bitwise_not": (torch.bitwise_not, T.bitwise_not, T.__invert__),
     "erf": (torch.erf, T.erf),
+    "atan": (torch.atan, T.atan, torch.arctan),
+    "tan": (torch.tan, T.tan),
+    "sinh": (torch.sinh, T.sinh),
+    "cosh": (torch.cosh, T.cosh),
+    "asinh": (torch.asinh, T.asinh),
+    "expm1": (torch.expm1, T.expm1),
+    "exp2": (torch.exp2, T.exp2),
+    "log2": (torch.log2, T.log2),
+    "log10": (torch.log10, T.log10),
+    "trunc": (torch.trunc, T.trunc),
+    "frac": (torch.frac, T.frac),
+    "nan_to_num": (torch.nan_to_num, T.nan_to_num),
+    "isnan": (torch.isnan, T.isnan),
+    "isinf": (torch.isinf, T.isinf),
+    "isfinite": (torch.isfinite, T.isfinite),
     "clamp": (torch.clamp, T.clamp, torch.clip, T.clip),
     "contiguous": (T.contiguous,),
     "clone": (torch.clone, T.clone),
@@ -1037,6 +1052,9 @@ _BINARY: dict[str, tuple] = {
     "where": (torch.where, T.where),
     "lerp": (torch.lerp, T.lerp),
     "addcmul": (torch.addcmul, T.addcmul),
+    "atan2": (torch.atan2, T.atan2, torch.arctan2),
+    "hypot": (torch.hypot, T.hypot),
+    "logaddexp": (torch.logaddexp, T.logaddexp),
 }
 _name: str
 _aliases: tuple
@@ -1083,6 +1101,7 @@ _add(
 )
 _add(Op("rand_like", vmap_rule, "elementwise", (torch.rand_like, torch.randn_like)))
 graph.IMPURE_OPS.update(["dropout", "rand_like"])  # their shapes: from the meta kernels
+graph.INDEX_OPS.update(["loss", "one_hot", "scatter", "embedding", "index_select", "take"])
 _add(
     Op(
         "zeros_like",

@@ -186,12 +186,14 @@ def alias_case(name, arity, spec, label="aliases"):
 _UNARY_ANY = [
     "neg", "abs", "sigmoid", "tanh", "relu", "gelu", "silu", "elu", "leaky_relu", "softplus",
     "exp", "sin", "cos", "square", "sign", "floor", "ceil", "round", "erf", "contiguous",
-    "clone", "detach", "float", "double", "long", "int", "bool", "half",
+    "clone", "detach", "float", "double", "long", "int", "bool", "half", "atan", "tan", "sinh",
+    "cosh", "asinh", "expm1", "exp2", "trunc", "frac", "nan_to_num", "isnan", "isinf",
+    "isfinite",
 ]
 # fmt: on
 for _name in _UNARY_ANY:
     add(_name, alias_case(_name, 1, X(RANKS)))
-for _name in ["log", "log1p", "sqrt", "rsqrt", "reciprocal"]:
+for _name in ["log", "log1p", "sqrt", "rsqrt", "reciprocal", "log2", "log10"]:
     add(_name, alias_case(_name, 1, X(RANKS, **POS)))
 add(
     "bitwise_not",
@@ -266,7 +268,7 @@ _BINARY_DOMAIN = {
     "add": {}, "sub": {}, "mul": {}, "maximum": {}, "minimum": {},
     "div": POS, "floor_divide": POS, "remainder": POS, "pow": POS,
     "eq": LONG, "ne": LONG, "lt": LONG, "le": LONG, "gt": LONG, "ge": LONG,
-    "logical_and": BOOL, "logical_or": BOOL,
+    "logical_and": BOOL, "logical_or": BOOL, "atan2": {}, "hypot": {}, "logaddexp": {},
 }  # fmt: skip
 _SCALAR = {
     "add": 1.5,
@@ -655,6 +657,11 @@ add(
     "sum",
     case("long", lambda x: (x.sum(), x.sum(-1), torch.sum(x, 0, True)), x=X(RANKS1, **LONG)),
     case("keepdim everything", lambda x: torch.sum(x, dim=None, keepdim=True), x=X(RANKS1)),
+    case(
+        "empty dims: everything",  # (was an IndexError inside the batched rule)
+        lambda x: (x.sum(dim=()), torch.sum(x, (), keepdim=True), x.mean(dim=[])),
+        x=X(RANKS1),
+    ),
 )
 add(
     "max",
