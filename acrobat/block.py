@@ -292,8 +292,11 @@ _DEPTH = 3  # functions followed from the traced one through the globals they na
 
 
 def _module_state(m: nn.Module) -> tuple:
-    """The identities of a module's submodules, parameters and buffers, in order."""
-    return tuple(map(id, chain(m.modules(), m.parameters(), m.buffers())))
+    """The identities of a module's submodules, parameters and buffers, in order, and
+    each submodule's ``training`` flag (a trace made in eval mode has no dropout)."""
+    modules = list(m.modules())
+    ids = tuple(map(id, chain(modules, m.parameters(), m.buffers())))
+    return ids, tuple(mod.training for mod in modules)
 
 
 def _dependencies(fn, keep: list) -> tuple | None:

@@ -99,3 +99,38 @@ def test_an_unchanged_trace_is_kept():
         uses_module.map(XS, m=m)
         after = list(explicit_cell.cache.values())
     assert before and all(a is b for a, b in zip(before, after))
+
+
+class Dropping(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.drop = nn.Dropout(1.0)  # training: every element dropped, deterministically
+
+
+def dropping_cell(m, x):
+    return m.drop(torch.tanh(m.lin(x))) + 1
+
+
+@acrobat.autobatch
+def uses_dropout(x, m):
+    return dropping_cell(m, x * 1)
+
+
+SEQ = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Dropout(1.0))
+
+
+@acrobat.autobatch
+def uses_sequential(x):
+    return SEQ(x * 1) + 1
+
+
+def test_switching_train_and_eval_is_seen():
+    """model.train() / model.eval() between maps: a trace made in eval mode has no
+    dropout (it kept none in training, silently), one made in training keeps it."""
+    m = Dropping()
+    for mode in ("eval", "train", "eval", "train"):
+        getattr(m, mode)()
+        getattr(SEQ, mode)()
+        _check(uses_dropout, m=m)
+        _check(uses_sequential)
