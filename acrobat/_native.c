@@ -2778,7 +2778,18 @@ static PyObject *gemm_batch(PyObject *mod, PyObject *args) {
 
 /* ---- module ---------------------------------------------------------------------- */
 
+/* stack_mark(): an address on the C stack of the caller's interpreter frame. Fibers run
+ * on pooled greenlets whose stacks begin where the driver stood when each was started;
+ * an unwinder (a C++ error's backtrace) walks from a fiber into the driver's frames
+ * there, which are only sound while the driver switches from that same place. */
+static PyObject *stack_mark(PyObject *mod, PyObject *unused) {
+    volatile char here = 0;
+    return PyLong_FromVoidPtr((void *)&here);
+}
+
 static PyMethodDef methods[] = {
+    {"stack_mark", (PyCFunction)stack_mark, METH_NOARGS,
+     "stack_mark(): an address on the caller's C stack (fibers' worker pools)"},
     {"setup", (PyCFunction)setup, METH_VARARGS,
      "setup(Node, LazyTensor, check_inputs, config, type_key)"},
     {"add_node", (PyCFunction)(void (*)(void))add_node, METH_FASTCALL,

@@ -254,6 +254,27 @@ def _pool() -> list:
     return pool
 
 
+def _pool_for_map() -> list:
+    """The parked workers a map may reuse: those started while the driver stood at this
+    C stack depth (``_native.stack_mark``). A worker's stack begins where the driver
+    stood when it started; a C++ error's backtrace walks from a fiber up into the
+    driver's frames there, sound only while those are the frames it started under. A map
+    called from elsewhere starts its workers anew (the old ones are unwound)."""
+    native = tensor._native
+    mark = native.stack_mark() if native is not None else None
+    pool = _pool()
+    if mark is None or getattr(_LOCAL, "pool_mark", None) != mark:
+        _LOCAL.pool_mark = mark
+        stale = list(pool)
+        pool.clear()
+        here = greenlet.getcurrent()
+        for g in stale:  # unwound now (a GreenletExit where it parked), back to here
+            if not g.dead:
+                g.parent = here
+                g.throw()
+    return pool
+
+
 def _worker() -> None:
     """A worker greenlet: runs fibers, parking in the pool between them. Its first fiber
     comes through ``_LOCAL.handoff``, not as an argument: the argument tuple of a
@@ -695,7 +716,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     rt = Runtime(stats)
     reset_slots()
     rt.main = greenlet.getcurrent()
-    rt.pool = _pool()
+    rt.pool = _pool_for_map()
     rt.all_fibers = []
     for i, args in enumerate(arg_tuples):
         fiber = Fiber(i, 0, (fn, args, kwargs, True))
