@@ -291,12 +291,17 @@ def _key(a, keep: list, inputs: list):
 _DEPTH = 3  # functions followed from the traced one through the globals they name
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
 def _module_state(m: nn.Module) -> tuple:
-    """The identities of a module's submodules, parameters and buffers, in order, and
-    each submodule's ``training`` flag (a trace made in eval mode has no dropout)."""
+    """The identities of a module's submodules, parameters and buffers, in order, each
+    submodule's ``training`` flag (a trace made in eval mode has no dropout) and the
+    handles of its hooks (a trace runs the hooks it met when traced)."""
     modules = list(m.modules())
     ids = tuple(map(id, chain(modules, m.parameters(), m.buffers())))
-    return ids, tuple(mod.training for mod in modules)
+    hooks = tuple(tuple(getattr(mod, name, ())) for mod in modules for name in _HOOKS)
+    return ids, tuple(mod.training for mod in modules), hooks
 
 
 def _dependencies(fn, keep: list) -> tuple | None:

@@ -134,3 +134,16 @@ def test_switching_train_and_eval_is_seen():
         getattr(SEQ, mode)()
         _check(uses_dropout, m=m)
         _check(uses_sequential)
+
+
+def test_hooks_added_or_removed_are_seen():
+    """A forward hook registered after a trace was made: the trace ran without it."""
+    m = Model()
+    _check(uses_module, m=m)
+    handle = m.head.register_forward_hook(lambda module, inputs, out: out * 3)
+    _check(uses_module, m=m)
+    pre = m.head.register_forward_pre_hook(lambda module, inputs: (inputs[0] * -1,))
+    _check(uses_module, m=m)
+    handle.remove()
+    pre.remove()
+    _check(uses_module, m=m)
