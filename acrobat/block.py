@@ -294,14 +294,24 @@ _DEPTH = 3  # functions followed from the traced one through the globals they na
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
+_PLAIN_ATTRS = (int, float, bool, str, type(None))
+
+
 def _module_state(m: nn.Module) -> tuple:
     """The identities of a module's submodules, parameters and buffers, in order, each
-    submodule's ``training`` flag (a trace made in eval mode has no dropout) and the
-    handles of its hooks (a trace runs the hooks it met when traced)."""
+    submodule's ``training`` flag (a trace made in eval mode has no dropout), the
+    handles of its hooks (a trace runs the hooks it met when traced) and its plain
+    attributes (``self.temperature = 2.0``: a trace folds the number in)."""
     modules = list(m.modules())
     ids = tuple(map(id, chain(modules, m.parameters(), m.buffers())))
     hooks = tuple(tuple(getattr(mod, name, ())) for mod in modules for name in _HOOKS)
-    return ids, tuple(mod.training for mod in modules), hooks
+    plain = tuple(
+        (k, v)
+        for mod in modules
+        for k, v in vars(mod).items()
+        if k[:1] != "_" and type(v) in _PLAIN_ATTRS
+    )
+    return ids, tuple(mod.training for mod in modules), hooks, plain
 
 
 def _dependencies(fn, keep: list) -> tuple | None:

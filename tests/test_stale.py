@@ -147,3 +147,27 @@ def test_hooks_added_or_removed_are_seen():
     handle.remove()
     pre.remove()
     _check(uses_module, m=m)
+
+
+class Tempered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+        self.temperature = 1.0
+
+
+def tempered_cell(m, x):
+    return torch.softmax(m.head(x) / m.temperature, -1)
+
+
+@acrobat.autobatch
+def uses_temperature(x, m):
+    return tempered_cell(m, x * 1)
+
+
+def test_a_changed_plain_attribute_is_seen():
+    """``m.temperature = 5.0`` between maps: the trace had folded in 1.0."""
+    m = Tempered()
+    _check(uses_temperature, m=m)
+    m.temperature = 5.0
+    _check(uses_temperature, m=m)
