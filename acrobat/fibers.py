@@ -318,57 +318,7 @@ def _start(rt: Runtime, fiber: Fiber) -> None:
     g = greenlet(_worker, parent=rt.main)
     fiber.glet = g
     _LOCAL.handoff = fiber
-    _serve(g.switch())
-
-
-# ---- torch calls that may fail, run on the driver's stack ------------------------------
-# A C++ error in torch (a failed TORCH_CHECK) captures a backtrace with glibc's unwinder,
-# which walks the stack past the running greenlet's first frame into what lies above it:
-# for a pooled worker greenlet, the driver's frames as they were when the worker started,
-# long gone (another map, another call depth). That read crashed the process (segfaults
-# inside _Unwind_Backtrace, under torch's embedding and cross_entropy in shape
-# inference, in some orders of the test suite; the code before this session too).
-# acrobat's own evaluations that are expected to fail (shape inference trying CPU ones,
-# then meta, then zeros) therefore run on the driver, whose stack is the thread's own.
-
-
-class _Call:
-    """A fiber's request to the driver: run ``fn`` there, reply to ``glet``."""
-
-    __slots__ = ("fn", "args", "kwargs", "glet")
-
-    def __init__(self, fn, args, kwargs, glet):
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
-        self.glet = glet
-
-
-def on_driver(fn, args: tuple, kwargs: dict):
-    """``fn(*args, **kwargs)`` on the driver's stack (see above); exceptions propagate."""
-    rt = graph.RT
-    me = greenlet.getcurrent()
-    if rt is None or rt.main is None or me is rt.main or rt.thread != threading.get_ident():
-        return fn(*args, **kwargs)
-    value, exc = rt.main.switch(_Call(fn, args, kwargs, me))
-    if exc is not None:
-        raise exc
-    return value
-
-
-def _serve(ret):
-    """On the driver, after a switch to a fiber returned ``ret``: run the fibers' requests
-    (on_driver) until the switch returns for another reason; that reason."""
-    while type(ret) is _Call:
-        try:
-            reply = (ret.fn(*ret.args, **ret.kwargs), None)
-        except BaseException as exc:  # raised in the fiber that asked
-            reply = (None, exc)
-        ret = ret.glet.switch(reply)
-    return ret
-
-
-graph.ON_DRIVER = on_driver
+    g.switch()
 
 
 def switch_away(rt: Runtime) -> None:
@@ -403,7 +353,7 @@ def _run_parked(rt: Runtime, fiber: Fiber, pool: list) -> None:
         g.parent = rt.main
     fiber.glet = g
     rt.fiber = fiber
-    _serve(g.switch(fiber))  # (on a fiber the switch never returns a request)
+    g.switch(fiber)
 
 
 def fork(fn, *args, **kwargs) -> Future:
@@ -614,7 +564,7 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
                 rt.fiber = fiber
                 g = fiber.glet
                 if g is not None:
-                    _serve(g.switch())
+                    g.switch()
                 elif pool:  # a parked worker greenlet runs it
                     _run_parked(rt, fiber, pool)
                 else:
@@ -769,7 +719,7 @@ def _kill(rt: Runtime) -> None:
         g = f.glet
         if not f.done and g is not None and g and not g.dead:
             with contextlib.suppress(BaseException):
-                _serve(g.throw())  # unwinds the fiber's frames; its worker parks
+                g.throw()  # unwinds the fiber's frames; its worker parks in the pool
         f.glet = None
     rt.buckets = {}
     rt.blocked = []

@@ -332,15 +332,6 @@ def _shapes(out):
     return None
 
 
-def _driver_call(fn, args: tuple, kwargs: dict):
-    return fn(*args, **kwargs)
-
-
-#: Runs a torch call that may fail on the driver's stack (fibers.on_driver, set by
-#: acrobat.fibers): a C++ error's backtrace taken on a fiber's stack crashed the process.
-ON_DRIVER = _driver_call
-
-
 def _value_shaped(func, args, kwargs, out) -> bool:
     """Whether ``out``'s shape (computed with ones) depends on the value of a 0-d integer
     lazy operand: ``x.reshape(n, -1)``, ``x.unsqueeze(d)``, ``x.repeat(k, 1)`` with a
@@ -352,7 +343,7 @@ def _value_shaped(func, args, kwargs, out) -> bool:
         return False
     cpu = torch.device("cpu")
     try:
-        again = ON_DRIVER(func, _filled(args, 1, cpu, 2), _filled(kwargs, 1, cpu, 2))
+        again = func(*_filled(args, 1, cpu, 2), **_filled(kwargs, 1, cpu, 2))
     except Exception:
         return False
     return _shapes(again) != _shapes(out)
@@ -408,11 +399,13 @@ def infer(op, func, args, kwargs, rt) -> Info:
         if op.name not in IMPURE_OPS and _small(args, kwargs):
             cpu = torch.device("cpu")
             try:
-                out = ON_DRIVER(func, _filled(args, 1, cpu), _filled(kwargs, 1, cpu))
+                out = func(*_filled(args, 1, cpu), **_filled(kwargs, 1, cpu))
             except Exception:
                 out = None
-            if out is not None and op.name not in INDEX_OPS and _value_shaped(
-                func, args, kwargs, out
+            if (
+                out is not None
+                and op.name not in INDEX_OPS
+                and _value_shaped(func, args, kwargs, out)
             ):
                 raise _number_error(
                     op, rt, "a size, a dim or a count: the result's shape would depend on "
@@ -420,12 +413,12 @@ def infer(op, func, args, kwargs, rt) -> Info:
                 )  # fmt: skip
         try:
             if out is None:
-                out = ON_DRIVER(func, _meta_of(args), _meta_of(kwargs))
+                out = func(*_meta_of(args), **_meta_of(kwargs))
         except Exception:
             # No meta kernel, or one that reads values (a 0-d index tensor): evaluate on
             # zeros of the right shapes instead; a real shape error raises here too.
             try:
-                out = ON_DRIVER(func, _filled(args, 0, rt.device), _filled(kwargs, 0, rt.device))
+                out = func(*_filled(args, 0, rt.device), **_filled(kwargs, 0, rt.device))
             except Exception as exc:
                 if isinstance(exc, LazyValueError):  # a lazy tensor where a number goes
                     raise _number_error(op, rt, "", "x[int(i):]") from exc

@@ -437,8 +437,8 @@ def test_torch_errors_in_shape_inference_do_not_crash_the_process():
     a C++ error captures a backtrace by unwinding the stack, and on a pooled fiber's
     stack that walked into stale driver frames: this pair of test files, in this order,
     segfaulted inside _Unwind_Backtrace (torch's embedding, under test_analysis) every
-    time, on this session's code and the code before it. The evaluations now run on the
-    driver's stack (fibers.on_driver)."""
+    time, on this session's code and the code before it. Pooled workers are now reused
+    only at the C stack depth they started from (fibers._pool_for_map)."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "tests/test_stale.py", "tests/test_analysis.py"],
