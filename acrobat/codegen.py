@@ -644,16 +644,13 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             expr = _emit_tanh_epilogue(e, kind, src, var, into_add, k)
         if expr is None and nd.op.rule is elementwise_rule and into_add:
             expr = _emit_addmm(e, nd, var, into_add)
-        joined = pairs.get(id(nd))
-        if id(nd) in squash and id(squash[id(nd)][1]) in pairs:
-            joined = pairs[id(squash[id(nd)][1])]
-            expr = f"{_emit_joined(e, joined, k, True)} if p{joined[3]} is None else {expr}"
-        elif joined is not None:
-            if expr is None and _EMITTERS.get(nd.op.rule) is not None:
-                expr = _EMITTERS[nd.op.rule](e, nd, var, k)
-            expr = f"{_emit_joined(e, joined, k, False)} if p{joined[3]} is None else {expr}"
         if expr is None and emit is not None:
             expr = emit(e, nd, var, k)
+        src = squash[id(nd)][1] if id(nd) in squash else nd  # (a tanh: its sum's pair)
+        joined = pairs.get(id(src))
+        if joined is not None and expr is not None:  # one GEMM where the inputs are joined
+            fused = _emit_joined(e, joined, k, tanh=src is not nd)
+            expr = f"{fused} if p{joined[3]} is None else {expr}"
         single = nd.info.single
         if expr is None:  # the op's own rule, called from the generated code
             rule = e.const(f"rule{k}", nd.op.rule)

@@ -523,70 +523,81 @@ def linear_operands(node):
     return None
 
 
-class JoinedLinear:
-    """``linear(x, W_x, b_x) + linear(h, W_h, b_h)`` as one layer over ``[x, h]``:
-    ``(cat([W_x, W_h], 1), b_x + b_h)`` (codegen's joined linears), made when first asked
-    and again when a parameter changes (its ``_version`` or its storage). Inference only:
-    the result carries no autograd history."""
+class _DerivedWeights:
+    """Weights derived from parameters (concatenated, stacked), made when first asked and
+    again when one of them changes (its ``_version`` or its storage); no autograd."""
 
-    __slots__ = ("weights", "biases", "key", "value")
+    __slots__ = ("key", "value")
 
-    def __init__(self, weights: tuple, biases: tuple):
-        self.weights = weights
-        self.biases = tuple(b for b in biases if b is not None)
+    def __init__(self):
         self.key: tuple = ()
         self.value: tuple = ()
 
-    def __call__(self) -> tuple:
-        key = tuple((t._version, t.data_ptr()) for t in (*self.weights, *self.biases))
+    def derived(self, tensors, make) -> tuple:
+        key = tuple((t._version, t.data_ptr()) for t in tensors)
         if key != self.key:
             with torch.no_grad():
-                w = _CAT_ORIGINAL([t.detach() for t in self.weights], 1)
-                b = None
-                for bias in self.biases:
-                    b = bias.detach().clone() if b is None else b + bias.detach()
-            self.value = (w, b)
+                self.value = make()
             self.key = key
         return self.value
+
+
+class JoinedLinear(_DerivedWeights):
+    """``linear(x, W_x, b_x) + linear(h, W_h, b_h)`` as one layer over ``[x, h]``:
+    ``(cat([W_x, W_h], 1), b_x + b_h)`` (codegen's joined linears). Inference only: the
+    result carries no autograd history."""
+
+    __slots__ = ("weights", "biases")
+
+    def __init__(self, weights: tuple, biases: tuple):
+        super().__init__()
+        self.weights = weights
+        self.biases = tuple(b for b in biases if b is not None)
+
+    def _make(self) -> tuple:
+        w = _CAT_ORIGINAL([t.detach() for t in self.weights], 1)
+        b = None
+        for bias in self.biases:
+            b = bias.detach().clone() if b is None else b + bias.detach()
+        return w, b
+
+    def __call__(self) -> tuple:
+        return self.derived((*self.weights, *self.biases), self._make)
 
 
 _CAT_ORIGINAL = torch.cat  # (as imported: see fast_functions)
 
 
-class StackedLinear:
+class StackedLinear(_DerivedWeights):
     """Linear layers that read the same input, ``linear(x, W_1, b_1)``, ...,
     ``linear(x, W_k, b_k)`` (per-gate layers of a textbook LSTM cell), as one GEMM with the
     weights stacked, ``[W_1; ...; W_k]``, and each result a column view of its output
-    (codegen's stacked linears). The stacked weights are made when first asked and again
-    when a parameter changes; where autograd records, the layers run one by one (their
+    (codegen's stacked linears). Where autograd records, the layers run one by one (their
     gradients as eager's) instead of stacking the weights on every batch. ``contiguous``:
     the members whose result leaves the program (copied: later gathers read rows)."""
 
-    __slots__ = ("weights", "biases", "sizes", "contiguous", "key", "value")
+    __slots__ = ("weights", "biases", "sizes", "contiguous")
 
     def __init__(self, weights: tuple, biases: tuple, contiguous: tuple):
+        super().__init__()
         self.weights = weights
         self.biases = biases
         self.sizes = [w.shape[0] for w in weights]
         self.contiguous = contiguous
-        self.key: tuple = ()
-        self.value: tuple = ()
+
+    def _make(self) -> tuple:
+        w = _CAT_ORIGINAL([t.detach() for t in self.weights], 0)
+        b = None
+        if any(bias is not None for bias in self.biases):
+            b = _CAT_ORIGINAL([
+                bias.detach() if bias is not None else w.new_zeros(n)
+                for bias, n in zip(self.biases, self.sizes)
+            ])  # fmt: skip
+        return w, b
 
     def _stacked(self) -> tuple:
         tensors = [t for t in (*self.weights, *self.biases) if t is not None]
-        key = tuple((t._version, t.data_ptr()) for t in tensors)
-        if key != self.key:
-            with torch.no_grad():
-                w = _CAT_ORIGINAL([t.detach() for t in self.weights], 0)
-                b = None
-                if any(bias is not None for bias in self.biases):
-                    b = _CAT_ORIGINAL([
-                        bias.detach() if bias is not None else w.new_zeros(n)
-                        for bias, n in zip(self.biases, self.sizes)
-                    ])  # fmt: skip
-            self.value = (w, b)
-            self.key = key
-        return self.value
+        return self.derived(tensors, self._make)
 
     def __call__(self, x) -> tuple:
         if torch.is_grad_enabled() and (
