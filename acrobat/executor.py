@@ -49,6 +49,7 @@ def reset_slots() -> None:
 # contiguous CPU tensor). Batch numbers are unique within a map and an entry is only read
 # while a LazyTensor of that batch, and so its buffer, is alive.
 _bases: dict[int, int | None] = {}
+_CPU = torch.device("cpu")
 
 
 def constant(rt, value: torch.Tensor):
@@ -173,10 +174,12 @@ def _native_copy(ts: list, slots: list) -> torch.Tensor | None:
     """The rows of ``slots`` copied by the C extension from their addresses (new sources
     entered in ``_bases``) in one call; None if a source is one torch must read."""
     t0 = ts[0]
+    if not t0.node.outs[t0.idx].is_cpu:  # (a GPU map: torch gathers, no host buffer)
+        return None
     shape, dtype = t0.shape, t0.dtype
     # (sizes as separate ints: a tuple is first tried as an int by torch's argument
     # parser, which raises and swallows a TypeError: +0.33 µs a call)
-    out = torch.empty(len(slots), *shape, dtype=dtype)
+    out = torch.empty(len(slots), *shape, dtype=dtype, device=_CPU)  # (copied by address)
     if type(ts) is not list:
         ts = list(ts)
     nbytes = shape.numel() * dtype.itemsize
@@ -356,14 +359,14 @@ def _join(nodes: list, groups: tuple, n: int, stats) -> dict | None:
     left out: its parts are gathered one by one and the program concatenates them."""
     if _native is None or type(nodes) is not list or torch.is_grad_enabled():
         return None
-    if not config.JOIN_GATHERS or not config.FAST_GATHER:
+    if not config.JOIN_GATHERS or not config.FAST_GATHER or nodes[0].rt.device.type != "cpu":
         return None
     joined: dict = {}
     inputs = nodes[0].inputs
     for group in groups:
         dtype = inputs[group[0]].dtype
         width = sum(inputs[j].shape[0] for j in group)
-        out = torch.empty(n, width, dtype=dtype)
+        out = torch.empty(n, width, dtype=dtype, device=_CPU)  # (copied by address)
         if _native.join_into(out.data_ptr(), width * dtype.itemsize, nodes, group, _bases):
             joined[group[0]] = out
             for j in group[1:]:

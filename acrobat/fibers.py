@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import threading
 import time
 from typing import Any
@@ -654,6 +655,31 @@ def _materialize(value, instance: int, fn_name: str):
     )
 
 
+def map_device(arg_tuples: list[tuple], kwargs: dict) -> torch.device | None:
+    """The device a map computes on, which its lazy tensors report (``x.device``): that
+    of the first tensor among the instances' arguments (an input, or else a module's
+    first parameter or buffer), or None (then torch's default device: where the
+    instances' ``torch.tensor(word_id)`` puts the data they start from). acrobat
+    batches on one device; an op mixing devices fails as it fails eagerly."""
+    return _first_device(arg_tuples[:1], 0) or _first_device(list(kwargs.values()), 1)
+
+
+def _first_device(a, depth: int) -> torch.device | None:
+    if isinstance(a, torch.Tensor):
+        with torch._C.DisableTorchFunction():
+            return a.device
+    if isinstance(a, torch.nn.Module):
+        for t in itertools.chain(a.parameters(), a.buffers()):
+            return t.device
+        return None
+    if depth < 3 and isinstance(a, (tuple, list, dict)):
+        for x in list(a.values() if isinstance(a, dict) else a)[:8]:
+            found = _first_device(x, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
 def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> list:
     running = graph.RT
     if running is not None:
@@ -664,6 +690,8 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
             )
         raise AcrobatError("f.map was called inside another f.map; nest plain calls instead")
     rt = Runtime(stats)
+    rt.default_device = torch.get_default_device()
+    rt.device = map_device(arg_tuples, kwargs) or rt.default_device
     reset_slots()
     rt.main = greenlet.getcurrent()
     rt.pool = _pool_for_map()

@@ -113,8 +113,8 @@ class Runtime:
 
     __slots__ = (
         "id", "buckets", "sig_info", "hoisted", "hoist_keepalive", "hoisted_versions",
-        "device", "stats", "fiber", "tracer", "ready", "blocked", "main", "pool", "failed",
-        "all_fibers", "live", "phased", "thread", "nodes", "deferred", "py_rows",
+        "device", "default_device", "stats", "fiber", "tracer", "ready", "blocked", "main",
+        "pool", "failed", "all_fibers", "live", "phased", "thread", "nodes", "deferred", "py_rows",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
         "__weakref__",
     )  # fmt: skip
@@ -127,7 +127,8 @@ class Runtime:
         self.hoisted: dict[tuple, Any] = {}
         self.hoist_keepalive: list[Any] = []
         self.hoisted_versions: list[tuple] = []  # (shared result, its _version, op)
-        self.device = torch.device("cpu")
+        self.device = torch.device("cpu")  # the map's (fibers.map_device)
+        self.default_device = torch.device("cpu")  # torch's default when the map began
         self.stats = stats
         self.fiber = None  # the running fiber (fibers.Fiber)
         self.tracer = None  # a block.Tracer while a block body is being traced

@@ -39,7 +39,7 @@ from torch import nn
 from acrobat import choice, config, graph
 from acrobat.errors import LazyValueError, ShapeError, UnsupportedOpError, user_line
 from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
-from acrobat.tensor import index_tensor
+from acrobat.tensor import index_tensor, to_device
 from acrobat_kernels import gemm, unary
 
 Tensor = torch.Tensor
@@ -726,7 +726,7 @@ _ARRAY_CODES = {torch.float32: "f", torch.float64: "d", torch.int64: "q"}
 
 def tensor_data_rule(nodes):
     shape, dtype = nodes[0].info.metas[0]
-    device = nodes[0].rt.device
+    device = nodes[0].rt.default_device  # (eager's torch.tensor(x) makes it there)
     code = _ARRAY_CODES.get(dtype)
     if code is not None:
         values = (
@@ -738,8 +738,9 @@ def tensor_data_rule(nodes):
             packed = None
         if packed:
             out = torch.frombuffer(packed, dtype=dtype).view(len(nodes), *shape)
-            return (out if device.type == "cpu" else out.to(device),)
-    return (torch.tensor([nd.data for nd in nodes], dtype=dtype, device=device),)
+            return (out if device.type == "cpu" else to_device(out, device),)
+    out = torch.tensor([nd.data for nd in nodes], dtype=dtype)
+    return (out if device.type == "cpu" else to_device(out, device),)
 
 
 def input_data_rule(nodes):
@@ -765,9 +766,11 @@ def _special_tensor(func, args, kwargs):
         )
     if rt.tracer is not None or isinstance(data, Tensor) or kwargs.get("requires_grad"):
         return graph.hoist(func, args, kwargs)
+    if kwargs.get("device") is None and rt.default_device.type != "cpu":
+        kwargs = {**kwargs, "device": rt.default_device}  # (what torch's DeviceContext adds)
     with torch._C.DisableTorchFunction():
         value = func(*args, **kwargs)
-    if value.device != rt.device or value.ndim > 1:
+    if value.device != rt.default_device or value.ndim > 1:
         return value  # nested lists: a real constant (rare; not batched)
     sig = (TENSOR, value.shape, value.dtype)
     return record_data(
@@ -1199,7 +1202,7 @@ def _special_select_narrow(func, args, kwargs):
     if name == "select":
         return x[(slice(None),) * d + (start,)]
     length = _bind_kw(args, kwargs, 3, "length")
-    return x.index_select(d, torch.arange(length) + start)
+    return x.index_select(d, torch.arange(length, device=x.device) + start)
 
 
 TABLE["select"].special = TABLE["narrow"].special = _special_select_narrow

@@ -31,7 +31,7 @@ import torch
 
 from acrobat import config, graph, hoisting
 from acrobat.ops import Op
-from acrobat.tensor import _native
+from acrobat.tensor import _native, index_tensor, to_device
 from acrobat_kernels import recurrence
 
 
@@ -198,10 +198,11 @@ class Scan:
                     column.extend([nd.inputs[base + i] for nd in nodes[:a]])
             for j, column in zip(lazy, columns):
                 out[j] = gather(column, len(column), None)
-        device = nodes[0].rt.device
+        device = nodes[0].rt.default_device  # (where torch.tensor(x) makes them)
         for i, (j, dtype) in enumerate(zip(self.values, self.value_dtypes)):
             flat = [nd.args[i][t] for t, a in enumerate(active) for nd in nodes[:a]]
-            out[j] = torch.tensor(flat, dtype=dtype, device=device)
+            values = torch.tensor(flat, dtype=dtype)
+            out[j] = values if device.type == "cpu" else to_device(values, device)
         return out
 
     def recurrence(self, split) -> tuple | None:
@@ -299,7 +300,7 @@ class Scan:
         operands repeated for its elements; step t's outputs are views of the result."""
         if free:
             rows = [r for a in active for r in range(a)]
-            index = torch.tensor(rows, device=free[0].device)
+            index = index_tensor(rows, free[0].device)
             free = [f.index_select(0, index) for f in free]
         outs = self.trace.run_ops([*elements, *free], elements[0].shape[0])
         step_outs: list = []

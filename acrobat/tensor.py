@@ -52,7 +52,20 @@ def index_tensor(values: list, device: torch.device) -> torch.Tensor:
     if not values:
         return torch.empty(0, dtype=_LONG, device=device)
     t = torch.frombuffer(array("q", values), dtype=_LONG)  # holds the array alive
-    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+    return t if device.type == "cpu" else to_device(t, device)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor copied to a GPU without waiting for it: staged in page-locked memory,
+    from which the copy runs asynchronously (from pageable memory the copy waits for the
+    stream, so every gather's index would hold the CPU until the GPU had caught up, and
+    no kernel launch could run ahead). torch's host allocator keeps the staging buffer
+    until the copy has run."""
+    if device.type != "cuda":
+        return t.to(device)
+    pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    pinned.copy_(t)
+    return pinned.to(device, non_blocking=True)
 
 
 def type_key(shape: torch.Size, dtype: torch.dtype) -> int:
@@ -166,8 +179,10 @@ class LazyTensor(_LazyBase):
         """The legacy constructor: ``x.new(2, 3)`` / ``x.new(torch.Size(...))`` an
         uninitialized tensor of those sizes (a shared constant: fill it with
         ``new_zeros``/``new_full``, not in place), ``x.new(data)`` a tensor of the data."""
-        if len(args) == 1 and isinstance(args[0], (list, tuple)) and not isinstance(
-            args[0], torch.Size
+        if (
+            len(args) == 1
+            and isinstance(args[0], (list, tuple))
+            and not isinstance(args[0], torch.Size)
         ):
             return self.new_tensor(args[0], **kwargs)
         if len(args) == 1 and isinstance(args[0], torch.Size):

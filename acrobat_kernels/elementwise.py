@@ -69,6 +69,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -732,6 +733,13 @@ def _cupy():
 _cuda_kernels: dict[Program, Any] = {}
 
 
+def _external_stream(cupy, handle: int):
+    """torch's current stream as cupy's (the kernel runs in order with torch's work)."""
+    with warnings.catch_warnings():  # (cupy 14 prefers Stream.from_external(protocol))
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle)
+
+
 def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
     cupy = _cupy()
     if cupy is None or not torch.cuda.is_available():
@@ -762,7 +770,7 @@ def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]
 
     blocks = min(-(-n * F // _CUDA_THREADS), 65535)
     stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
+    with cupy.cuda.Device(device.index), _external_stream(cupy, stream.cuda_stream):
         kernel((blocks,), (_CUDA_THREADS,), tuple(args))
     return outs
 

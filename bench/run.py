@@ -241,6 +241,7 @@ def bench_case(
     with torch.no_grad():
         reference = run_eager(task)
 
+    sync = args.device.startswith("cuda")
     measurements: dict[str, Measurement] = {}
     runs: dict[str, Callable[[], float]] = {}
     outputs: dict[str, Any] = {}
@@ -256,6 +257,8 @@ def bench_case(
         def run() -> float:
             start = time.perf_counter()
             outputs[system] = fn()
+            if sync:  # the device's work done, not only launched
+                torch.cuda.synchronize()
             ms = (time.perf_counter() - start) * 1e3
             if system.startswith("acrobat"):  # the stats of this system's own last run
                 measurements[system].stats = acrobat_stats()
@@ -279,6 +282,7 @@ def bench_case(
         if (
             args.dynet
             and not args.train
+            and args.device == "cpu"  # (the dynet38 wheel is CPU only)
             and dynet_available()
             and importlib.util.find_spec(f"bench.dynet_models.{name}")
         ):
@@ -438,6 +442,8 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
         "# acrobat benchmark",
         "",
         f"torch {config['torch']}, {config['threads']} torch threads, {config['machine']}, "
+        + (f"device {config['device']}, " if config.get("device", "cpu") != "cpu" else "")
+        +
         f"{config['record_path']} record path, "
         f"malloc {'holding freed memory' if config.get('malloc_held') else 'as is'}; "
         f"{config['reps']} timed rounds after {config['warmup']} warm-up runs; each round times "
@@ -516,6 +522,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--threads", type=int, default=None,
         help="torch.set_num_threads; 1 is steadier on a busy machine and matches DyNet (1 thread)",
     )  # fmt: skip
+    parser.add_argument(
+        "--device", default="cpu",
+        help="torch's default device for the models and their inputs (cuda: timed to "
+        "torch.cuda.synchronize; DyNet not run)",
+    )  # fmt: skip
     parser.add_argument("--atol", type=float, default=1e-4)
     parser.add_argument("--rtol", type=float, default=1e-4)
     parser.add_argument("--no-dynet", dest="dynet", action="store_false", help="skip DyNet")
@@ -548,6 +559,8 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device != "cpu":
+        torch.set_default_device(args.device)
     if acrobat.config.HOLD_MEMORY:
         # what acrobat's first map does (acrobat/memory.py), done first so that every
         # in-process system, eager and hand-batched included, runs with the same malloc
@@ -575,7 +588,12 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
             measurements += bench_case(modules[name], name, size, batch, args)
         except Exception as error:  # e.g. make_task failing for one size
             log(f"  skipped: {type(error).__name__}: {error}")
+        write_results(measurements, args, modules, final=False)  # (a cut-off run keeps these)
+    return write_results(measurements, args, modules, final=True)
 
+
+def write_results(measurements: list[Measurement], args, modules: dict, final: bool):
+    """The report (markdown, printed when ``final``) and the JSON records at ``args.out``."""
     config = {
         "models": list(modules), "sizes": args.sizes, "batches": args.batches,
         "reps": args.reps, "warmup": args.warmup, "settle": args.settle, "seed": args.seed,
@@ -584,19 +602,27 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
         "torch": torch.__version__, "python": platform.python_version(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "record_path": "C" if acrobat.tensor._native is not None else "Python",
-        "malloc_held": acrobat.memory.held(),
+        "malloc_held": acrobat.memory.held(), "device": _device_name(args.device),
     }  # fmt: skip
     summary = summarize(measurements)
     report = markdown(measurements, summary, config)
-    print(report)
+    if final:
+        print(report)
     md_path, json_path = Path(f"{args.out}.md"), Path(f"{args.out}.json")
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(report)
     records = [{**asdict(m), "median_ms": m.median_ms, "min_ms": m.min_ms} for m in measurements]
     payload = {"config": config, "results": records, "summary": summary}
     json_path.write_text(json.dumps(finite(payload), indent=1, default=str))
-    log(f"wrote {md_path} and {json_path}")
+    if final:
+        log(f"wrote {md_path} and {json_path}")
     return measurements
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return device
 
 
 if __name__ == "__main__":

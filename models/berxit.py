@@ -130,7 +130,11 @@ def classify_plain(x: torch.Tensor, model: Berxit) -> tuple[torch.Tensor, int]:
 def make_inputs(batch: int, hidden: int, seed: int) -> list[torch.Tensor]:
     """``batch`` standard normal (SEQ_LEN, hidden) sequences."""
     generator = torch.Generator().manual_seed(seed)
-    return list(torch.randn(batch, SEQ_LEN, hidden, generator=generator).unbind(0))
+    return list(
+        torch.randn(batch, SEQ_LEN, hidden, generator=generator, device="cpu")
+        .to(torch.get_default_device())
+        .unbind(0)
+    )
 
 
 def make_task(size: str, batch: int, seed: int = 0, blocks: bool = True) -> Task:

@@ -170,7 +170,11 @@ def generate_plain(x: torch.Tensor, model: DRNN) -> tuple[torch.Tensor, list[int
 def make_inputs(batch: int, hidden: int, seed: int) -> list[torch.Tensor]:
     """``batch`` standard normal input vectors."""
     generator = torch.Generator().manual_seed(seed)
-    return list(torch.randn(batch, hidden, generator=generator).unbind(0))
+    return list(
+        torch.randn(batch, hidden, generator=generator, device="cpu")
+        .to(torch.get_default_device())
+        .unbind(0)
+    )
 
 
 def make_task(size: str, batch: int, seed: int = 0, blocks: bool = True) -> Task:

@@ -107,7 +107,14 @@ def make_inputs(batch: int, hidden: int, seed: int) -> list[Instance]:
     for _ in range(batch):
         outer = rng.randint(MIN_TRIPS, MAX_TRIPS)
         trips = tuple(rng.randint(MIN_TRIPS, MAX_TRIPS) for _ in range(outer))
-        instances.append(Instance(torch.randn(hidden, generator=generator), trips))
+        instances.append(
+            Instance(
+                torch.randn(hidden, generator=generator, device="cpu").to(
+                    torch.get_default_device()
+                ),
+                trips,
+            )
+        )
     return instances
 
 

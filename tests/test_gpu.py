@@ -1,0 +1,184 @@
+"""acrobat on a device other than the CPU.
+
+On a machine with a CUDA device (and cupy for the generated kernels) every benchmark
+model runs batched on the GPU against its eager loop there, plain code and blocks, with
+value reads (DRNN, Berxit, StackRNN), with the generated CUDA kernels of a block's
+elementwise tail, and in training. Elsewhere those tests skip; the device plumbing is
+still checked on torch's ``meta`` device (shapes without values), where a tensor the
+runtime made on the CPU by mistake meets the model's meta tensors and fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import acrobat
+from models.common import flatten, outputs_close, run_eager
+
+ALL = ["treelstm", "mvrnn", "birnn", "nestedrnn", "drnn", "berxit", "stackrnn"]
+PURE = ["treelstm", "mvrnn", "birnn", "nestedrnn"]  # no value reads: complete on meta
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture
+def default_device(request):
+    """torch's default device set to ``request.param`` for the test (models, inputs and
+    the instances' ``torch.tensor(word_id)`` are made there, as a user's GPU run would)."""
+    torch.set_default_device(request.param)
+    try:
+        yield torch.device(request.param)
+    finally:
+        torch.set_default_device(None)
+
+
+def _task(name: str, batch: int, blocks: bool, size: str = "small"):
+    return importlib.import_module(f"models.{name}").make_task(size, batch, blocks=blocks)
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [x for x in flatten(tree) if isinstance(x, torch.Tensor)]
+
+
+# --- meta: the device plumbing, on any machine ---------------------------------------------
+
+
+@pytest.mark.parametrize("default_device", ["meta"], indirect=True)
+@pytest.mark.parametrize("blocks", [False, True], ids=["plain", "blocks"])
+@pytest.mark.parametrize("name", PURE)
+def test_models_stay_on_the_maps_device(name, blocks, default_device):
+    task = _task(name, 4, blocks)
+    outs = task.fn.map(task.inputs, **task.kwargs)
+    refs = run_eager(task)
+    got, want = _tensors(outs), _tensors(refs)
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert g.device.type == "meta" and g.shape == w.shape and g.dtype == w.dtype
+
+
+@pytest.mark.parametrize("default_device", ["meta"], indirect=True)
+def test_instance_data_is_made_on_the_default_device(default_device):
+    """``torch.tensor(list)`` / ``torch.tensor(n)`` inside an instance (data nodes, batched
+    for all instances) are made where eager makes them: on the default device."""
+    seen = []
+
+    @acrobat.autobatch
+    def f(x, k):
+        seen.append(x.device)
+        mask = torch.tensor([1.0, 0.0, float(k)])
+        return x * mask + torch.tensor(float(k)) + torch.zeros(3).sum()
+
+    xs = [torch.randn(3) for _ in range(5)]
+    outs = f.map(xs, list(range(5)))
+    assert all(o.device.type == "meta" and o.shape == (3,) for o in outs)
+    assert seen and all(d.type == "meta" for d in seen)
+
+
+def test_the_maps_device_is_its_inputs(monkeypatch):
+    """Lazy tensors report the device of the map's tensors (its inputs, else the first
+    module's parameters), not the default device."""
+    seen = []
+
+    @acrobat.autobatch
+    def f(x, lin):
+        seen.append(x.device)
+        return lin(x)
+
+    lin = torch.nn.Linear(3, 2, device="meta")
+    outs = f.map([torch.randn(3, device="meta") for _ in range(3)], lin=lin)
+    assert all(o.device.type == "meta" for o in outs)
+    assert [d.type for d in seen] == ["meta"] * 3
+
+
+# --- CUDA ----------------------------------------------------------------------------------
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+@pytest.mark.parametrize("blocks", [False, True], ids=["plain", "blocks"])
+@pytest.mark.parametrize("name", ALL)
+def test_models_on_cuda_match_eager(name, blocks, default_device):
+    task = _task(name, 8, blocks)
+    with torch.no_grad():
+        outs = task.fn.map(task.inputs, **task.kwargs)
+        refs = run_eager(task)
+    assert all(t.device.type == "cuda" for t in _tensors(outs))
+    check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
+    assert check, check.message
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+@pytest.mark.parametrize("name", ["treelstm", "drnn", "stackrnn"])
+def test_models_on_cuda_batch_64(name, default_device):
+    task = _task(name, 64, False)
+    with torch.no_grad():
+        outs = task.fn.map(task.inputs, **task.kwargs)
+        refs = run_eager(task)
+    check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
+    assert check, check.message
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+@pytest.mark.parametrize("name", ["treelstm", "nestedrnn"])  # (blocks with a fused tail)
+def test_generated_cuda_kernels_in_models(name, default_device, monkeypatch):
+    from acrobat_kernels import elementwise
+
+    if elementwise._cupy() is None:
+        pytest.skip("needs cupy")
+    calls = []
+    real = elementwise._BACKENDS["cuda"]
+    monkeypatch.setitem(elementwise._BACKENDS, "cuda", lambda *a: calls.append(1) or real(*a))
+    task = _task(name, 8, True)
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="cuda"):
+        outs = task.fn.map(task.inputs, **task.kwargs)
+        refs = run_eager(task)
+    check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
+    assert check, check.message
+    assert calls, "no generated CUDA kernel ran"
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+@pytest.mark.parametrize("blocks", [False, True], ids=["plain", "blocks"])
+def test_training_on_cuda_gradients_match_eager(blocks, default_device):
+    task = _task("treelstm", 8, blocks)
+    params = [p for p in task.model.parameters() if p.requires_grad]
+
+    def grads(run):
+        task.model.zero_grad()
+        total = sum(t.sum() for t in _tensors(run()))
+        total.backward()
+        return [p.grad.clone() for p in params]
+
+    want = grads(lambda: run_eager(task))
+    got = grads(lambda: task.fn.map(task.inputs, **task.kwargs))
+    check = outputs_close(got, want, atol=1e-4, rtol=1e-4)
+    assert check, check.message
+
+
+@needs_cuda
+def test_cuda_inputs_with_value_reads():
+    """Per-instance CUDA tensors with the default device left on the CPU: the map runs
+    where its inputs are, and a value read (a branch) copies the values to the host."""
+
+    @acrobat.autobatch
+    def f(x):
+        y = torch.tanh(x * 2)
+        steps = 0
+        while y.sum() > 0 and steps < 4:  # tensor-dependent: suspends every iteration
+            y = y - 0.5
+            steps += 1
+        return y, torch.tensor(float(steps), device=x.device)
+
+    xs = [torch.randn(5, device="cuda") for _ in range(16)]
+    with torch.no_grad():
+        outs = f.map(xs)
+        refs = [f.eager(x) for x in xs]
+    assert all(o[0].device.type == "cuda" for o in outs)
+    check = outputs_close(outs, refs, atol=1e-5, rtol=1e-5)
+    assert check, check.message
