@@ -138,6 +138,15 @@ FAST_RECURRENCE: bool = bool(_env_int("ACROBAT_FAST_RECURRENCE", 1))
 #: Off (or with autograd recording, or off the CPU): torch ops.
 FAST_GATHER: bool = bool(_env_int("ACROBAT_FAST_GATHER", 1))
 
+#: On a GPU, gather indices go up through one page-locked ring buffer into one device
+#: ring buffer (tensor.IndexRing) instead of a page-locked and a device tensor each.
+INDEX_RING: bool = bool(_env_int("ACROBAT_INDEX_RING", 1))
+
+#: On a GPU (with cupy), rows spread over several producer batches are gathered by one
+#: kernel reading each row from its address (acrobat_kernels/cuda_gather.py) instead of
+#: torch's views, ``cat`` and ``index_select``.
+CUDA_GATHER: bool = bool(_env_int("ACROBAT_CUDA_GATHER", 1))
+
 #: Alignment while recording: a node whose (phase, depth, signature) bucket does not
 #: exist yet joins the nearest bucket of its signature up to this many levels deeper, if
 #: any (its consumers then follow it there). Depth levelling puts a rare step (NestedRNN's

@@ -21,7 +21,8 @@ from acrobat.errors import AcrobatError, UnsupportedOpError
 from acrobat.ops import DATA_OPS, ROW_VIEWS, TAKE, TENSOR, reshape_rule
 from acrobat.rows import rows_of
 from acrobat.scan import looping
-from acrobat.tensor import _native, index_tensor
+from acrobat.tensor import _native, index_array, index_tensor
+from acrobat_kernels import cuda_gather
 from acrobat_kernels.gather import gather_rows
 
 # Where a computed value lives, as one int per (node, output): the batch's number, the
@@ -41,6 +42,7 @@ def reset_slots() -> None:
     global _batches
     _batches = itertools.count(1)
     _bases.clear()
+    _cuda_bases.clear()
     _reused.clear()
 
 
@@ -49,6 +51,7 @@ def reset_slots() -> None:
 # contiguous CPU tensor). Batch numbers are unique within a map and an entry is only read
 # while a LazyTensor of that batch, and so its buffer, is alive.
 _bases: dict[int, int | None] = {}
+_cuda_bases: dict[int, int | None] = {}  # the same for GPU tensors (never read in C)
 _CPU = torch.device("cpu")
 
 
@@ -139,6 +142,9 @@ def _copy_rows(ts: list, slots: list, n: int, stats) -> torch.Tensor:
     ):
         out = _fast_gather(ts, slots)
         stats.gathers += out is not None
+    if out is None and not one_source and _cuda_gather_ok(ts[0]):
+        out = _cuda_gather(ts, slots)
+        stats.gathers += out is not None
     if out is None and one_source:  # rows in any order
         t0 = ts[0]
         buf = t0.node.outs[t0.idx]
@@ -168,6 +174,43 @@ def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
     except TypeError:  # a source torch must read (None + int)
         return None
     return gather_rows(addresses, shape, dtype, nbytes)
+
+
+def _cuda_gather_ok(t0) -> bool:
+    """Whether a gather's rows may be copied by the CUDA kernel of acrobat_kernels.cuda_gather
+    (a GPU map, no autograd, cupy present: checked once per process)."""
+    global _CUDA_GATHER
+    if not config.CUDA_GATHER or t0.node.outs[t0.idx].is_cpu or torch.is_grad_enabled():
+        return False
+    if _CUDA_GATHER is None:
+        _CUDA_GATHER = cuda_gather.available()
+    return _CUDA_GATHER
+
+
+_CUDA_GATHER: bool | None = None
+
+
+def _cuda_gather(ts: list, slots: list) -> torch.Tensor | None:
+    """Rows from several producer batches on a GPU in one kernel, each read from its
+    device address (its batch's row 0, from ``_cuda_bases``, plus its row's offset); None
+    if a source is not a contiguous tensor of such rows (then torch gathers)."""
+    t0 = ts[0]
+    shape, dtype = t0.shape, t0.dtype
+    nbytes = shape.numel() * dtype.itemsize
+    bases = _cuda_bases
+    try:
+        addresses = array("q", [bases[s >> _ROW_BITS] + (s & _ROW_MASK) * nbytes for s in slots])
+    except KeyError:  # a source read for the first time
+        for key, t in {s >> _ROW_BITS: t for s, t in zip(slots, ts)}.items():
+            if key not in bases:
+                buf = t.node.outs[t.idx]
+                ok = buf.is_cuda and buf.is_contiguous() and buf.dtype == dtype
+                bases[key] = buf.data_ptr() if ok and buf.shape[1:] == shape else None
+        return _cuda_gather(ts, slots)
+    except TypeError:  # a source torch must read (None + int)
+        return None
+    device = t0.node.outs[t0.idx].device
+    return cuda_gather.gather_rows(index_array(addresses, device), shape, dtype, nbytes)
 
 
 def _native_copy(ts: list, slots: list) -> torch.Tensor | None:

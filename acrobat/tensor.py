@@ -14,6 +14,7 @@ from the same table, so ``x @ W``, ``x.chunk(4)`` and ``torch.tanh(x)`` all land
 
 from __future__ import annotations
 
+import ctypes
 from array import array
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +52,81 @@ def index_tensor(values: list, device: torch.device) -> torch.Tensor:
     gather."""
     if not values:
         return torch.empty(0, dtype=_LONG, device=device)
+    if device.type == "cuda" and config.INDEX_RING and not torch.is_grad_enabled():
+        # (under autograd index_select keeps its index for the backward: a tensor of its own)
+        return index_array(array("q", values), device)
     t = torch.frombuffer(array("q", values), dtype=_LONG)  # holds the array alive
     return t if device.type == "cpu" else to_device(t, device)
+
+
+def index_array(values: array, device: torch.device) -> torch.Tensor:
+    """An int64 ``array`` on a GPU, for the executor's use within the map (the ring's
+    slice is rewritten later: not for a tensor autograd keeps)."""
+    if config.INDEX_RING:
+        ring = _RINGS.get(device)
+        if ring is None:
+            ring = _RINGS[device] = IndexRing(device)
+        out = ring.put(values)
+        if out is not None:
+            return out
+    return to_device(torch.frombuffer(values, dtype=_LONG), device)
+
+
+class IndexRing:
+    """Index arrays for a GPU's gathers, staged through one page-locked buffer into one
+    device buffer, both used as rings: an index costs a byte copy on the host, one
+    asynchronous copy and a view, where a tensor of its own costs two allocations (one
+    page-locked) and torch's bookkeeping of both. When the ring wraps, the CPU waits
+    for the stream to finish what it was given, so no slice is rewritten before the
+    kernels reading it (and the copy filling it) have run: with ``SIZE`` entries, once
+    every few dozen TreeLSTM maps of 64 trees. Not under autograd: the index of an
+    ``index_select`` that records its backward must outlive the map."""
+
+    SIZE = 1 << 20  # int64 entries: 8 MiB page-locked + 8 MiB on the device
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.host = torch.empty(self.SIZE, dtype=_LONG, pin_memory=True)
+        self.dev = torch.empty(self.SIZE, dtype=_LONG, device=device)
+        self.host_ptr = self.host.data_ptr()
+        self.dev_ptr = self.dev.data_ptr()
+        self.pos = 0
+        self.wraps = 0
+        self.memcpy = _cuda_memcpy()
+
+    def put(self, values: array) -> torch.Tensor | None:
+        """``values`` on the device (a view into the ring), or None if too many."""
+        n = len(values)
+        if n > self.SIZE // 4:
+            return None
+        pos = self.pos
+        if pos + n > self.SIZE:
+            torch.cuda.synchronize(self.device)  # (every stream: the ring's users may vary)
+            pos = 0
+            self.wraps += 1
+        self.pos = pos + n
+        nbytes = n * 8
+        ctypes.memmove(self.host_ptr + pos * 8, values.buffer_info()[0], nbytes)
+        dev = self.dev[pos : pos + n]
+        if self.memcpy is not None:
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            self.memcpy(self.dev_ptr + pos * 8, self.host_ptr + pos * 8, nbytes, 1, stream)
+        else:
+            dev.copy_(self.host[pos : pos + n], non_blocking=True)
+        return dev
+
+
+_RINGS: dict = {}
+
+
+def _cuda_memcpy():
+    """cupy's ``cudaMemcpyAsync`` (host to device: kind 1) where cupy is installed (a
+    plain runtime call, without torch's bookkeeping of a copy), else None."""
+    try:
+        import cupy
+    except Exception:  # (not installed, or no CUDA runtime it can load)
+        return None
+    return cupy.cuda.runtime.memcpyAsync
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -7,7 +7,7 @@
 # Writes OUTDIR/env.txt (devices, versions), OUTDIR/tests.txt (tests/test_gpu.py and the
 # CUDA kernel tests of tests/test_kernels.py, run on the device) and OUTDIR/gpu.{md,json}
 # (python -m bench.run --device cuda; its results are rewritten after each case, so a
-# run cut off at BENCH_SECONDS keeps the cases it finished).
+# run cut off at BENCH_SECONDS keeps the cases it finished; 0: no benchmark).
 set -u
 out=${1:?usage: bash bench/gpu.sh OUTDIR [BENCH_SECONDS] [BENCH ARGS...]}
 seconds=${2:-300}
@@ -39,6 +39,7 @@ if [ "$rc" -ge 128 ]; then  # a crash: the same without the C helpers
     echo "crashed: again with ACROBAT_NATIVE=0"
     tests tests_python.txt
 fi
+[ "$seconds" = 0 ] && exit 0  # (the checks only)
 timeout "$seconds" $py -m bench.run --device cuda --no-dynet --out "$out/gpu" "$@" >"$out/bench.log" 2>&1
 echo "bench: exit $?"
 grep -v "bench:" "$out/bench.log" | tail -60

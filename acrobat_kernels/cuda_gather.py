@@ -1,0 +1,112 @@
+"""Row gathers on a GPU as one kernel that reads each row from its address.
+
+A batch operand whose rows are spread over several producer batches (a parser's stack
+tops, the children of tree nodes made at different depths) is, in torch, a view or an
+``index_select`` per source, a ``cat`` and a reordering ``index_select``: on a GPU each
+is a launch and ~10-20 µs of the CPU's time, which the GPU run spends waiting on. Here
+the rows' device addresses go up in one copy (the caller's page-locked ring,
+``acrobat.tensor.IndexRing``) and one kernel copies every row, whatever the number of
+sources: the CPU path's C copy by address, on the device.
+
+Only for what a byte copy computes exactly: contiguous rows, no autograd (the caller
+keeps torch where gradients flow). Compiled by NVRTC through cupy on first use; the
+source compiles with ``nvcc -ptx`` in the tests on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+SOURCE = r"""
+extern "C" __global__ void acrobat_gather_words(
+        const unsigned long long* __restrict__ addresses, unsigned int* __restrict__ out,
+        long long n, long long words) {
+    long long total = n * words;
+    long long step = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += step) {
+        long long i = k / words;
+        out[k] = ((const unsigned int*)addresses[i])[k - i * words];
+    }
+}
+
+extern "C" __global__ void acrobat_gather_bytes(
+        const unsigned long long* __restrict__ addresses, unsigned char* __restrict__ out,
+        long long n, long long nbytes) {
+    long long total = n * nbytes;
+    long long step = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += step) {
+        long long i = k / nbytes;
+        out[k] = ((const unsigned char*)addresses[i])[k - i * nbytes];
+    }
+}
+"""
+
+KERNELS = ("acrobat_gather_words", "acrobat_gather_bytes")
+_THREADS = 256
+_MAX_BLOCKS = 4096
+
+_module: Any = None  # cupy.RawModule, compiled on first use
+_streams: dict = {}  # torch stream handle -> cupy.cuda.ExternalStream
+
+
+def available() -> bool:
+    """Whether cupy can run the kernel here (installed, with a CUDA device)."""
+    try:
+        import cupy  # noqa: F401
+    except Exception:
+        return False
+    return torch.cuda.is_available()
+
+
+def _kernels():
+    global _module
+    if _module is None:
+        import cupy
+
+        _module = cupy.RawModule(code=SOURCE, name_expressions=KERNELS)
+    return _module.get_function(KERNELS[0]), _module.get_function(KERNELS[1])
+
+
+def _stream(device: torch.device):
+    import warnings
+
+    import cupy
+
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        with warnings.catch_warnings():  # (cupy 14 prefers Stream.from_external(protocol))
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = _streams[handle] = cupy.cuda.ExternalStream(handle)
+    return stream
+
+
+def gather_rows(
+    addresses: torch.Tensor, shape: tuple, dtype: torch.dtype, nbytes: int
+) -> torch.Tensor:
+    """A new contiguous ``(len(addresses), *shape)`` tensor on ``addresses``' device
+    whose row ``i`` is the ``nbytes`` bytes at device address ``addresses[i]`` (an int64
+    tensor on that device). The caller guarantees every address points into a live
+    tensor on that device with that many contiguous bytes."""
+    import cupy
+
+    device = addresses.device
+    n = addresses.shape[0]
+    out = torch.empty(n, *shape, dtype=dtype, device=device)
+    words, bytewise = _kernels()
+    if nbytes % 4 == 0:  # (rows start at multiples of nbytes from 256-byte-aligned bases)
+        kernel, width = words, nbytes // 4
+    else:
+        kernel, width = bytewise, nbytes
+    total = n * width
+    if total == 0:
+        return out
+    blocks = min(-(-total // _THREADS), _MAX_BLOCKS)
+    args = (np.uint64(addresses.data_ptr()), np.uint64(out.data_ptr()), np.int64(n),
+            np.int64(width))  # fmt: skip
+    with cupy.cuda.Device(device.index), _stream(device):
+        kernel((blocks,), (_THREADS,), args)
+    return out
