@@ -20,29 +20,22 @@ from typing import Any
 import numpy as np
 import torch
 
-SOURCE = r"""
-extern "C" __global__ void acrobat_gather_words(
-        const unsigned long long* __restrict__ addresses, unsigned int* __restrict__ out,
-        long long n, long long words) {
-    long long total = n * words;
+_KERNEL = r"""
+extern "C" __global__ void acrobat_gather_{name}(
+        const unsigned long long* __restrict__ addresses, {T}* __restrict__ out,
+        long long n, long long width) {{
+    long long total = n * width;
     long long step = (long long)gridDim.x * blockDim.x;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += step) {
-        long long i = k / words;
-        out[k] = ((const unsigned int*)addresses[i])[k - i * words];
-    }
-}
-
-extern "C" __global__ void acrobat_gather_bytes(
-        const unsigned long long* __restrict__ addresses, unsigned char* __restrict__ out,
-        long long n, long long nbytes) {
-    long long total = n * nbytes;
-    long long step = (long long)gridDim.x * blockDim.x;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += step) {
-        long long i = k / nbytes;
-        out[k] = ((const unsigned char*)addresses[i])[k - i * nbytes];
-    }
-}
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += step) {{
+        long long i = k / width;
+        out[k] = ((const {T}*)addresses[i])[k - i * width];
+    }}
+}}
 """
+
+#: Rows copied as 4-byte words where their size allows, else byte by byte.
+SOURCE = "".join(_KERNEL.format(name=name, T=T) for name, T in
+                 [("words", "unsigned int"), ("bytes", "unsigned char")])  # fmt: skip
 
 KERNELS = ("acrobat_gather_words", "acrobat_gather_bytes")
 _THREADS = 256
