@@ -1256,6 +1256,12 @@ for _name, _aliases in {
     ),
     "prelu": (F.prelu, F.glu),
     "pairwise_distance": (F.pairwise_distance,),
+    # normalisations of one instance's channels with fixed statistics (an eval-mode
+    # nn.BatchNorm*) or its own (group, instance, and batch norm without running stats)
+    "batch_norm": (F.batch_norm,),
+    "group_norm": (F.group_norm, F.instance_norm),
+    "repeat_interleave": (torch.repeat_interleave, T.repeat_interleave),
+    "float_power": (torch.float_power, T.float_power),
     "attention": (F.scaled_dot_product_attention, F.multi_head_attention_forward),
 }.items():  # fmt: skip
     _add(Op(_name, vmap_rule, "vmap", _aliases, doc="batched by torch.vmap"))
@@ -1273,6 +1279,59 @@ def _special_one_hot(func, args, kwargs):
 
 
 TABLE["one_hot"].special = _special_one_hot
+
+
+def _special_norm_stats(func, args, kwargs):
+    """``F.batch_norm`` in training mode (``F.instance_norm`` with input statistics)
+    given running statistics updates them in place, instance after instance in the eager
+    loop: refused. Fixed statistics (eval mode) or none: a vmap batch."""
+    if func is F.group_norm:  # (no running statistics)
+        return record(TABLE["group_norm"], func, args, kwargs)
+    stats = _bind_kw(args, kwargs, 1, "running_mean")
+    if func is F.batch_norm:
+        updates, op = _bind_kw(args, kwargs, 5, "training", False), TABLE["batch_norm"]
+    else:  # F.instance_norm
+        updates, op = _bind_kw(args, kwargs, 5, "use_input_stats", True), TABLE["group_norm"]
+    if updates and stats is not None:
+        raise UnsupportedOpError(
+            f"{func.__name__} in training mode with running statistics on a lazy tensor (at "
+            f"{user_line(2)}): the eager loop updates the running statistics once per "
+            "instance, in order; call model.eval() for inference, or use "
+            "track_running_stats=False (or nn.LayerNorm / nn.GroupNorm) in training"
+        )
+    return record(op, func, args, kwargs)
+
+
+def _real_tensor(data, dtype, device):
+    with torch._C.DisableTorchFunction():  # (a method's special runs with the mode on)
+        return torch.tensor(data, dtype=dtype, device=device)
+
+
+def _special_repeat_interleave(func, args, kwargs):
+    """``repeat_interleave`` sized by per-instance repeats would size its result by their
+    values: refused (a number, or a tensor shared by every instance, is a vmap batch)."""
+    repeats = _bind_kw(args, kwargs, 1, "repeats")
+    if type(repeats) is LazyTensor and repeats.node.op is TABLE["tensor"]:
+        # torch.tensor([...]) made in the instance: its values are known, as eager's are
+        # (hoisted: every instance with the same repeats shares one tensor, and one batch)
+        known = graph.hoist(
+            _real_tensor, (repeats.node.data, repeats.dtype, graph.RT.default_device), {}
+        )
+        if len(args) > 1:
+            args = (args[0], known, *args[2:])
+        else:
+            kwargs = {**kwargs, "repeats": known}
+        repeats = known
+    if type(repeats) is LazyTensor:
+        raise UnsupportedOpError(
+            f"repeat_interleave with per-instance repeats (at {user_line(2)}): the result's "
+            "size would depend on their values; read them first (repeats.tolist())"
+        )
+    return record(TABLE["repeat_interleave"], func, args, kwargs)
+
+
+TABLE["batch_norm"].special = TABLE["group_norm"].special = _special_norm_stats
+TABLE["repeat_interleave"].special = _special_repeat_interleave
 
 
 def _special_attention(func, args, kwargs):

@@ -245,6 +245,33 @@ class LazyTensor(_LazyBase):
         like = self._like(dtype, device)
         return torch.full(size, fill_value, **like, requires_grad=requires_grad)
 
+    def type(self, dtype=None, non_blocking=False, **kwargs):
+        """``x.type()``: the type's name, as eager gives it (``'torch.FloatTensor'``);
+        ``x.type(dtype)``, ``dtype`` a ``torch.dtype``, a tensor type or its name
+        (``'torch.DoubleTensor'``): ``x.to(dtype)``."""
+        with torch._C.DisableTorchFunction():
+            if dtype is None:
+                return torch.empty(0, dtype=self.dtype, device=self.device).type()
+            kind = dtype
+            if isinstance(kind, str):
+                kind = torch
+                for part in dtype.split(".")[1:] if dtype.startswith("torch.") else [dtype]:
+                    kind = getattr(kind, part, None)
+            if not isinstance(kind, torch.dtype):
+                kind = getattr(kind, "dtype", None)
+            named = dtype if isinstance(dtype, str) else getattr(dtype, "__module__", "")
+            cuda = ".cuda" in f".{named}"
+        if not isinstance(kind, torch.dtype):
+            raise TypeError(f"x.type({dtype!r}): not a dtype or tensor type (at {user_line(2)})")
+        if cuda != (self.device.type == "cuda"):
+            from acrobat.errors import UnsupportedOpError
+
+            raise UnsupportedOpError(
+                f"x.type({dtype!r}) moves a lazy tensor to another device (at {user_line(2)}):"
+                " inside f.map tensors stay on the map's device; use x.to(dtype)"
+            )
+        return self.to(kind)
+
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
         """``torch.tensor(data)`` of this tensor's dtype: per-instance data, as there."""
         return torch.tensor(data, **self._like(dtype, device), requires_grad=requires_grad)

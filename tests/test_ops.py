@@ -1464,6 +1464,54 @@ add(
     ),
 )
 add(
+    "batch_norm",
+    case(
+        "fixed statistics (eval mode) and the instance's own",
+        lambda x, m, v, w: (
+            F.batch_norm(x, m, v.abs() + 0.5, w, w, False, 0.1, 1e-5),
+            F.batch_norm(x, None, None, w, None, training=True),
+        ),
+        x=X("3 c"),
+        m=W("c"),
+        v=W("c"),
+        w=W("c"),
+    ),
+)
+add(
+    "group_norm",
+    case(
+        "group and instance norm",
+        lambda x, w: (
+            F.group_norm(x.unsqueeze(0), 1, w, w),
+            F.instance_norm(x.unsqueeze(0)),
+            F.instance_norm(x.unsqueeze(0), w.abs() * 0, w.abs() + 1, use_input_stats=False),
+        ),
+        x=X("c 3"),
+        w=W("c"),
+    ),
+)
+add(
+    "repeat_interleave",
+    case(
+        "a number and the instance's known repeats",
+        lambda x: (
+            torch.repeat_interleave(x, 2),
+            x.repeat_interleave(2, dim=0),
+            x.repeat_interleave(torch.tensor([1, 2, 0]), dim=-1),
+        ),
+        x=X("b 3"),
+    ),
+)
+add(
+    "float_power",
+    case(
+        "float64 powers",
+        lambda x, y: (torch.float_power(x, 2), x.float_power(y)),
+        x=X(RANKS, **POS),
+        y=X(RANKS),
+    ),
+)
+add(
     "attention",
     case(
         "scaled dot product",
@@ -2091,6 +2139,58 @@ def test_one_hot_without_num_classes_is_refused():
 
     with pytest.raises(acrobat.UnsupportedOpError, match="num_classes"):
         f.map([torch.tensor(1), torch.tensor(2)])
+
+
+@pytest.mark.parametrize(
+    "norm", [lambda: nn.BatchNorm1d(3), lambda: nn.InstanceNorm1d(3, track_running_stats=True)]
+)
+def test_a_norm_updating_running_statistics_is_refused_and_eval_mode_batches(norm):
+    """In training mode the eager loop updates the running statistics once per instance,
+    in order: refused, naming the way out; in eval mode the fixed statistics batch."""
+    layer = norm()
+
+    @acrobat.autobatch
+    def f(x, layer):
+        return layer(x.t().unsqueeze(0)).squeeze(0) + 1
+
+    xs = [torch.randn(4, 3) for _ in range(3)]
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"running statistics.*model.eval"):
+        f.map(xs, layer=layer)
+    with torch.no_grad():
+        layer.running_mean.normal_()
+        layer.running_var.uniform_(0.5, 2.0)
+    layer.eval()
+    check_map(f, xs, layer=layer)
+
+
+def test_repeat_interleave_by_computed_repeats_is_refused():
+    @acrobat.autobatch
+    def f(x):
+        return x.repeat_interleave((x > 0).long())
+
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"repeats.*values"):
+        f.map([torch.randn(3), torch.randn(3)])
+
+
+def test_type_conversions_match_eager():
+    @acrobat.autobatch
+    def f(x):
+        return (
+            x.type(),
+            x.type(torch.float64) * 2,
+            x.type("torch.IntTensor"),
+            x.type(torch.LongTensor),
+            x.type(dtype=torch.float16),
+        )
+
+    check_map(f, [torch.randn(3) * 4 for _ in range(3)])
+
+    @acrobat.autobatch
+    def g(x):
+        return x.type("torch.cuda.FloatTensor")
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="another device"):
+        g.map([torch.randn(2)])
 
 
 def test_a_tensor_method_without_a_row_raises_clearly():
