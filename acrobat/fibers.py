@@ -554,6 +554,7 @@ def _suspended_at(fiber: Fiber) -> str:
 
 
 def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
+    rt.mode = mode
     stats = rt.stats
     ready = rt.ready
     pool = rt.pool

@@ -113,7 +113,7 @@ class Runtime:
 
     __slots__ = (
         "id", "buckets", "sig_info", "hoisted", "hoist_keepalive", "hoisted_versions",
-        "device", "default_device", "stats", "fiber", "tracer", "ready", "blocked", "main",
+        "device", "default_device", "mode", "stats", "fiber", "tracer", "ready", "blocked", "main",
         "pool", "failed", "all_fibers", "live", "phased", "thread", "nodes", "deferred", "py_rows",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
         "__weakref__",
@@ -129,6 +129,7 @@ class Runtime:
         self.hoisted_versions: list[tuple] = []  # (shared result, its _version, op)
         self.device = torch.device("cpu")  # the map's (fibers.map_device)
         self.default_device = torch.device("cpu")  # torch's default when the map began
+        self.mode = None  # the map's fibers.RecordMode
         self.stats = stats
         self.fiber = None  # the running fiber (fibers.Fiber)
         self.tracer = None  # a block.Tracer while a block body is being traced

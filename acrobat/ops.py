@@ -925,6 +925,8 @@ def _special_getitem(func, args, kwargs):
             shape, dtype = part.shape, part.dtype
             sig = (INPUT, shape, dtype, part.device)
         return record_data(INPUT, sig, part, shape, dtype)
+    if lazy_base and type(idx) is LazyTensor and idx.dtype == torch.bool:
+        return _mask_index(base, idx)
     for i in idx if type(idx) is tuple else (idx,):
         if type(i) is LazyTensor and i.dtype == torch.bool:
             raise UnsupportedOpError(
@@ -1077,16 +1079,12 @@ for _name, _aliases in {**_UNARY, **_BINARY}.items():
 
 
 def _special_where(func, args, kwargs):
-    """``torch.where(condition)`` alone is ``torch.nonzero(condition, as_tuple=True)``:
-    its shape depends on the values, so it cannot be recorded (it was batched as the
-    elementwise three-argument form, silently wrong)."""
+    """``torch.where(condition)`` alone is ``torch.nonzero(condition, as_tuple=True)``,
+    sized by the values: read, like ``nonzero`` (it was batched as the elementwise
+    three-argument form once, silently wrong)."""
     if len(args) + len(kwargs) == 1:
-        raise UnsupportedOpError(
-            f"torch.where(condition) of a lazy tensor (at {user_line(2)}): its result's "
-            "shape depends on the values (it is torch.nonzero(condition, as_tuple=True)); "
-            "read the condition first (condition.tolist()) or use torch.where(condition, "
-            "x, y)"
-        )
+        condition = args[0] if args else next(iter(kwargs.values()))
+        return _special_sized(torch.nonzero, (condition,), {"as_tuple": True})
     return record(TABLE["where"], func, args, kwargs)
 
 
@@ -1262,6 +1260,12 @@ for _name, _aliases in {
     "group_norm": (F.group_norm, F.instance_norm),
     "repeat_interleave": (torch.repeat_interleave, T.repeat_interleave),
     "float_power": (torch.float_power, T.float_power),
+    # sizes set by values: each instance's value is read first (a suspension), the op runs
+    # on it and its result re-enters as the instance's data (_special_sized)
+    "nonzero": (torch.nonzero, T.nonzero, torch.argwhere, T.argwhere),
+    "unique": (torch.unique, T.unique, torch.unique_consecutive, T.unique_consecutive),
+    "bincount": (torch.bincount, T.bincount),
+    "masked_select": (torch.masked_select, T.masked_select),
     "attention": (F.scaled_dot_product_attention, F.multi_head_attention_forward),
 }.items():  # fmt: skip
     _add(Op(_name, vmap_rule, "vmap", _aliases, doc="batched by torch.vmap"))
@@ -1329,6 +1333,113 @@ def _special_repeat_interleave(func, args, kwargs):
         )
     return record(TABLE["repeat_interleave"], func, args, kwargs)
 
+
+# ---- ops whose result's size is set by values ----------------------------------------------
+# ``x.nonzero()``, ``torch.unique(t)``, ``x.masked_select(m)``, ``x[mask]``: each instance's
+# result has a size of its own. The instance reads the values the size depends on (a value
+# demand: it suspends, and all instances' reads batch as any read does), the op runs on
+# them as eager runs it, and the result enters the graph as the instance's data, like a
+# tensor argument of map (its later ops batch by shape). Gradients flow where eager's do:
+# masked_select and mask indexing read only the mask and keep ``x`` in the graph (a row
+# lookup by the positions); nonzero, unique and bincount have none.
+
+
+def _demanded(t: LazyTensor, what: str):
+    """``t``'s value for an op sized by it, on the map's device: the instance suspends
+    until it is computed, as at any read. Called from the recording mode's handler (a
+    torch function written in Python reaches the mode so), the mode is off for the whole
+    thread while the handler runs: it is put back for the time the other fibers run."""
+    from acrobat.fibers import RecordMode, demand
+
+    rt = graph.RT
+    if rt is not None and rt.tracer is not None:
+        raise LazyValueError(f"{what} reads values (at {user_line(4)}): not inside a block")
+    if (
+        rt is None
+        or rt.fiber is None
+        or rt.mode is None
+        or not torch._C._is_torch_function_enabled()
+    ):
+        raise UnsupportedOpError(  # (torch's own evaluation: shape inference, a rule)
+            f"{what} of a per-instance tensor sizes its result by the values (at "
+            f"{user_line(4)}), which cannot be read here; read them first (x.tolist())"
+        )
+    handler = not isinstance(torch.overrides._get_current_function_mode(), RecordMode)
+    if handler:
+        torch._C._push_on_torch_function_stack(rt.mode)
+    try:
+        value = demand(t)
+    finally:
+        if handler:
+            torch._C._pop_torch_function_stack()
+    with torch._C.DisableTorchFunction():
+        return value.to(t.device) if value.device != t.device else value
+
+
+def _as_instance_data(value):
+    """A real per-instance result re-entered as the instance's data (an input node)."""
+    if isinstance(value, tuple):
+        return type(value)(_as_instance_data(v) for v in value)
+    if not isinstance(value, Tensor):
+        return value
+    with torch._C.DisableTorchFunction():
+        shape, dtype, device = value.shape, value.dtype, value.device
+    return record_data(INPUT, (INPUT, shape, dtype, device), value, shape, dtype)
+
+
+def _special_sized(func, args, kwargs):
+    """nonzero / argwhere / unique / bincount of a per-instance tensor (see above)."""
+    name = getattr(func, "__name__", "op")
+    real_args = tuple(_demanded(a, name) if type(a) is LazyTensor else a for a in args)
+    real_kwargs = {}
+    for k, v in kwargs.items():
+        if type(v) is LazyTensor and torch.is_grad_enabled():
+            raise UnsupportedOpError(  # (bincount's weights: read, they would lose it)
+                f"{name}(..., {k}=) of a per-instance tensor with gradients on (at "
+                f"{user_line(3)}): acrobat reads its values, which would drop a gradient "
+                "(eager's has no derivative for it either); under torch.no_grad() it batches"
+            )
+        real_kwargs[k] = _demanded(v, name) if type(v) is LazyTensor else v
+    with torch._C.DisableTorchFunction():
+        out = func(*real_args, **real_kwargs)
+    return _as_instance_data(out)
+
+
+def _special_masked_select(func, args, kwargs):
+    """``x.masked_select(mask)``: the mask is read, ``x`` stays in the graph (its gradient
+    flows as eager's): the broadcast ``x`` flattened, looked up at the mask's positions."""
+    x = _bind_kw(args, kwargs, 0, "input")
+    mask = _bind_kw(args, kwargs, 1, "mask")
+    if type(mask) is LazyTensor:
+        mask = _demanded(mask, "masked_select")
+    if type(x) is not LazyTensor:  # a real x, a per-instance mask: the result is data
+        with torch._C.DisableTorchFunction():
+            return _as_instance_data(torch.masked_select(x, mask))
+    with torch._C.DisableTorchFunction():
+        shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
+        positions = mask.expand(shape).reshape(-1).nonzero().reshape(-1)
+    flat = x.expand(shape).reshape(-1)
+    return flat.index_select(0, _as_instance_data(positions))
+
+
+def _mask_index(x: LazyTensor, mask: LazyTensor):
+    """``x[mask]`` by a per-instance boolean mask: the mask is read (its positions size the
+    result), ``x`` stays in the graph: its leading dims flattened, looked up there."""
+    k = len(mask.shape)
+    if tuple(mask.shape) != tuple(x.shape[:k]):
+        raise IndexError(
+            f"the shape of the mask {list(mask.shape)} does not match the shape of the "
+            f"indexed tensor {list(x.shape)} (at {user_line(3)})"
+        )
+    value = _demanded(mask, "x[mask]")
+    with torch._C.DisableTorchFunction():
+        positions = value.reshape(-1).nonzero().reshape(-1)
+    return x.reshape(-1, *x.shape[k:]).index_select(0, _as_instance_data(positions))
+
+
+TABLE["nonzero"].special = TABLE["unique"].special = _special_sized
+TABLE["bincount"].special = _special_sized
+TABLE["masked_select"].special = _special_masked_select
 
 TABLE["batch_norm"].special = TABLE["group_norm"].special = _special_norm_stats
 TABLE["repeat_interleave"].special = _special_repeat_interleave

@@ -87,10 +87,11 @@ class Case:
     fn: Callable
     args: dict
     recorded: bool = True  # the row runs as a batch (False: hoisted, or an identity)
+    sized: bool = False  # the result's size is set by values: read first (not in a block)
 
 
-def case(label, fn, *, recorded=True, **args) -> Case:
-    return Case(label, fn, args, recorded)
+def case(label, fn, *, recorded=True, sized=False, **args) -> Case:
+    return Case(label, fn, args, recorded, sized)
 
 
 # ---- calling an alias the way users do -------------------------------------------------
@@ -1511,6 +1512,69 @@ add(
         y=X(RANKS),
     ),
 )
+# sizes set by values: read, computed as eager computes them, re-entered as instance data
+add(
+    "nonzero",
+    case(
+        "positions",
+        lambda x: (
+            torch.nonzero(x > 0),
+            (x > 0).nonzero(),
+            torch.argwhere(x < 0),
+            (x < 0).argwhere(),
+            torch.nonzero(x > 0, as_tuple=True),
+        ),
+        recorded=False,
+        sized=True,
+        x=X(RANKS1),
+    ),
+)
+add(
+    "unique",
+    case(
+        "values, inverse and counts",
+        lambda x: (
+            torch.unique(x.round()),
+            x.round().unique(return_counts=True),
+            torch.unique_consecutive(x.round()),
+            x.round().unique_consecutive(return_inverse=True),
+        ),
+        recorded=False,
+        sized=True,
+        x=X(RANKS1),
+    ),
+)
+add(
+    "bincount",
+    case(
+        "counts and shared weights",
+        lambda i, w: (
+            torch.bincount(i.abs()),
+            i.abs().bincount(minlength=5),
+            torch.bincount(i.abs(), weights=w),
+        ),
+        recorded=False,
+        sized=True,
+        i=X("c", **LONG),
+        w=W("c"),
+    ),
+)
+add(
+    "masked_select",
+    case(
+        "by a per-instance mask, and boolean indexing",
+        lambda x, y: (
+            torch.masked_select(x, y > 0),
+            x.masked_select(x > 0) * 2,
+            x[x > 0] + 1,
+            y[y.sum(-1) > 0] if y.dim() > 1 else y[y > 0],
+        ),
+        recorded=False,
+        sized=True,
+        x=X(RANKS1),
+        y=X(RANKS1),
+    ),
+)
 add(
     "attention",
     case(
@@ -1657,7 +1721,7 @@ def run_case(name: str, c: Case, ex: Example):
         assert name in stats.by_op, f"{name} never ran as a batch: {stats.by_op}"
     else:
         assert name not in stats.by_op, f"{name} should not be a node: {stats.by_op}"
-    if not ex.ragged and len(ex.instances) > 1:
+    if not ex.ragged and not c.sized and len(ex.instances) > 1:
         # equally shaped instances batch completely: n of them take as many batches as one
         _, one = f.map(ex.instances[:1], stats=True, **ex.shared)
         assert stats.batches == one.batches, (stats.by_op, one.by_op)
@@ -1889,13 +1953,34 @@ def test_tensor_constants(values):
     assert stats.by_op["tensor"][0] <= 10  # one batch per (shape, dtype), not per instance
 
 
-def test_lazy_bool_mask_index_is_an_error():
+def test_lazy_bool_mask_index_reads_the_mask():
+    """``x[mask]`` reads the mask (each instance's count sizes its result); a mask with
+    other indices is refused naming the line; a mask of the wrong shape is eager's
+    IndexError."""
+
     @acrobat.autobatch
     def f(x):
-        return x[x > 0]
+        m = x.reshape(3, 2)
+        return x[x > 0], m[m.sum(1) > 0] * 2
+
+    check_map(f, [torch.randn(6) for _ in range(4)])
+
+    @acrobat.autobatch
+    def g(x):
+        m = x.reshape(3, 2)
+        return m[m[:, 0] > 0, 0]
 
     with pytest.raises(acrobat.UnsupportedOpError, match=r"boolean mask.*test_ops\.py"):
-        f.map([torch.randn(3) for _ in range(2)])
+        g.map([torch.randn(6) for _ in range(2)])
+
+    @acrobat.autobatch
+    def h(x):
+        return x.reshape(3, 2)[x > 0]
+
+    with pytest.raises(IndexError, match="shape of the mask"):
+        h.map([torch.randn(6)])
+    with pytest.raises(IndexError, match="shape of the mask"):
+        h.eager(torch.randn(6))
 
 
 def test_row_of_a_shared_mask_as_index():
@@ -1989,6 +2074,11 @@ def test_op_inside_a_block(name, c, data):
     ex = build(c, lambda lo, hi: data.draw(st.integers(lo, hi)))
     body = acrobat.block(lambda inst, shared: c.fn(**inst, **shared))
     f = acrobat.autobatch(lambda inst, **shared: body(inst, shared))
+    if c.sized:  # a value read inside a block: a clear error (an automatic block records
+        # op by op instead; test_sized_ops_in_plain_functions)
+        with pytest.raises(acrobat.AcrobatError, match=r"not inside a block|block read"):
+            f.map(ex.instances, **ex.shared)
+        return
     check_map(f, ex.instances, **ex.shared)
 
 
@@ -2193,12 +2283,52 @@ def test_type_conversions_match_eager():
         g.map([torch.randn(2)])
 
 
+def _positive_part(x, w):  # straight-line: an automatic block, whose trace reads a mask
+    return x[x > 0].sum() * w + torch.masked_select(x, x < 0).sum()
+
+
+@acrobat.autobatch
+def sized_in_helpers(x, w):
+    return _positive_part(x, w) + torch.unique(x.round()).sum() + x.nonzero().sum()
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=6))
+def test_sized_ops_in_plain_functions_batch_and_keep_gradients(lengths):
+    """A helper reading a mask becomes no block (its trace reads a value): recorded op by
+    op, each instance's mask read, and the gradient through the selected values is
+    eager's."""
+    w = torch.randn((), requires_grad=True)
+    xs = [torch.randn(k) for k in lengths]
+    got = sized_in_helpers.map(xs, w=w)
+    want = [sized_in_helpers.eager(x, w) for x in xs]
+    assert_close_tree(got, want, 1e-5, 1e-5)
+    (g,) = torch.autograd.grad(sum(got), w)
+    (e,) = torch.autograd.grad(sum(want), w)
+    torch.testing.assert_close(g, e)
+
+
+def test_bincount_weights_needing_a_gradient_are_refused():
+    """(eager's result has no derivative for them: backward raises; acrobat would read
+    them, silently dropping it)"""
+
+    @acrobat.autobatch
+    def f(x, w):
+        return torch.bincount(torch.tensor([0, 1, 1]), weights=x * w)
+
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(acrobat.UnsupportedOpError, match="gradient"):
+        f.map([torch.randn(3), torch.randn(3)], w=w)
+    with torch.no_grad():
+        check_map(f, [torch.randn(3), torch.randn(3)], w=w)
+
+
 def test_a_tensor_method_without_a_row_raises_clearly():
     @acrobat.autobatch
     def f(x):
         assert not hasattr(x, "no_such_attribute") and hasattr(x, "topk")
-        return x.nonzero()  # a value-dependent shape: no row
+        return x.logcumsumexp(0)  # no row
 
-    with pytest.raises(acrobat.UnsupportedOpError, match=r"Tensor\.nonzero") as err:
+    with pytest.raises(acrobat.UnsupportedOpError, match=r"Tensor\.logcumsumexp") as err:
         f.map([torch.randn(3)])
-    assert isinstance(err.value, AttributeError)  # hasattr(x, "nonzero") is False
+    assert isinstance(err.value, AttributeError)  # hasattr(x, "logcumsumexp") is False
