@@ -742,14 +742,18 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
 
 
 def _kill(rt: Runtime) -> None:
-    """Unwind every suspended fiber so no greenlet (or its frames) leaks."""
+    """Unwind every suspended fiber so no greenlet (or its frames) leaks. With the mode
+    on, as when a fiber resumes normally: a fiber suspended inside the mode's handler
+    (ops._demanded) took the mode off the stack when it resumed, and torch puts it back
+    when the handler returns, here unwinding."""
     rt.ready.clear()  # an unwinding fiber that blocks again goes back to the driver
-    for f in rt.all_fibers:
-        g = f.glet
-        if not f.done and g is not None and g and not g.dead:
-            with contextlib.suppress(BaseException):
-                g.throw()  # unwinds the fiber's frames; its worker parks in the pool
-        f.glet = None
+    with rt.mode if rt.mode is not None else contextlib.nullcontext():
+        for f in rt.all_fibers:
+            g = f.glet
+            if not f.done and g is not None and g and not g.dead:
+                with contextlib.suppress(BaseException):
+                    g.throw()  # unwinds the fiber's frames; its worker parks in the pool
+            f.glet = None
     rt.buckets = {}
     rt.blocked = []
     rt.ready.clear()

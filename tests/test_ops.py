@@ -2323,6 +2323,29 @@ def test_bincount_weights_needing_a_gradient_are_refused():
         check_map(f, [torch.randn(3), torch.randn(3)], w=w)
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["stand-ins", "handler"])
+def test_a_read_inside_the_modes_handler_leaves_the_mode_stack_as_it_was(fast):
+    """Without the torch stand-ins, torch.bincount reaches the recording mode's handler,
+    where each instance reads its values (the mode put back meanwhile). A map failing
+    after those reads, with instances still suspended there, must leave torch's mode stack
+    as it found it (it kept the mode once: every later torch call of the process was
+    recorded into a dead map)."""
+
+    @acrobat.autobatch
+    def f(x, w):
+        return torch.bincount(torch.tensor([0, 1, 1]), weights=x * w)
+
+    w = torch.randn(3, requires_grad=True)
+    depth = torch._C._len_torch_function_stack()
+    with acrobat.config.override(FAST_FUNCTIONS=fast):
+        with pytest.raises(acrobat.UnsupportedOpError, match="gradient"):
+            f.map([torch.randn(3), torch.randn(3)], w=w)
+        assert torch._C._len_torch_function_stack() == depth
+        with torch.no_grad():
+            check_map(f, [torch.randn(3) for _ in range(3)], w=w)
+        assert torch._C._len_torch_function_stack() == depth
+
+
 def test_a_tensor_method_without_a_row_raises_clearly():
     @acrobat.autobatch
     def f(x):
