@@ -681,6 +681,34 @@ def _first_device(a, depth: int) -> torch.device | None:
     return None
 
 
+_SET_GRAD_ENABLED = torch._C._set_grad_enabled
+
+
+def _set_grad_enabled(mode: bool) -> None:
+    """torch's grad-mode switch while a map runs (``torch.no_grad()``,
+    ``torch.enable_grad()``, ``torch.set_grad_enabled``): instance code may not change the
+    mode the map runs in. The batches run in the map's mode, so ops an instance records
+    under ``no_grad`` would still carry gradients (silently wrong ones), and the thread's
+    mode, shared by every fiber, would leak into the other instances and into the
+    batches of a flush the instance waits for (their results lost their gradients).
+    The same mode (``no_grad`` inside a map called under ``no_grad``) is fine."""
+    rt = graph.RT
+    if (
+        rt is not None
+        and bool(mode) != rt.grad_mode
+        and rt.fiber is not None
+        and greenlet.getcurrent() is not rt.main
+        and rt.thread == threading.get_ident()
+    ):
+        raise AcrobatError(
+            f"torch's grad mode switched {'on' if mode else 'off'} inside an instance (at "
+            f"{user_line(2)}): acrobat runs the whole batch in the mode f.map was called in "
+            f"(gradients {'on' if rt.grad_mode else 'off'}). Use x.detach() for values that "
+            "must not carry gradients, or call f.map under the mode the instance needs"
+        )
+    _SET_GRAD_ENABLED(mode)
+
+
 def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> list:
     running = graph.RT
     if running is not None:
@@ -691,6 +719,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
             )
         raise AcrobatError("f.map was called inside another f.map; nest plain calls instead")
     rt = Runtime(stats)
+    rt.grad_mode = torch.is_grad_enabled()
     rt.default_device = torch.get_default_device()
     rt.device = map_device(arg_tuples, kwargs) or rt.default_device
     reset_slots()
@@ -709,6 +738,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     # paused for the call; the runtime breaks its own reference cycles when it ends.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    torch._C._set_grad_enabled = _set_grad_enabled  # (torch's grad-mode switches call it)
     try:
         _drive(rt, RecordMode(), fn_name)
         graph.check_hoisted(rt)
@@ -721,6 +751,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         _kill(rt)
         raise
     finally:
+        torch._C._set_grad_enabled = _SET_GRAD_ENABLED
         graph.RT = None
         stats.t_total = time.perf_counter() - t0
         stats.nodes = rt.nodes

@@ -113,8 +113,9 @@ class Runtime:
 
     __slots__ = (
         "id", "buckets", "sig_info", "hoisted", "hoist_keepalive", "hoisted_versions",
-        "device", "default_device", "mode", "stats", "fiber", "tracer", "ready", "blocked", "main",
-        "pool", "failed", "all_fibers", "live", "phased", "thread", "nodes", "deferred", "py_rows",
+        "device", "default_device", "mode", "grad_mode", "stats", "fiber", "tracer", "ready",
+        "blocked", "main", "pool", "failed", "all_fibers", "live", "phased", "thread", "nodes",
+        "deferred", "py_rows",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
         "__weakref__",
     )  # fmt: skip
@@ -130,6 +131,7 @@ class Runtime:
         self.device = torch.device("cpu")  # the map's (fibers.map_device)
         self.default_device = torch.device("cpu")  # torch's default when the map began
         self.mode = None  # the map's fibers.RecordMode
+        self.grad_mode = True  # torch's grad mode when the map began (its batches run so)
         self.stats = stats
         self.fiber = None  # the running fiber (fibers.Fiber)
         self.tracer = None  # a block.Tracer while a block body is being traced

@@ -588,3 +588,41 @@ def test_tanh_of_a_product_is_one_kernel_call(lengths, bias_h, reuse, grad, back
     sources = [t.compiled.source for t in _all_traces(squash_cell) if t.compiled is not None]
     assert any("linear_tanh(" in s for s in sources) == (not reuse), sources
     assert any("addmm_tanh(" in s for s in sources) == (not reuse and not bias_h), sources
+
+
+# ---- torch's grad mode inside instances -------------------------------------------------
+
+
+@acrobat.autobatch
+def _no_grad_inside(x, w):
+    h = torch.tanh(x * w)
+    if int(x[0] > 0):  # some instances only, with a read inside the block
+        with torch.no_grad():
+            y = torch.tanh(h * 2)
+            float(y.sum())
+    return (h * w).sum()
+
+
+@acrobat.autobatch
+def _enable_grad_inside(x, w):
+    with torch.enable_grad():
+        return (x * w).sum()
+
+
+def test_switching_the_grad_mode_inside_an_instance_is_refused():
+    """The batches run in the mode map was called in, and the thread's mode is shared by
+    every fiber: ``no_grad`` inside an instance gave silently wrong gradients, and a read
+    inside it ran the flush without gradients for every instance. Refused, naming the
+    line; the same mode as the map's is fine, and the caller's mode is intact."""
+    w = torch.randn(3, requires_grad=True)
+    xs = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([-1.0, 0.5, 2.0])]
+    with pytest.raises(acrobat.AcrobatError, match=r"grad mode switched off.*test_blocks"):
+        _no_grad_inside.map(xs, w=w)
+    assert torch.is_grad_enabled()
+    with torch.no_grad():  # the map's own mode: no switch
+        check_map(_no_grad_inside, xs, w=w)
+        with pytest.raises(acrobat.AcrobatError, match="grad mode switched on"):
+            _enable_grad_inside.map(xs, w=w)
+        assert not torch.is_grad_enabled()
+    got = check_map(_enable_grad_inside, xs, w=w)  # (enable_grad in a map with gradients on)
+    assert got.instances == 2
