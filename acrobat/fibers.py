@@ -684,7 +684,7 @@ def _first_device(a, depth: int) -> torch.device | None:
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
 
 
-def _set_grad_enabled(mode: bool) -> None:
+def _set_grad_enabled(enabled: bool) -> None:
     """torch's grad-mode switch while a map runs (``torch.no_grad()``,
     ``torch.enable_grad()``, ``torch.set_grad_enabled``): instance code may not change the
     mode the map runs in. The batches run in the map's mode, so ops an instance records
@@ -695,18 +695,18 @@ def _set_grad_enabled(mode: bool) -> None:
     rt = graph.RT
     if (
         rt is not None
-        and bool(mode) != rt.grad_mode
+        and bool(enabled) != rt.grad_mode
         and rt.fiber is not None
         and greenlet.getcurrent() is not rt.main
         and rt.thread == threading.get_ident()
     ):
         raise AcrobatError(
-            f"torch's grad mode switched {'on' if mode else 'off'} inside an instance (at "
+            f"torch's grad mode switched {'on' if enabled else 'off'} inside an instance (at "
             f"{user_line(2)}): acrobat runs the whole batch in the mode f.map was called in "
             f"(gradients {'on' if rt.grad_mode else 'off'}). Use x.detach() for values that "
             "must not carry gradients, or call f.map under the mode the instance needs"
         )
-    _SET_GRAD_ENABLED(mode)
+    _SET_GRAD_ENABLED(enabled)
 
 
 def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> list:
