@@ -709,6 +709,17 @@ def _set_grad_enabled(enabled: bool) -> None:
     _SET_GRAD_ENABLED(enabled)
 
 
+_INFERENCE_MODE = torch._C._InferenceMode
+
+
+def _inference_mode(mode: bool = True):
+    """``torch.inference_mode()`` inside an instance of a map with gradients on: its
+    grad mode switch, refused like ``no_grad`` (see :func:`_set_grad_enabled`)."""
+    if mode:
+        _set_grad_enabled(False)  # raises inside an instance of a map with gradients on
+    return _INFERENCE_MODE(mode)
+
+
 def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> list:
     running = graph.RT
     if running is not None:
@@ -739,6 +750,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     gc_was_enabled = gc.isenabled()
     gc.disable()
     torch._C._set_grad_enabled = _set_grad_enabled  # (torch's grad-mode switches call it)
+    torch._C._InferenceMode = _inference_mode  # type: ignore[misc, assignment]  # (inference_mode)
     try:
         _drive(rt, RecordMode(), fn_name)
         graph.check_hoisted(rt)
@@ -752,6 +764,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         raise
     finally:
         torch._C._set_grad_enabled = _SET_GRAD_ENABLED
+        torch._C._InferenceMode = _INFERENCE_MODE  # type: ignore[misc]
         graph.RT = None
         stats.t_total = time.perf_counter() - t0
         stats.nodes = rt.nodes

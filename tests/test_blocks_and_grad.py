@@ -626,3 +626,14 @@ def test_switching_the_grad_mode_inside_an_instance_is_refused():
         assert not torch.is_grad_enabled()
     got = check_map(_enable_grad_inside, xs, w=w)  # (enable_grad in a map with gradients on)
     assert got.instances == 2
+
+    @acrobat.autobatch
+    def inference(x, w):
+        with torch.inference_mode():
+            return x * w
+
+    with pytest.raises(acrobat.AcrobatError, match="grad mode switched off"):
+        inference.map(xs, w=w)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    with torch.inference_mode():
+        check_map(inference, xs, w=w)
