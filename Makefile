@@ -5,7 +5,7 @@ PY ?= python3
 PIP = $(PY) -m pip install --quiet --disable-pip-version-check
 PYTEST = $(PY) -m pytest
 
-.PHONY: setup setup-bench test test-fast lint typecheck bench bench-quick demo size clean
+.PHONY: setup setup-bench test test-fast lint typecheck bench bench-quick bench-gpu demo size clean
 
 setup:
 	$(PIP) torch==2.13.0
@@ -29,6 +29,11 @@ bench: setup-bench
 
 bench-quick: setup
 	$(PY) -m bench.run --quick --out bench/results/quick
+
+# On a machine with a CUDA device, torch built for it, cupy and greenlet (no set-up: the
+# pinned CPU torch would replace the CUDA one): the GPU tests, then the benchmark there.
+bench-gpu:
+	bash bench/gpu.sh bench/results/gpu 600 --sizes small,large --batches 8,64 --reps 3
 
 demo: setup
 	$(PY) -m bench.demo
