@@ -162,25 +162,25 @@ def _fast_gather(ts: list, slots: list) -> torch.Tensor | None:
     """Rows from several producer batches, each copied from its address, in one numba
     kernel call (config.FAST_GATHER, without the C extension: with it, _native_copy);
     None if a source is not a contiguous CPU tensor."""
-    addresses = _row_addresses(ts, slots, _bases, "cpu")
+    addresses = _row_addresses(ts, slots, _bases, _CPU)
     if addresses is None:
         return None
     t0 = ts[0]
     return gather_rows(addresses, t0.shape, t0.dtype, t0.shape.numel() * t0.dtype.itemsize)
 
 
-def _row_addresses(ts: list, slots: list, bases: dict, device_type: str) -> array | None:
+def _row_addresses(ts: list, slots: list, bases: dict, device: torch.device) -> array | None:
     """The address of every row of ``slots`` (its batch's row 0, from ``bases``, plus the
     row's offset), sources read for the first time entered in ``bases``; None if a
-    source is not a contiguous tensor of such rows on a device of ``device_type``."""
+    source is not a contiguous tensor of such rows on ``device``."""
     t0 = ts[0]
     shape, dtype = t0.shape, t0.dtype
     nbytes = shape.numel() * dtype.itemsize
     try:
         return array("q", [bases[s >> _ROW_BITS] + (s & _ROW_MASK) * nbytes for s in slots])
     except KeyError:  # a source read for the first time
-        _note_bases(ts, slots, shape, dtype, bases, device_type)
-        return _row_addresses(ts, slots, bases, device_type)
+        _note_bases(ts, slots, shape, dtype, bases, device)
+        return _row_addresses(ts, slots, bases, device)
     except TypeError:  # a source torch must read (None + int)
         return None
 
@@ -203,12 +203,12 @@ def _cuda_gather(ts: list, slots: list) -> torch.Tensor | None:
     """Rows from several producer batches on a GPU in one kernel, each read from its
     device address (``_cuda_bases``, kept apart from the C copy's ``_bases``); None if a
     source is not a contiguous tensor of such rows (then torch gathers)."""
-    addresses = _row_addresses(ts, slots, _cuda_bases, "cuda")
+    t0 = ts[0]
+    device = t0.node.outs[t0.idx].device  # (every source on it: one kernel reads them all)
+    addresses = _row_addresses(ts, slots, _cuda_bases, device)
     if addresses is None:
         return None
-    t0 = ts[0]
     shape, dtype = t0.shape, t0.dtype
-    device = t0.node.outs[t0.idx].device
     nbytes = shape.numel() * dtype.itemsize
     return cuda_gather.gather_rows(index_array(addresses, device), shape, dtype, nbytes)
 
@@ -231,14 +231,14 @@ def _native_copy(ts: list, slots: list) -> torch.Tensor | None:
 
 
 def _note_bases(ts: list, slots: list, shape: torch.Size, dtype: torch.dtype,
-                bases: dict = _bases, device_type: str = "cpu") -> None:
+                bases: dict = _bases, device: torch.device = _CPU) -> None:
     """Enter the sources of ``slots`` missing from ``bases``: row 0's address, or None
-    where a byte copy would not read the rows (not a contiguous tensor of them on a
-    device of ``device_type``)."""
+    where a byte copy would not read the rows (not a contiguous tensor of them on
+    ``device``)."""
     for key, t in {s >> _ROW_BITS: t for s, t in zip(slots, ts)}.items():
         if key not in bases:
             buf = t.node.outs[t.idx]
-            readable = buf.device.type == device_type and buf.is_contiguous()
+            readable = buf.device == device and buf.is_contiguous()
             if readable and buf.dtype == dtype and buf.shape[1:] == shape:
                 bases[key] = buf.data_ptr()
             else:
