@@ -1078,13 +1078,16 @@ for _name, _aliases in {**_UNARY, **_BINARY}.items():
     _add(Op(_name, elementwise_rule, "elementwise", _aliases, fusible=True))
 
 
+_NONZERO = torch.nonzero  # (captured at import: during a map torch's name is a stand-in)
+
+
 def _special_where(func, args, kwargs):
     """``torch.where(condition)`` alone is ``torch.nonzero(condition, as_tuple=True)``,
     sized by the values: read, like ``nonzero`` (it was batched as the elementwise
     three-argument form once, silently wrong)."""
     if len(args) + len(kwargs) == 1:
         condition = args[0] if args else next(iter(kwargs.values()))
-        return _special_sized(torch.nonzero, (condition,), {"as_tuple": True})
+        return _special_sized(_NONZERO, (condition,), {"as_tuple": True})
     return record(TABLE["where"], func, args, kwargs)
 
 
