@@ -101,6 +101,7 @@ class Trace:
         self.needs_grad = needs_grad
         self.keep = keep  # objects whose ids are in the cache key
         self.run_id = 0
+        self.autocast = None  # the map's autocast when traced (graph.Runtime.autocast)
         self.out_lazies: list[LazyTensor] = []  # the program's computed outputs
         self.out_sources: list[tuple] = []  # per output leaf: ("out"|"arg"|"real", which)
         self.call_fast = None  # (op, sig, info, kind, may_split) for the C call path, made
@@ -153,6 +154,8 @@ class Trace:
                 return False
         if self.deps is not None and not _deps_hold(self.deps):
             return False  # a module's layer or parameter replaced, a global rebound
+        if self.autocast != rt.autocast:
+            return False  # traced under another autocast: other dtypes
         self.run_id = rt.id
         return True
 
@@ -571,6 +574,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         if lookup is not None:
             trace.op.extra["lookup"] = lookup
         trace.deps = _dependencies(self.fn, keep)
+        trace.autocast = rt.autocast  # (its dtypes are autocast's)
         trace.run_id = rt.id
         return trace
 

@@ -684,6 +684,66 @@ def _first_device(a, depth: int) -> torch.device | None:
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
 
 
+def _in_instance(rt) -> bool:
+    """Whether instance code of ``rt``'s map is running (a fiber, not the driver)."""
+    return (
+        rt is not None
+        and rt.fiber is not None
+        and greenlet.getcurrent() is not rt.main
+        and rt.thread == threading.get_ident()
+    )
+
+
+def autocast_state(device: torch.device):
+    """``(device type, dtype)`` of the autocast enabled for ``device``'s type, or None."""
+    kind = device.type
+    try:
+        if not torch.is_autocast_enabled(kind):
+            return None
+        return kind, torch.get_autocast_dtype(kind)
+    except (TypeError, RuntimeError):  # (a torch without per-device queries, a device
+        return None  # type autocast does not know)
+
+
+#: What a map under autocast runs with: torch's kernels, which autocast casts for, not
+#: acrobat's own (numba GEMM and tanh, MKL batched GEMM by address, the Elman kernel,
+#: fused elementwise kernels), which compute in the operands' dtype.
+_AUTOCAST_OFF = dict(FAST_GEMM=False, FAST_TANH=False, FAST_RECURRENCE=False,
+                     ROW_OPERANDS=False, KERNEL_BACKEND="off")  # fmt: skip
+
+_SET_AUTOCAST_ENABLED = torch.set_autocast_enabled
+_SET_AUTOCAST_DTYPE = torch.set_autocast_dtype
+
+
+def _autocast_switch(what: str, *args) -> None:
+    rt = graph.RT
+    if not _in_instance(rt):
+        return
+    device_type = args[0] if len(args) == 2 else "cuda"  # (torch's old one-argument form)
+    value = args[-1]
+    now = (
+        torch.is_autocast_enabled(device_type)
+        if what == "enabled"
+        else torch.get_autocast_dtype(device_type)
+    )
+    if value != now:
+        raise AcrobatError(
+            f"torch.autocast switched ({device_type} {what} {value}) inside an instance (at "
+            f"{user_line(3)}): acrobat runs the whole batch in the autocast f.map was called "
+            "in; call f.map inside the autocast instead"
+        )
+
+
+def _set_autocast_enabled(*args) -> None:
+    _autocast_switch("enabled", *args)
+    _SET_AUTOCAST_ENABLED(*args)
+
+
+def _set_autocast_dtype(*args) -> None:
+    _autocast_switch("dtype", *args)
+    _SET_AUTOCAST_DTYPE(*args)
+
+
 def _set_grad_enabled(enabled: bool) -> None:
     """torch's grad-mode switch while a map runs (``torch.no_grad()``,
     ``torch.enable_grad()``, ``torch.set_grad_enabled``): instance code may not change the
@@ -693,13 +753,7 @@ def _set_grad_enabled(enabled: bool) -> None:
     batches of a flush the instance waits for (their results lost their gradients).
     The same mode (``no_grad`` inside a map called under ``no_grad``) is fine."""
     rt = graph.RT
-    if (
-        rt is not None
-        and bool(enabled) != rt.grad_mode
-        and rt.fiber is not None
-        and greenlet.getcurrent() is not rt.main
-        and rt.thread == threading.get_ident()
-    ):
+    if rt is not None and bool(enabled) != rt.grad_mode and _in_instance(rt):
         raise AcrobatError(
             f"torch's grad mode switched {'on' if enabled else 'off'} inside an instance (at "
             f"{user_line(2)}): acrobat runs the whole batch in the mode f.map was called in "
@@ -731,6 +785,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         raise AcrobatError("f.map was called inside another f.map; nest plain calls instead")
     rt = Runtime(stats)
     rt.grad_mode = torch.is_grad_enabled()
+    rt.autocast = autocast_state(rt.device)
     rt.default_device = torch.get_default_device()
     rt.device = map_device(arg_tuples, kwargs) or rt.default_device
     reset_slots()
@@ -751,7 +806,11 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     gc.disable()
     torch._C._set_grad_enabled = _set_grad_enabled  # (torch's grad-mode switches call it)
     torch._C._InferenceMode = _inference_mode  # type: ignore[misc, assignment]  # (inference_mode)
+    torch.set_autocast_enabled = _set_autocast_enabled  # type: ignore[assignment]  # (torch.autocast
+    torch.set_autocast_dtype = _set_autocast_dtype  # type: ignore[assignment]  # calls them)
+    kernels = config.override(**_AUTOCAST_OFF) if rt.autocast else contextlib.nullcontext()
     try:
+        kernels.__enter__()
         _drive(rt, RecordMode(), fn_name)
         graph.check_hoisted(rt)
         if rt.deferred and _queue_deferred([f.value for f in rt.all_fibers], rt):
@@ -763,8 +822,11 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         _kill(rt)
         raise
     finally:
+        kernels.__exit__(None, None, None)
         torch._C._set_grad_enabled = _SET_GRAD_ENABLED
         torch._C._InferenceMode = _INFERENCE_MODE  # type: ignore[misc]
+        torch.set_autocast_enabled = _SET_AUTOCAST_ENABLED
+        torch.set_autocast_dtype = _SET_AUTOCAST_DTYPE
         graph.RT = None
         stats.t_total = time.perf_counter() - t0
         stats.nodes = rt.nodes

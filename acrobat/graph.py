@@ -113,9 +113,9 @@ class Runtime:
 
     __slots__ = (
         "id", "buckets", "sig_info", "hoisted", "hoist_keepalive", "hoisted_versions",
-        "device", "default_device", "mode", "grad_mode", "stats", "fiber", "tracer", "ready",
-        "blocked", "main", "pool", "failed", "all_fibers", "live", "phased", "thread", "nodes",
-        "deferred", "py_rows",
+        "device", "default_device", "mode", "grad_mode", "autocast", "stats", "fiber",
+        "tracer", "ready", "blocked", "main", "pool", "failed", "all_fibers", "live", "phased",
+        "thread", "nodes", "deferred", "py_rows",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
         "__weakref__",
     )  # fmt: skip
@@ -132,6 +132,7 @@ class Runtime:
         self.default_device = torch.device("cpu")  # torch's default when the map began
         self.mode = None  # the map's fibers.RecordMode
         self.grad_mode = True  # torch's grad mode when the map began (its batches run so)
+        self.autocast = None  # (device type, dtype) of the autocast the map runs in, or None
         self.stats = stats
         self.fiber = None  # the running fiber (fibers.Fiber)
         self.tracer = None  # a block.Tracer while a block body is being traced
@@ -384,15 +385,49 @@ def _number_error(op, rt, what: str, example: str) -> UnsupportedOpError:
     )
 
 
+def _info_of(op, out) -> Info:
+    if isinstance(out, torch.Tensor):
+        return Info(((out.shape, out.dtype),), True, None)
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        struct = type(out) if type(out) not in (tuple, list) else None
+        return Info(tuple((o.shape, o.dtype) for o in out), False, struct)
+    raise UnsupportedOpError(f"{op.name} returned {type(out).__name__}, not tensors")
+
+
+def _infer_autocast(op, func, args, kwargs, rt, key) -> Info:
+    """Shapes and dtypes under the autocast the map runs in: the op on ones of the map's
+    device (autocast casts per device type; meta tensors, the CPU ones of another device's
+    map and the shape rules would keep the operands' dtypes)."""
+    with torch._C.DisableTorchFunction():
+        try:
+            out = func(*_filled(args, 1, rt.device), **_filled(kwargs, 1, rt.device))
+        except Exception as exc:
+            if isinstance(exc, LazyValueError):
+                raise _number_error(op, rt, "", "x[int(i):]") from exc
+            inst = rt.fiber.instance if rt.fiber is not None else None
+            raise ShapeError(
+                f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
+            ) from exc
+    info = _info_of(op, out)
+    _SHAPE_CACHE[key] = info
+    return info
+
+
 _LINEAR = torch.nn.functional.linear
 _SHAPE_RULES = {_LINEAR: _linear_shape}  # functions whose meta kernel is costly to reach
 
 
 def infer(op, func, args, kwargs, rt) -> Info:
-    key = (op.name, func, _shape_key(args), _shape_key(tuple(kwargs.items())) if kwargs else None)
+    key: tuple = (
+        op.name, func, _shape_key(args), _shape_key(tuple(kwargs.items())) if kwargs else None
+    )  # fmt: skip
+    if rt.autocast is not None:  # (dtypes as autocast makes them: inferred on the device)
+        key = (*key, rt.autocast)
     info = _SHAPE_CACHE.get(key)
     if info is not None:
         return info
+    if rt.autocast is not None:
+        return _infer_autocast(op, func, args, kwargs, rt, key)
     rule = _SHAPE_RULES.get(func)
     meta = rule(args, kwargs) if rule is not None else None
     if meta is not None:
@@ -430,13 +465,7 @@ def infer(op, func, args, kwargs, rt) -> Info:
                 raise ShapeError(
                     f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
                 ) from exc
-    if isinstance(out, torch.Tensor):
-        info = Info(((out.shape, out.dtype),), True, None)
-    elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
-        struct = type(out) if type(out) not in (tuple, list) else None
-        info = Info(tuple((o.shape, o.dtype) for o in out), False, struct)
-    else:
-        raise UnsupportedOpError(f"{op.name} returned {type(out).__name__}, not tensors")
+    info = _info_of(op, out)
     if len(_SHAPE_CACHE) > 100_000:
         _SHAPE_CACHE.clear()
     _SHAPE_CACHE[key] = info

@@ -637,3 +637,59 @@ def test_switching_the_grad_mode_inside_an_instance_is_refused():
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
     with torch.inference_mode():
         check_map(inference, xs, w=w)
+
+
+# ---- autocast --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["treelstm", "birnn", "drnn"])
+@pytest.mark.parametrize("blocks", [False, True], ids=["plain", "blocks"])
+def test_a_map_under_autocast_is_eager_under_autocast(name, blocks):
+    """Under torch.autocast the batches run torch's kernels, which autocast casts, and the
+    recorded dtypes are autocast's (inferred on the device): the outputs have eager's
+    dtypes and, within bfloat16's rounding, its values. Traces made outside autocast are
+    not reused inside it, nor the other way round."""
+    import importlib
+
+    from models.common import outputs_close, run_eager
+
+    task = importlib.import_module(f"models.{name}").make_task("small", 4, blocks=blocks)
+    with torch.no_grad():
+        plain = task.fn.map(task.inputs, **task.kwargs)  # (traces made without autocast)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = task.fn.map(task.inputs, **task.kwargs)
+            want = run_eager(task)
+        again = task.fn.map(task.inputs, **task.kwargs)
+    leaves = lambda tree: [t for t in _flat(tree) if isinstance(t, torch.Tensor)]
+    assert [t.dtype for t in leaves(got)] == [t.dtype for t in leaves(want)]
+    assert any(t.dtype == torch.bfloat16 for t in leaves(got))
+    check = outputs_close(
+        [t.float() for t in leaves(got)], [t.float() for t in leaves(want)], atol=0.05, rtol=0.05
+    )
+    assert check, check.message
+    assert [t.dtype for t in leaves(again)] == [t.dtype for t in leaves(plain)]
+
+
+def _flat(tree):
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in _flat(item)]
+    return [tree]
+
+
+def test_switching_autocast_inside_an_instance_is_refused():
+    @acrobat.autobatch
+    def f(x, lin):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return lin(x)
+
+    lin = nn.Linear(3, 2)
+    xs = [torch.randn(3) for _ in range(2)]
+    with pytest.raises(acrobat.AcrobatError, match="autocast switched"):
+        f.map(xs, lin=lin)
+    assert not torch.is_autocast_enabled("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the map's own autocast: fine
+        got = f.map(xs, lin=lin)
+        want = [f.eager(x, lin) for x in xs]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.bfloat16
+        torch.testing.assert_close(g, w)

@@ -28,7 +28,7 @@ _FUNCS = [torch.add, torch.mul, torch.where, torch.maximum, torch.div, torch.tan
 _FUNCS += [torch.cat, torch.stack]
 
 
-_RT = SimpleNamespace(device=torch.device("cpu"), fiber=None)  # what infer reads of a map
+_RT = SimpleNamespace(device=torch.device("cpu"), fiber=None, autocast=None)  # what infer reads
 
 
 def _info(func, *args, **kwargs):
