@@ -1263,6 +1263,12 @@ for _name, _aliases in {
     "group_norm": (F.group_norm, F.instance_norm),
     "repeat_interleave": (torch.repeat_interleave, T.repeat_interleave),
     "float_power": (torch.float_power, T.float_power),
+    "movedim": (torch.movedim, T.movedim, torch.moveaxis, T.moveaxis),
+    "cdist": (torch.cdist,),
+    "isclose": (torch.isclose, T.isclose),
+    "cummax": (torch.cummax, T.cummax, torch.cummin, T.cummin),
+    # Python answers read from values (a suspension): whether two tensors are equal
+    "equal": (torch.equal, T.equal, torch.allclose, T.allclose),
     # sizes set by values: each instance's value is read first (a suspension), the op runs
     # on it and its result re-enters as the instance's data (_special_sized)
     "nonzero": (torch.nonzero, T.nonzero, torch.argwhere, T.argwhere),
@@ -1440,6 +1446,33 @@ def _mask_index(x: LazyTensor, mask: LazyTensor):
     return x.reshape(-1, *x.shape[k:]).index_select(0, _as_instance_data(positions))
 
 
+_ALLCLOSE = (torch.allclose, T.allclose)  # (captured at import: during a map torch's names
+# are the stand-ins; the handler and the stand-ins pass the originals)
+
+
+def _special_equal(func, args, kwargs):
+    """``torch.equal(a, b)`` / ``torch.allclose(a, b, ...)`` of per-instance tensors: a
+    Python bool, read from the elementwise comparison (the instance suspends, as at
+    ``bool(t)``); ``equal`` of different shapes is False without a read, as eager's."""
+    a, b = args[0], args[1]
+    name = "allclose" if func in _ALLCLOSE else "equal"
+    with torch._C.DisableTorchFunction():
+        if name == "equal" and tuple(a.shape) != tuple(b.shape):
+            return False
+    if name == "equal":
+        same = (a == b).all()
+    else:
+        same = torch.isclose(a, b, *args[2:], **kwargs).all()
+    if type(same) is not LazyTensor:
+        return bool(same)
+    return bool(_demanded(same, name))
+
+
+TABLE["equal"].special = _special_equal
+_MOVEDIM = torch.movedim  # (torch.vmap has no rule for moveaxis, its alias)
+TABLE["movedim"].special = lambda func, args, kwargs: record(
+    TABLE["movedim"], _MOVEDIM, args, kwargs
+)
 TABLE["nonzero"].special = TABLE["unique"].special = _special_sized
 TABLE["bincount"].special = _special_sized
 TABLE["masked_select"].special = _special_masked_select

@@ -245,6 +245,22 @@ class LazyTensor(_LazyBase):
         like = self._like(dtype, device)
         return torch.full(size, fill_value, **like, requires_grad=requires_grad)
 
+    # ---- facts of the dtype and shape, known when recorded ----------------------------
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape.numel() * self.dtype.itemsize
+
+    def cpu(self, memory_format=None):
+        """``x.cpu()``: ``x.to("cpu")`` (inside a map tensors stay on the map's device)."""
+        return self if self.device.type == "cpu" else self.to("cpu")
+
     def type(self, dtype=None, non_blocking=False, **kwargs):
         """``x.type()``: the type's name, as eager gives it (``'torch.FloatTensor'``);
         ``x.type(dtype)``, ``dtype`` a ``torch.dtype``, a tensor type or its name

@@ -1512,6 +1512,58 @@ add(
         y=X(RANKS),
     ),
 )
+add(
+    "movedim",
+    case(
+        "and moveaxis",
+        lambda x: (
+            torch.movedim(x, 0, -1),
+            x.movedim(-1, 0),
+            torch.moveaxis(x, 1, 0),
+            x.moveaxis(0, 1),
+        ),
+        x=X(RANKS2),
+    ),
+)
+add(
+    "cdist",
+    case("lazy and shared", lambda x, y, w: (torch.cdist(x, y), torch.cdist(x, w)),
+         x=X("b c"), y=X("a c"), w=W("a c")),
+)  # fmt: skip
+add(
+    "isclose",
+    case("elementwise", lambda x, y: (torch.isclose(x, y), x.isclose(x * 1.0000001)),
+         x=X(BCAST), y=X(BCAST)),
+)  # fmt: skip
+add(
+    "cummax",
+    case(
+        "and cummin",
+        lambda x: (
+            plain(torch.cummax(x, 0)),
+            plain(x.cummax(-1)),
+            plain(torch.cummin(x, 0)),
+            plain(x.cummin(-1)),
+        ),
+        x=X(RANKS1),
+    ),
+)
+add(
+    "equal",
+    case(
+        "equal and allclose, read as Python bools",
+        lambda x, y: (
+            torch.equal(x, y),
+            x.equal(x * 1),
+            torch.allclose(x, y, atol=0.5),
+            x.allclose(x + 1e-9),
+        ),
+        recorded=False,
+        sized=True,
+        x=X(RANKS1),
+        y=X(RANKS1),
+    ),
+)
 # sizes set by values: read, computed as eager computes them, re-entered as instance data
 add(
     "nonzero",
@@ -2344,6 +2396,14 @@ def test_a_read_inside_the_modes_handler_leaves_the_mode_stack_as_it_was(fast):
         with torch.no_grad():
             check_map(f, [torch.randn(3) for _ in range(3)], w=w)
         assert torch._C._len_torch_function_stack() == depth
+
+
+def test_facts_of_dtype_and_shape_are_eagers():
+    @acrobat.autobatch
+    def f(x):
+        return x.element_size(), x.nbytes, x.itemsize, x.cpu() * 2
+
+    check_map(f, [torch.randn(2, 3), torch.randn(2, 3).double()])
 
 
 def test_a_tensor_method_without_a_row_raises_clearly():
