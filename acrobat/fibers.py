@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import os
+import sys
 import threading
 import time
 from typing import Any
@@ -685,13 +687,35 @@ _SET_GRAD_ENABLED = torch._C._set_grad_enabled
 
 
 def _in_instance(rt) -> bool:
-    """Whether instance code of ``rt``'s map is running (a fiber, not the driver)."""
+    """Whether the user's instance code of ``rt``'s map switches a mode: a fiber (not the
+    driver) and not torch's own code (``nn.LSTM``'s weight flattening on a GPU switches
+    gradients off around work that records nothing)."""
     return (
         rt is not None
         and rt.fiber is not None
         and greenlet.getcurrent() is not rt.main
         and rt.thread == threading.get_ident()
+        and not _torch_switches()
     )
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_SWITCH_FILES = ("grad_mode.py", "autocast_mode.py", "_contextlib.py", "contextlib.py")
+
+
+def _torch_switches() -> bool:
+    """Whether the mode switch being made comes from torch's own code: the first frame
+    past the context managers' (and acrobat's) is torch's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.endswith(_SWITCH_FILES) or name.startswith(_ACROBAT_DIR)):
+            return name.startswith(_TORCH_DIR)
+        frame = frame.f_back
+    return False
+
+
+_ACROBAT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def autocast_state(device: torch.device):

@@ -632,6 +632,16 @@ def test_switching_the_grad_mode_inside_an_instance_is_refused():
         with torch.inference_mode():
             return x * w
 
+    @acrobat.autobatch
+    def torch_switches(x, w, buf):
+        torch.nn.init.zeros_(buf)  # torch's own no_grad around work recording nothing
+        return x * w + buf
+
+    buf = torch.ones(3)
+    got = torch_switches.map(xs, w=w, buf=buf)
+    assert all(g.requires_grad for g in got) and not buf.any()
+    check_map(torch_switches, xs, w=w, buf=buf)
+
     with pytest.raises(acrobat.AcrobatError, match="grad mode switched off"):
         inference.map(xs, w=w)
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
