@@ -706,7 +706,7 @@ _SWITCH_FILES = ("grad_mode.py", "autocast_mode.py", "_contextlib.py", "contextl
 def _torch_switches() -> bool:
     """Whether the mode switch being made comes from torch's own code: the first frame
     past the context managers' (and acrobat's) is torch's."""
-    frame = sys._getframe(2)
+    frame: Any = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.endswith(_SWITCH_FILES) or name.startswith(_ACROBAT_DIR)):
