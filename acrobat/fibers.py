@@ -809,9 +809,9 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         raise AcrobatError("f.map was called inside another f.map; nest plain calls instead")
     rt = Runtime(stats)
     rt.grad_mode = torch.is_grad_enabled()
-    rt.autocast = autocast_state(rt.device)
     rt.default_device = torch.get_default_device()
     rt.device = map_device(arg_tuples, kwargs) or rt.default_device
+    rt.autocast = autocast_state(rt.device)  # (the map's device type's autocast)
     reset_slots()
     rt.main = greenlet.getcurrent()
     rt.pool = _pool_for_map()

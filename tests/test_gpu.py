@@ -252,3 +252,19 @@ def test_models_gather_by_address_on_cuda(name, default_device, monkeypatch):
     check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
     assert check, check.message
     assert calls, "no gather by address ran"
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+@pytest.mark.parametrize("name", ["treelstm", "drnn"])
+def test_models_on_cuda_under_autocast(name, default_device):
+    """Under CUDA autocast a GPU map records autocast's dtypes (inferred on the device)
+    and runs torch's kernels: eager's dtypes, values within float16's rounding."""
+    task = _task(name, 8, False)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        outs = task.fn.map(task.inputs, **task.kwargs)
+        refs = run_eager(task)
+    got, want = _tensors(outs), _tensors(refs)
+    assert [t.dtype for t in got] == [t.dtype for t in want]
+    check = outputs_close([t.float() for t in got], [t.float() for t in want], atol=2e-2, rtol=2e-2)
+    assert check, check.message
