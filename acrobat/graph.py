@@ -385,32 +385,19 @@ def _number_error(op, rt, what: str, example: str) -> UnsupportedOpError:
     )
 
 
-def _info_of(op, out) -> Info:
-    if isinstance(out, torch.Tensor):
-        return Info(((out.shape, out.dtype),), True, None)
-    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
-        struct = type(out) if type(out) not in (tuple, list) else None
-        return Info(tuple((o.shape, o.dtype) for o in out), False, struct)
-    raise UnsupportedOpError(f"{op.name} returned {type(out).__name__}, not tensors")
-
-
-def _infer_autocast(op, func, args, kwargs, rt, key) -> Info:
-    """Shapes and dtypes under the autocast the map runs in: the op on ones of the map's
-    device (autocast casts per device type; meta tensors, the CPU ones of another device's
-    map and the shape rules would keep the operands' dtypes)."""
-    with torch._C.DisableTorchFunction():
-        try:
-            out = func(*_filled(args, 1, rt.device), **_filled(kwargs, 1, rt.device))
-        except Exception as exc:
-            if isinstance(exc, LazyValueError):
-                raise _number_error(op, rt, "", "x[int(i):]") from exc
-            inst = rt.fiber.instance if rt.fiber is not None else None
-            raise ShapeError(
-                f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
-            ) from exc
-    info = _info_of(op, out)
-    _SHAPE_CACHE[key] = info
-    return info
+def _on_device(op, func, args, kwargs, rt, fill: int):
+    """``func`` on real tensors of the operands' shapes filled with ``fill`` on the map's
+    device; a failure is a ShapeError naming the op, the instance and the user's line (or
+    the number error for a lazy tensor where torch reads a number)."""
+    try:
+        return func(*_filled(args, fill, rt.device), **_filled(kwargs, fill, rt.device))
+    except Exception as exc:
+        if isinstance(exc, LazyValueError):  # a lazy tensor where a number goes
+            raise _number_error(op, rt, "", "x[int(i):]") from exc
+        inst = rt.fiber.instance if rt.fiber is not None else None
+        raise ShapeError(
+            f"{op.name}: operands do not fit (instance {inst}, at {user_line(4)}): {exc}"
+        ) from exc
 
 
 _LINEAR = torch.nn.functional.linear
@@ -426,16 +413,20 @@ def infer(op, func, args, kwargs, rt) -> Info:
     info = _SHAPE_CACHE.get(key)
     if info is not None:
         return info
-    if rt.autocast is not None:
-        return _infer_autocast(op, func, args, kwargs, rt, key)
-    rule = _SHAPE_RULES.get(func)
-    meta = rule(args, kwargs) if rule is not None else None
-    if meta is not None:
-        info = _SHAPE_CACHE[key] = Info((meta,), True, None)
-        return info
+    if rt.autocast is None:
+        rule = _SHAPE_RULES.get(func)
+        meta = rule(args, kwargs) if rule is not None else None
+        if meta is not None:
+            info = _SHAPE_CACHE[key] = Info((meta,), True, None)
+            return info
     with torch._C.DisableTorchFunction():
         out = None
-        if op.name not in IMPURE_OPS and _small(args, kwargs):
+        if rt.autocast is not None:
+            # dtypes as autocast makes them: on ones of the map's device (autocast casts per
+            # device type; meta tensors, CPU ones for another device's map and the shape
+            # rules would keep the operands' dtypes)
+            out = _on_device(op, func, args, kwargs, rt, 1)
+        elif op.name not in IMPURE_OPS and _small(args, kwargs):
             cpu = torch.device("cpu")
             try:
                 out = func(*_filled(args, 1, cpu), **_filled(kwargs, 1, cpu))
@@ -456,16 +447,14 @@ def infer(op, func, args, kwargs, rt) -> Info:
         except Exception:
             # No meta kernel, or one that reads values (a 0-d index tensor): evaluate on
             # zeros of the right shapes instead; a real shape error raises here too.
-            try:
-                out = func(*_filled(args, 0, rt.device), **_filled(kwargs, 0, rt.device))
-            except Exception as exc:
-                if isinstance(exc, LazyValueError):  # a lazy tensor where a number goes
-                    raise _number_error(op, rt, "", "x[int(i):]") from exc
-                inst = rt.fiber.instance if rt.fiber is not None else None
-                raise ShapeError(
-                    f"{op.name}: operands do not fit (instance {inst}, at {user_line(3)}): {exc}"
-                ) from exc
-    info = _info_of(op, out)
+            out = _on_device(op, func, args, kwargs, rt, 0)
+    if isinstance(out, torch.Tensor):
+        info = Info(((out.shape, out.dtype),), True, None)
+    elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        struct = type(out) if type(out) not in (tuple, list) else None
+        info = Info(tuple((o.shape, o.dtype) for o in out), False, struct)
+    else:
+        raise UnsupportedOpError(f"{op.name} returned {type(out).__name__}, not tensors")
     if len(_SHAPE_CACHE) > 100_000:
         _SHAPE_CACHE.clear()
     _SHAPE_CACHE[key] = info
