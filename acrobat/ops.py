@@ -1226,12 +1226,8 @@ for _name, _aliases in {
     "hardtanh": (F.hardtanh, F.relu6),
     "selu": (torch.selu, F.selu, F.celu, torch.celu),
     "mish": (F.mish, F.hardswish, F.hardsigmoid, F.softsign),
-}.items():
-    _add(Op(_name, vmap_rule, "vmap", _aliases, doc="batched by torch.vmap"))
-
-# ... and orderings, spreads, matrix parts, padding, scatters, and the losses a training
-# step computes per instance (a tree's per-node sentiment loss)
-for _name, _aliases in {
+    # ... and orderings, spreads, matrix parts, padding, scatters, and the losses a
+    # training step computes per instance (a tree's per-node sentiment loss)
     "topk": (torch.topk, T.topk),
     "sort": (torch.sort, T.sort, torch.argsort, T.argsort),
     "kthvalue": (torch.kthvalue, T.kthvalue, torch.median, T.median),
@@ -1426,9 +1422,8 @@ def _special_masked_select(func, args, kwargs):
             return _as_instance_data(torch.masked_select(x, mask))
     with torch._C.DisableTorchFunction():
         shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
-        positions = mask.expand(shape).reshape(-1).nonzero().reshape(-1)
-    flat = x.expand(shape).reshape(-1)
-    return flat.index_select(0, _as_instance_data(positions))
+        mask = mask.expand(shape)
+    return _rows_where(x.expand(shape).reshape(-1), mask)
 
 
 def _mask_index(x: LazyTensor, mask: LazyTensor):
@@ -1440,10 +1435,15 @@ def _mask_index(x: LazyTensor, mask: LazyTensor):
             f"the shape of the mask {list(mask.shape)} does not match the shape of the "
             f"indexed tensor {list(x.shape)} (at {user_line(3)})"
         )
-    value = _demanded(mask, "x[mask]")
+    return _rows_where(x.reshape(-1, *x.shape[k:]), _demanded(mask, "x[mask]"))
+
+
+def _rows_where(rows: LazyTensor, mask: Tensor):
+    """The rows of ``rows`` where the (read) ``mask``, flattened, is true: a lookup by the
+    instance's positions, which enter as its data (``rows`` keeps its gradient)."""
     with torch._C.DisableTorchFunction():
-        positions = value.reshape(-1).nonzero().reshape(-1)
-    return x.reshape(-1, *x.shape[k:]).index_select(0, _as_instance_data(positions))
+        positions = mask.reshape(-1).nonzero().reshape(-1)
+    return rows.index_select(0, _as_instance_data(positions))
 
 
 _ALLCLOSE = (torch.allclose, T.allclose)  # (captured at import: during a map torch's names
