@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from acrobat_kernels import elementwise
+
 _KERNEL = r"""
 extern "C" __global__ void acrobat_gather_{name}(
         const unsigned long long* __restrict__ addresses, {T}* __restrict__ out,
@@ -42,39 +44,18 @@ _THREADS = 256
 _MAX_BLOCKS = 4096
 
 _module: Any = None  # cupy.RawModule, compiled on first use
-_streams: dict = {}  # torch stream handle -> cupy.cuda.ExternalStream
 
 
 def available() -> bool:
     """Whether cupy can run the kernel here (installed, with a CUDA device)."""
-    try:
-        import cupy  # noqa: F401
-    except Exception:
-        return False
-    return torch.cuda.is_available()
+    return elementwise._cupy() is not None and torch.cuda.is_available()
 
 
 def _kernels():
     global _module
     if _module is None:
-        import cupy
-
-        _module = cupy.RawModule(code=SOURCE, name_expressions=KERNELS)
+        _module = elementwise._cupy().RawModule(code=SOURCE, name_expressions=KERNELS)
     return _module.get_function(KERNELS[0]), _module.get_function(KERNELS[1])
-
-
-def _stream(device: torch.device):
-    import warnings
-
-    import cupy
-
-    handle = torch.cuda.current_stream(device).cuda_stream
-    stream = _streams.get(handle)
-    if stream is None:
-        with warnings.catch_warnings():  # (cupy 14 prefers Stream.from_external(protocol))
-            warnings.simplefilter("ignore", DeprecationWarning)
-            stream = _streams[handle] = cupy.cuda.ExternalStream(handle)
-    return stream
 
 
 def gather_rows(
@@ -84,8 +65,7 @@ def gather_rows(
     whose row ``i`` is the ``nbytes`` bytes at device address ``addresses[i]`` (an int64
     tensor on that device). The caller guarantees every address points into a live
     tensor on that device with that many contiguous bytes."""
-    import cupy
-
+    cupy = elementwise._cupy()
     device = addresses.device
     n = addresses.shape[0]
     out = torch.empty(n, *shape, dtype=dtype, device=device)
@@ -100,6 +80,6 @@ def gather_rows(
     blocks = min(-(-total // _THREADS), _MAX_BLOCKS)
     args = (np.uint64(addresses.data_ptr()), np.uint64(out.data_ptr()), np.int64(n),
             np.int64(width))  # fmt: skip
-    with cupy.cuda.Device(device.index), _stream(device):
+    with cupy.cuda.Device(device.index), elementwise.cupy_stream(device):
         kernel((blocks,), (_THREADS,), args)
     return out

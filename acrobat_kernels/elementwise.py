@@ -733,11 +733,19 @@ def _cupy():
 _cuda_kernels: dict[Program, Any] = {}
 
 
-def _external_stream(cupy, handle: int):
-    """torch's current stream as cupy's (the kernel runs in order with torch's work)."""
-    with warnings.catch_warnings():  # (cupy 14 prefers Stream.from_external(protocol))
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return cupy.cuda.ExternalStream(handle)
+_streams: dict = {}  # torch stream handle -> cupy.cuda.ExternalStream
+
+
+def cupy_stream(device: torch.device):
+    """torch's current stream on ``device`` as cupy's (a kernel launched in it runs in
+    order with torch's work), made once per stream; needs cupy."""
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        with warnings.catch_warnings():  # (cupy 14 prefers Stream.from_external(protocol))
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = _streams[handle] = _cupy().cuda.ExternalStream(handle)
+    return stream
 
 
 def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
@@ -769,8 +777,7 @@ def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]
     args += [ptr(out) for out in outs]
 
     blocks = min(-(-n * F // _CUDA_THREADS), 65535)
-    stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index), _external_stream(cupy, stream.cuda_stream):
+    with cupy.cuda.Device(device.index), cupy_stream(device):
         kernel((blocks,), (_CUDA_THREADS,), tuple(args))
     return outs
 
