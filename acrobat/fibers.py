@@ -741,7 +741,7 @@ _SET_AUTOCAST_DTYPE = torch.set_autocast_dtype
 
 def _autocast_switch(what: str, *args) -> None:
     rt = graph.RT
-    if not _in_instance(rt):
+    if rt is None:
         return
     device_type = args[0] if len(args) == 2 else "cuda"  # (torch's old one-argument form)
     value = args[-1]
@@ -750,7 +750,7 @@ def _autocast_switch(what: str, *args) -> None:
         if what == "enabled"
         else torch.get_autocast_dtype(device_type)
     )
-    if value != now:
+    if value != now and _in_instance(rt):  # (a real switch: then whose, by its frames)
         raise AcrobatError(
             f"torch.autocast switched ({device_type} {what} {value}) inside an instance (at "
             f"{user_line(3)}): acrobat runs the whole batch in the autocast f.map was called "
