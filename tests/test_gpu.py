@@ -44,6 +44,13 @@ def _task(name: str, batch: int, blocks: bool, size: str = "small"):
     return importlib.import_module(f"models.{name}").make_task(size, batch, blocks=blocks)
 
 
+def _map_and_eager(task) -> tuple[list, list]:
+    """The task batched and its eager loop, without gradients (in the caller's context:
+    a default device, an autocast, a config override)."""
+    with torch.no_grad():
+        return task.fn.map(task.inputs, **task.kwargs), run_eager(task)
+
+
 def _tensors(tree) -> list[torch.Tensor]:
     return [x for x in flatten(tree) if isinstance(x, torch.Tensor)]
 
@@ -107,9 +114,7 @@ def test_the_maps_device_is_its_inputs(monkeypatch):
 @pytest.mark.parametrize("name", ALL)
 def test_models_on_cuda_match_eager(name, blocks, default_device):
     task = _task(name, 8, blocks)
-    with torch.no_grad():
-        outs = task.fn.map(task.inputs, **task.kwargs)
-        refs = run_eager(task)
+    outs, refs = _map_and_eager(task)
     assert all(t.device.type == "cuda" for t in _tensors(outs))
     check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
     assert check, check.message
@@ -120,9 +125,7 @@ def test_models_on_cuda_match_eager(name, blocks, default_device):
 @pytest.mark.parametrize("name", ["treelstm", "drnn", "stackrnn"])
 def test_models_on_cuda_batch_64(name, default_device):
     task = _task(name, 64, False)
-    with torch.no_grad():
-        outs = task.fn.map(task.inputs, **task.kwargs)
-        refs = run_eager(task)
+    outs, refs = _map_and_eager(task)
     check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
     assert check, check.message
 
@@ -139,9 +142,8 @@ def test_generated_cuda_kernels_in_models(name, default_device, monkeypatch):
     real = elementwise._BACKENDS["cuda"]
     monkeypatch.setitem(elementwise._BACKENDS, "cuda", lambda *a: calls.append(1) or real(*a))
     task = _task(name, 8, True)
-    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="cuda"):
-        outs = task.fn.map(task.inputs, **task.kwargs)
-        refs = run_eager(task)
+    with acrobat.config.override(KERNEL_BACKEND="cuda"):
+        outs, refs = _map_and_eager(task)
     check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
     assert check, check.message
     assert calls, "no generated CUDA kernel ran"
@@ -246,9 +248,7 @@ def test_models_gather_by_address_on_cuda(name, default_device, monkeypatch):
     real = cuda_gather.gather_rows
     monkeypatch.setattr(cuda_gather, "gather_rows", lambda *a: calls.append(1) or real(*a))
     task = _task(name, 16, False)
-    with torch.no_grad():
-        outs = task.fn.map(task.inputs, **task.kwargs)
-        refs = run_eager(task)
+    outs, refs = _map_and_eager(task)
     check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
     assert check, check.message
     assert calls, "no gather by address ran"
@@ -261,9 +261,8 @@ def test_models_on_cuda_under_autocast(name, default_device):
     """Under CUDA autocast a GPU map records autocast's dtypes (inferred on the device)
     and runs torch's kernels: eager's dtypes, values within float16's rounding."""
     task = _task(name, 8, False)
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
-        outs = task.fn.map(task.inputs, **task.kwargs)
-        refs = run_eager(task)
+    with torch.autocast("cuda", dtype=torch.float16):
+        outs, refs = _map_and_eager(task)
     got, want = _tensors(outs), _tensors(refs)
     assert [t.dtype for t in got] == [t.dtype for t in want]
     check = outputs_close([t.float() for t in got], [t.float() for t in want], atol=2e-2, rtol=2e-2)
