@@ -267,3 +267,60 @@ def test_models_on_cuda_under_autocast(name, default_device):
     assert [t.dtype for t in got] == [t.dtype for t in want]
     check = outputs_close([t.float() for t in got], [t.float() for t in want], atol=2e-2, rtol=2e-2)
     assert check, check.message
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_ops_sized_by_values_on_cuda(default_device):
+    """nonzero, unique, bincount, masked_select and x[mask] on CUDA instances: the values
+    their size depends on are read from the device, the results re-enter the graph there,
+    and gradients through ``x[mask]`` equal eager's."""
+
+    @acrobat.autobatch
+    def f(x, w):
+        h = torch.tanh(x @ w)
+        mask = h > 0
+        picked = h[mask]
+        idx = torch.nonzero(mask).flatten()
+        uniq = torch.unique((h * 3).round())
+        counts = torch.bincount((h.abs() * 4).long().flatten())
+        return picked.sum() + torch.masked_select(h, mask).sum(), idx, uniq, counts
+
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(6, 6, generator=gen, device="cpu").to("cuda").requires_grad_()
+    xs = [torch.randn(n, 6, generator=gen, device="cpu").to("cuda") for n in (1, 3, 5, 2, 4, 4, 7, 1)]
+    got = f.map(xs, w=w)
+    assert all(t.device.type == "cuda" for o in got for t in _tensors(o))
+    (gw,) = torch.autograd.grad(sum(o[0] for o in got), w)
+    want = [f.eager(x, w) for x in xs]
+    (ew,) = torch.autograd.grad(sum(o[0] for o in want), w)
+    check = outputs_close([tuple(t.detach() for t in o) for o in got],
+                          [tuple(t.detach() for t in o) for o in want], atol=1e-5, rtol=1e-5)
+    assert check, check.message
+    assert torch.allclose(gw, ew, atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_grad_mode_switch_inside_an_instance_is_refused_on_cuda(default_device):
+    """The grad-mode hook on a GPU: ``no_grad`` inside an instance raises naming the line,
+    while torch's own switches (an ``nn.LSTM``'s parameter flattening) pass."""
+
+    @acrobat.autobatch
+    def f(x):
+        with torch.no_grad():
+            return x * 2
+
+    with pytest.raises(acrobat.AcrobatError, match="no_grad|grad mode"):
+        f.map([torch.randn(3, requires_grad=True) for _ in range(2)])
+
+    lstm = torch.nn.LSTM(4, 4)
+
+    @acrobat.autobatch
+    def g(x):
+        return lstm(x)[0].sum()
+
+    xs = [torch.randn(3, 1, 4) for _ in range(3)]
+    got = g.map(xs)
+    check = outputs_close(got, [g.eager(x) for x in xs], atol=1e-4, rtol=1e-4)
+    assert check, check.message
