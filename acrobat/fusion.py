@@ -267,8 +267,7 @@ def _compile(program) -> None:
     try:
         from acrobat_kernels import elementwise
 
-        elementwise._numba_kernel(program, False)
-        elementwise._numba_kernel(program, True)
+        elementwise._numba_kernel(program)
         _READY[program] = True
     except Exception:  # no numba, or a compile failure: never use the kernel
         _READY[program] = None

@@ -17,8 +17,10 @@ Pipeline, in the order the code below runs it:
 3. :func:`run` checks the arguments and dispatches to a backend:
 
    - ``"torch"``: the reference, ``index_select`` then torch ops; autograd-capable.
-   - ``"numba"``: CPU; :func:`numba_source` generates an ``@njit`` kernel, compiled once
-     per (program, serial|parallel) and kept in a dict for the life of the process.
+   - ``"numba"``: CPU; :func:`numba_source` generates a module with an ``@njit`` row loop
+     and a ``cfunc`` entry that reads every operand's address from a parameter block
+     (a ctypes call instead of numba's dispatch of ~20 numpy arrays), compiled once per
+     program and machine (numba's disk cache, :func:`cache_dir`).
    - ``"cuda"``: :func:`cuda_source` generates one ``extern "C" __global__`` kernel,
      compiled with ``cupy.RawKernel`` (needs cupy and a CUDA device).
    - ``"auto"``: numba for CPU tensors, cuda for CUDA tensors, torch when the chosen
@@ -40,20 +42,22 @@ Example::
     >>> torch.allclose(out, ref)
     True
 
-Compiling and caching: numba compiles a program on its first call, about 0.5-2 s
-(the LSTM tail: ~1.5 s serial; the parallel variant, compiled on the first call large
-enough to take it, adds ~0.5-2 s). numba's ``cache=True`` keys its on-disk cache on a
-source file, and ``exec``-ed source has none, so the kernels are compiled with
-``cache=False`` and kept in an in-process dict: every process pays the compile once
-per program. (Writing the generated source to a module file in a cache directory and
-importing it would make ``cache=True`` work; not done yet.) ``cupy.RawKernel`` keeps its
-own on-disk cache of CUDA binaries.
+Compiling and caching: a program's module is written once to :func:`cache_dir` (one
+folder per stamp of this package's sources) and imported from there, so numba's disk cache
+serves its compiled code to every later process (compiling the LSTM tail takes ~1-2 s;
+loading it ~0.05 s). Where no cache folder can be written, the module is executed from
+its source and compiled in each process. ``cupy.RawKernel`` keeps its own on-disk cache of
+CUDA binaries.
 
 CPU speed: the fused kernel's per-element loop is vectorized by LLVM (AVX2/AVX-512)
 because float32 ``exp``/``tanh``/``log``/``erf`` come from :mod:`acrobat_kernels.vecmath`
-rather than libm calls (float64 kernels call libm and run scalar). Small batches run one
-thread; from ``PARALLEL_MIN_ELEMENTS`` elements on, the instances are split over numba's
-threads (``numba.set_num_threads``), which share the cores with torch's own threads.
+rather than libm calls (float64 kernels call libm and run scalar). Small batches run on the
+calling thread; from ``PARALLEL_MIN_ELEMENTS`` elements on, the instances are split over
+torch's own OpenMP team (:mod:`acrobat_kernels.parallel`: a team of the kernel's own would
+compete with torch's spinning threads for the cores). The LSTM tail over 2000 x 256
+elements, two threads: 1.35 ms (numba's dispatch and threads before: 2.84 ms; torch op
+by op: 4.9 ms); over 8 x 256: 33 µs (41 µs before; torch 28 µs: the transcendental math
+costs ~5 ns an element either way, and the call's checks and block ~15 µs).
 
 Numerics: every intermediate is computed in the program's dtype (constants are rounded
 to it first), as torch does, with IEEE semantics in numba (``fastmath=False``, no FMA
@@ -66,9 +70,14 @@ per op. One known difference: torch's float32 CPU ``gelu(+inf)`` is NaN, ours is
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
+import importlib.util
 import math
+import os
+import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -421,8 +430,8 @@ def _run_torch(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor
 # 3b. The numba backend (CPU)
 # --------------------------------------------------------------------------------------
 
-#: Below this many elements (n * F) the serial kernel runs: starting numba's threads
-#: costs more than it saves. The parallel kernel splits the instances over threads.
+#: Below this many elements (n * F) the kernel runs on the calling thread: waking torch's
+#: OpenMP team costs more than it saves. From here on the instances are split over it.
 PARALLEL_MIN_ELEMENTS = 1 << 15
 
 # float32 exp/tanh/log/erf come from vecmath (vectorizable, where libm calls are not);
@@ -463,20 +472,25 @@ def _used_operands(p: Program, kind: str) -> list[int]:
     return sorted(used)
 
 
-def numba_source(p: Program) -> str:
-    """Python source of the numba kernels for ``p``: ``rows``, ``kernel``, ``kernel_parallel``.
+def numba_source(p: Program, cache: bool = False) -> str:
+    """Python source of the numba module for ``p``: ``rows`` and ``entry``.
 
     ``rows(start, stop, ...)`` evaluates instances ``start..stop-1``: per instance it
     reads the row index of each input once, then runs the program over the ``F``
-    elements in a loop that LLVM vectorizes. ``kernel`` calls it on all instances;
-    ``kernel_parallel`` splits the instances into chunks over numba's threads, so both
-    run the same vectorized loop.
+    elements in a loop that LLVM vectorizes. Its arguments: ``F, bad``, then per input
+    ``buf, idx, use_idx, row_stride, rows`` (``buf`` flat, ``use_idx`` False reads row
+    i), per shared operand its ``F`` values (a scalar is broadcast before the call, so
+    every load has unit stride and the loop vectorizes), then one ``(n, F)`` output per
+    program output. ``bad[0]`` is set when an index is out of range (that instance is
+    skipped).
 
-    Kernel arguments: ``n, F, bad``, then per input ``buf, idx, use_idx, row_stride,
-    rows`` (``buf`` flat, ``use_idx`` False reads row i), per shared operand its ``F``
-    values (a scalar is broadcast before the call, so every load has unit stride and the
-    loop vectorizes), then one ``(n, F)`` output per program output.
-    ``bad[0]`` is set when an index is out of range (that instance is skipped).
+    ``entry(block)`` is a numba ``cfunc`` taking the address of a parameter block of
+    int64s (:func:`_block_layout`): every operand as an address, so a call costs a
+    ctypes call instead of numba's dispatch of ~20 numpy arrays (~35 µs). With the
+    block's split flag set it runs the rows :func:`acrobat_kernels.loops.row_share` gives
+    the calling thread of torch's OpenMP team (:func:`acrobat_kernels.parallel.launch`).
+    ``cache``: the functions are compiled with numba's disk cache (the source is then a
+    module file, :func:`_kernel_module`).
     """
     consts = _constants(p)
     name = _operand_names(p, consts)
@@ -486,9 +500,27 @@ def numba_source(p: Program) -> str:
     params += [f"sh{k}" for k in range(p.n_shared)]
     params += [f"out{m}" for m in range(len(p.outputs))]
     params_text = ", ".join(params)
+    options = f"cache={cache}, error_model='numpy', fastmath=False, nogil=True"
+    cast = "_as_f32" if p.dtype == "float32" else "_as_f64"
 
+    lines = [f"# {line}" for line in str(p).splitlines()]
+    lines += [
+        "import math",
+        "",
+        "import numpy as np",
+        "from numba import carray, cfunc, njit, types",
+        "",
+        "from acrobat_kernels.elementwise import _as_f32, _as_f64, _as_i64",
+        "from acrobat_kernels.loops import row_share",
+        "from acrobat_kernels.vecmath import erf_f32, exp_f32, log_f32, tanh_f32",
+        "",
+        f"DT = np.{p.dtype}",
+        "",
+        "",
+        f"@njit({options})",
+    ]
     inputs = _used_operands(p, "in")
-    lines = [f"def rows(start, stop, {params_text}):"]
+    lines.append(f"def rows(start, stop, {params_text}):")
     for cname, value in _KERNEL_CONSTANTS.items():
         lines.append(f"    {cname} = DT({value!r})")
     for value, m in consts.items():
@@ -514,19 +546,45 @@ def numba_source(p: Program) -> str:
         body.extend(stmt.format(**fmt) for stmt in OPS_TABLE[op_name].numba)
     body += [f"out{m}[i, j] = v{j}" for m, j in enumerate(p.outputs)]
     lines.extend("            " + stmt for stmt in body)
-    lines += [
-        "",
-        "",
-        f"def kernel(n, {params_text}):",
-        f"    rows(0, n, {params_text})",
-        "",
-        "",
-        f"def kernel_parallel(n, {params_text}):",
-        "    chunks = min(n, CHUNKS_PER_THREAD * get_num_threads())",
-        "    for c in prange(chunks):",
-        f"        rows(c * n // chunks, (c + 1) * n // chunks, {params_text})",
-    ]
+
+    slots = _block_layout(p)
+    lines += ["", "", f"@cfunc(types.void(types.intp), {options})", "def entry(block):"]
+    lines.append(f"    p = carray(_as_i64(block), ({slots['size']},))")
+    lines.append("    n, F = p[0], p[1]")
+    lines.append("    r0, r1 = 0, n")
+    lines.append("    if p[2]:  # split over torch's OpenMP team: this thread's rows")
+    lines.append(f"        r0, r1 = row_share(n, p[{slots['thread']}], p[{slots['team']}])")
+    lines.append("    if r1 <= r0:")
+    lines.append("        return")
+    lines.append("    bad = carray(_as_i64(p[3]), (1,))")
+    call_args = ["F", "bad"]
+    for k in range(p.n_inputs):
+        s = slots["inputs"] + 4 * k  # address, index address (0: none), row stride, rows
+        lines.append(f"    span{k} = max((p[{s + 3}] - 1) * p[{s + 2}] + F, 0)")
+        lines.append(f"    buf{k} = carray({cast}(p[{s}]), (span{k},))")
+        lines.append(f"    idx{k} = carray(_as_i64(p[{s + 1}]), (n if p[{s + 1}] != 0 else 0,))")
+        call_args += [f"buf{k}", f"idx{k}", f"p[{s + 1}] != 0", f"p[{s + 2}]", f"p[{s + 3}]"]
+    for k in range(p.n_shared):
+        lines.append(f"    sh{k} = carray({cast}(p[{slots['shared'] + k}]), (F,))")
+        call_args.append(f"sh{k}")
+    for m in range(len(p.outputs)):
+        lines.append(f"    out{m} = carray({cast}(p[{slots['outputs'] + m}]), (n, F))")
+        call_args.append(f"out{m}")
+    lines.append(f"    rows(r0, r1, {', '.join(call_args)})")
     return "\n".join(lines) + "\n"
+
+
+def _block_layout(p: Program) -> dict:
+    """Slots of a kernel's parameter block: ``n, F, split, &bad``; per input its address,
+    its index's address (0: rows 0..n-1), its row stride and rows (4 slots each); each
+    shared operand's address; each output's address; the addresses of
+    ``omp_get_thread_num`` and ``omp_get_num_threads`` (read only with the split flag)."""
+    inputs = 4
+    shared = inputs + 4 * p.n_inputs
+    outputs = shared + p.n_shared
+    thread = outputs + len(p.outputs)
+    return {"inputs": inputs, "shared": shared, "outputs": outputs, "thread": thread,
+            "team": thread + 1, "size": thread + 2}
 
 
 @functools.cache
@@ -539,86 +597,139 @@ def _numba():
     return numba
 
 
-# error_model="numpy": x / 0 gives inf/nan as in torch instead of raising. cache=False:
-# exec-ed source has no file for numba's on-disk cache (see the module docstring).
-_NUMBA_OPTIONS = {"fastmath": False, "cache": False, "nogil": True, "error_model": "numpy"}
+@functools.cache
+def _casts() -> tuple:
+    from numba import types
 
-# Chunks per thread in kernel_parallel: a few, so a slow thread does not hold up the rest.
-_CHUNKS_PER_THREAD = 4
+    from acrobat_kernels.vecmath import pointer_cast
 
-_numba_kernels: dict[tuple[Program, bool], Callable] = {}
-_numba_namespaces: dict[Program, dict] = {}
+    return tuple(pointer_cast(types.CPointer(t)) for t in (types.float32, types.float64,
+                                                           types.int64))
 
 
-def _numba_kernel(p: Program, parallel: bool) -> Callable:
-    """Compile (once per process) the serial or parallel numba kernel for ``p``."""
-    key = (p, parallel)
-    kernel = _numba_kernels.get(key)
-    if kernel is not None:
-        return kernel
-    numba = _numba()
-    from acrobat_kernels import vecmath
+def __getattr__(name: str):
+    """``_as_f32``, ``_as_f64``, ``_as_i64``: the pointer casts the generated modules import
+    (made on first use: numba is imported only when a kernel is)."""
+    casts = {"_as_f32": 0, "_as_f64": 1, "_as_i64": 2}
+    if name in casts:
+        return _casts()[casts[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    nt = numba.types
-    elem = nt.float32 if p.dtype == "float32" else nt.float64
-    flat, index = nt.Array(elem, 1, "C"), nt.Array(nt.int64, 1, "C")
-    sig = [nt.int64, nt.int64, index]
-    sig += [flat, index, nt.boolean, nt.int64, nt.int64] * p.n_inputs
-    sig += [flat] * p.n_shared
-    sig += [nt.Array(elem, 2, "C")] * len(p.outputs)
 
-    # Both variants of a program share one namespace, so ``rows`` is compiled once.
-    namespace = _numba_namespaces.get(p)
-    if namespace is None:
-        namespace = {
-            "math": math,
-            "exp_f32": vecmath.exp_f32,
-            "tanh_f32": vecmath.tanh_f32,
-            "log_f32": vecmath.log_f32,
-            "erf_f32": vecmath.erf_f32,
-            "DT": np.float32 if p.dtype == "float32" else np.float64,
-            "prange": numba.prange,
-            "get_num_threads": numba.get_num_threads,
-            "CHUNKS_PER_THREAD": _CHUNKS_PER_THREAD,
-        }
+def cache_dir() -> str | None:
+    """Where the generated kernel modules are written so that numba's disk cache serves
+    them to later processes: ``$ACROBAT_CACHE_DIR``, else ``~/.cache/acrobat``, one folder
+    per stamp of this package's sources (an edit of a kernel file or of this generator
+    starts a new folder); None where it cannot be written (kernels are then compiled in
+    every process)."""
+    from acrobat_kernels import diskcache
+
+    root = os.environ.get("ACROBAT_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "acrobat"
+    )
+    folder = os.path.join(root, "kernels-" + diskcache.sources_stamp()[:16])
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return None
+    return folder if os.access(folder, os.W_OK) else None
+
+
+def _kernel_module(p: Program) -> dict:
+    """The namespace of ``p``'s generated module: imported from its file in
+    :func:`cache_dir` (written once, atomically), where numba caches what it compiles;
+    else executed from the source without the disk cache."""
+    folder = cache_dir()
+    if folder is None:
+        namespace: dict = {"__name__": f"acrobat_kernels.generated.{_program_id(p)}"}
         exec(compile(numba_source(p), f"<acrobat_kernels {_program_id(p)}>", "exec"), namespace)
-        namespace["rows"] = numba.njit(**_NUMBA_OPTIONS)(namespace["rows"])
-        _numba_namespaces[p] = namespace
-    python_fn = namespace["kernel_parallel" if parallel else "kernel"]
-    kernel = numba.njit(nt.void(*sig), parallel=parallel, **_NUMBA_OPTIONS)(python_fn)
-    _numba_kernels[key] = kernel
+        return namespace
+    name = f"ew_{_program_id(p)}"
+    path = os.path.join(folder, name + ".py")
+    source = numba_source(p, cache=True)
+    try:
+        with open(path) as f:
+            current = f.read()
+    except OSError:
+        current = None
+    if current != source:  # (rewritten only when missing or different: numba's cache is
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # keyed on its mtime)
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    module_name = f"acrobat_kernels.generated.{name}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # registered first: numba's cached code names its module, and imports it by that name
+    # when it loads the code (in this process or a later one, before this returns)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)  # compiles or loads
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return vars(module)
+
+
+_numba_kernels: dict[Program, Any] = {}
+_numba_lock = threading.Lock()
+
+
+def _numba_kernel(p: Program):
+    """The compiled ``entry`` cfunc of ``p`` (once per process; from numba's disk cache
+    where :func:`cache_dir` is writable)."""
+    kernel = _numba_kernels.get(p)
+    if kernel is None:
+        with _numba_lock:  # (the fusion compiles in a background thread)
+            kernel = _numba_kernels.get(p)
+            if kernel is None:
+                kernel = _numba_kernels[p] = _kernel_module(p)["entry"]
     return kernel
 
 
+@functools.cache
+def _block_type(size: int):
+    return ctypes.c_int64 * size
 
-def _flat_rows(buf: torch.Tensor):
-    """A flat numpy view of the memory spanned by ``buf``'s rows, and its row stride."""
-    if buf.is_contiguous():
-        return buf.view(-1).numpy(), buf.shape[1]
-    rows, F = buf.shape
-    stride = buf.stride(0)
-    span = (rows - 1) * stride + F if rows else 0
-    return torch.as_strided(buf, (span,), (1,)).numpy(), stride
+
+_direct_calls: dict[int, Any] = {}  # cfunc address -> its ctypes function
+
+
+def _call(address: int, block) -> None:
+    """The kernel at ``address`` on the calling thread alone (ctypes releases the GIL)."""
+    fn = _direct_calls.get(address)
+    if fn is None:
+        fn = _direct_calls[address] = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+    fn(block)
 
 
 def _run_numba(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
-    dtype = _DTYPES[p.dtype]
-    parallel = n * F >= PARALLEL_MIN_ELEMENTS and _numba().get_num_threads() > 1
-    kernel = _numba_kernel(p, parallel)
-    no_index = np.zeros(0, dtype=np.int64)
-    bad = np.zeros(1, dtype=np.int64)
-    args: list = [n, F, bad]
+    from acrobat_kernels import parallel
+
+    kernel = _numba_kernel(p)
+    threads = torch.get_num_threads()
+    split = n * F >= PARALLEL_MIN_ELEMENTS and threads > 1 and parallel.available()
+    bad = ctypes.c_int64(0)
+    keep = []  # what the block points into, alive until the kernel returns
+    ints = [n, F, split, ctypes.addressof(bad)]
     for buf, idx in sources:
-        flat, stride = _flat_rows(buf)
-        use_idx = idx is not None
-        args += [flat, idx.numpy() if use_idx else no_index, use_idx, stride, buf.shape[0]]
+        ints += [buf.data_ptr(), 0 if idx is None else idx.data_ptr(),
+                 buf.stride(0) if len(buf) > 1 else F, len(buf)]  # fmt: skip
     for value in shared:
-        vector = value.expand(F) if value.numel() == 1 else value.reshape(F)
-        args.append(vector.contiguous().numpy())
-    outs = [torch.empty((n, F), dtype=dtype) for _ in p.outputs]
-    args += [out.numpy() for out in outs]
-    kernel(*args)
-    if bad[0]:
+        vector = (value.expand(F) if value.numel() == 1 else value.reshape(F)).contiguous()
+        keep.append(vector)
+        ints.append(vector.data_ptr())
+    outs = [torch.empty((n, F), dtype=_DTYPES[p.dtype]) for _ in p.outputs]
+    ints += [out.data_ptr() for out in outs]
+    ints += parallel.queries() if split else (0, 0)
+    block = _block_type(len(ints))(*ints)
+    if split:
+        parallel.launch(kernel.address, block, threads)
+    else:
+        _call(kernel.address, block)
+    del keep
+    if bad.value:
         _raise_bad_index(sources)
     return outs
 

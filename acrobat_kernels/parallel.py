@@ -89,6 +89,13 @@ def params(*ints: int):
 _PAD = (0,) * THREAD_SLOT
 
 
+def queries() -> list[int]:
+    """The addresses of ``omp_get_thread_num`` and ``omp_get_num_threads`` (a kernel's
+    row split asks them, :func:`acrobat_kernels.loops.row_share`); only where
+    :func:`available`."""
+    return list(_queries)
+
+
 def launch(kernel_address: int, block, threads: int) -> None:
     """Run the cfunc at ``kernel_address`` on ``threads`` threads of torch's team (the
     calling thread among them), given its parameter block (:func:`params`); only where

@@ -118,3 +118,44 @@ def test_without_numbas_hook_nothing_is_installed(monkeypatch):
     before = list(diskcache.cache_impl()._locator_classes)
     assert diskcache.install() is False  # the kernels then compile without the cache
     assert diskcache.cache_impl()._locator_classes == before
+
+
+# The generated elementwise kernels (acrobat_kernels/elementwise.py): a module file per
+# program in ACROBAT_CACHE_DIR, compiled once and loaded by later processes.
+_EW_PROBE = textwrap.dedent(
+    """
+    import json, sys, torch
+    from acrobat_kernels import elementwise as ew
+    torch.manual_seed(0)
+    p = ew.lstm_cell_tail()
+    n, F = 6, 40
+    gates, c = torch.randn(10, 4 * F), torch.randn(7, F)
+    rows, c_rows = torch.randint(0, 10, (n,)), torch.randint(0, 7, (n,))
+    sources = [(gates[:, k * F:(k + 1) * F], rows) for k in range(4)] + [(c, c_rows)]
+    want = ew.run(p, n, F, sources, backend="torch")
+    got = ew.run(p, n, F, sources, backend="numba")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+    kernel = ew._numba_kernels[p]
+    modules = [m for m in sys.modules if m.startswith("acrobat_kernels.generated.")]
+    print(json.dumps({"hits": kernel.cache_hits, "modules": modules}))
+    """
+)
+
+
+def test_a_later_process_loads_the_generated_elementwise_kernels(tmp_path):
+    env = dict(os.environ, ACROBAT_CACHE_DIR=str(tmp_path / "acrobat"),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=ROOT)  # fmt: skip
+
+    def probe() -> dict:
+        done = subprocess.run([sys.executable, "-c", _EW_PROBE], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first, second = probe(), probe()
+    assert first["hits"] == 0 and second["hits"] >= 1  # compiled once, then loaded
+    (module,) = first["modules"]  # the program's module, imported from its file
+    (folder,) = (tmp_path / "acrobat").iterdir()  # one folder per stamp of the sources
+    assert folder.name == "kernels-" + diskcache.sources_stamp()[:16]
+    assert [f.name for f in folder.glob("ew_*.py")] == [module.rsplit(".", 1)[1] + ".py"]

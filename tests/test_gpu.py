@@ -288,7 +288,8 @@ def test_ops_sized_by_values_on_cuda(default_device):
 
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(6, 6, generator=gen, device="cpu").to("cuda").requires_grad_()
-    xs = [torch.randn(n, 6, generator=gen, device="cpu").to("cuda") for n in (1, 3, 5, 2, 4, 4, 7, 1)]
+    sizes = (1, 3, 5, 2, 4, 4, 7, 1)
+    xs = [torch.randn(n, 6, generator=gen, device="cpu").to("cuda") for n in sizes]
     got = f.map(xs, w=w)
     assert all(t.device.type == "cuda" for o in got for t in _tensors(o))
     (gw,) = torch.autograd.grad(sum(o[0] for o in got), w)
@@ -311,7 +312,7 @@ def test_grad_mode_switch_inside_an_instance_is_refused_on_cuda(default_device):
         with torch.no_grad():
             return x * 2
 
-    with pytest.raises(acrobat.AcrobatError, match="no_grad|grad mode"):
+    with pytest.raises(acrobat.AcrobatError, match="grad mode switched off"):
         f.map([torch.randn(3, requires_grad=True) for _ in range(2)])
 
     lstm = torch.nn.LSTM(4, 4)

@@ -161,9 +161,16 @@ def test_lstm_cell_tail_reference_and_numba():
 
 
 def test_parallel_kernel(monkeypatch):
-    if ew._numba().get_num_threads() < 2:
-        pytest.skip("numba runs one thread (NUMBA_NUM_THREADS=1): no parallel variant")
+    from acrobat_kernels import parallel
+
+    if torch.get_num_threads() < 2 or not parallel.available():
+        pytest.skip("one torch thread, or no OpenMP team of torch's to split the rows over")
     monkeypatch.setattr(ew, "PARALLEL_MIN_ELEMENTS", 0)
+    launched = []
+    real_launch = parallel.launch
+    monkeypatch.setattr(
+        parallel, "launch", lambda *a: (launched.append(a[2]), real_launch(*a))[1]
+    )
     gen = torch.Generator().manual_seed(1)
     n, F = 37, 21
     sources = [
@@ -171,7 +178,21 @@ def test_parallel_kernel(monkeypatch):
         for _ in range(5)
     ]
     check_backend(lstm_cell_tail(), n, F, sources, [], backend="numba")
-    assert (lstm_cell_tail(), True) in ew._numba_kernels
+    assert launched and min(launched) == torch.get_num_threads()  # split over the team
+
+
+def test_kernel_without_a_writable_cache_dir(monkeypatch):
+    """Where no cache folder can be written, the kernel module is executed from its source
+    (compiled in this process, numba's disk cache off) and computes the same."""
+    monkeypatch.setattr(ew, "cache_dir", lambda: None)
+    program = Program(2, 1, (("mul", (("in", 0), ("sh", 0))), ("sub", (("op", 0), ("in", 1)))),
+                      (1,))  # fmt: skip
+    monkeypatch.setattr(ew, "_numba_kernels", {})
+    gen = torch.Generator().manual_seed(3)
+    sources = [(torch.randn(9, 5, generator=gen), torch.tensor([8, 0, 3, 3])),
+               (torch.randn(4, 5, generator=gen), None)]  # fmt: skip
+    check_backend(program, 4, 5, sources, [torch.randn(5, generator=gen)], backend="numba")
+    assert ew._numba_kernels[program].cache_hits == 0
 
 
 # Every op of the table, one output each, on inputs with the awkward values.
