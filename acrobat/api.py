@@ -23,6 +23,8 @@ class Autobatched:
         self.__name__ = getattr(fn, "__name__", "f")
         functools.update_wrapper(self, fn)
         self._bound: weakref.WeakKeyDictionary | None = None  # object -> bound Autobatched
+        # the torch functions with a stand-in that its maps have called (ops.fast_functions)
+        self._calls: frozenset = frozenset()
 
     def __get__(self, obj, objtype=None):
         """On a method (``@acrobat.autobatch`` in a class body), ``model.encode`` is the
@@ -84,8 +86,18 @@ class Autobatched:
             return ([], st) if stats else []
         if config.HOLD_MEMORY and not memory.held():
             memory.hold()  # freed buffers serve the next mini-batch (acrobat/memory.py)
-        with analysis.auto_blocks(self.fn, shared), ops.fast_modules(), ops.fast_functions():
-            results = fibers.run_map(self.fn, list(zip(*columns)), shared, st, self.__name__)
+        ops.MISSED.clear()
+        try:
+            with (
+                analysis.auto_blocks(self.fn, shared),
+                ops.fast_modules(),
+                ops.fast_functions(self._calls),
+            ):
+                results = fibers.run_map(self.fn, list(zip(*columns)), shared, st, self.__name__)
+        finally:
+            if ops.MISSED:  # called without their stand-ins in place: in from the next map
+                self._calls = self._calls | ops.MISSED
+                ops.MISSED.clear()
         return (results, st) if stats else results
 
 

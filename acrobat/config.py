@@ -63,9 +63,10 @@ CHOICE_CACHE: str = os.environ.get("ACROBAT_CHOICE_CACHE", "")
 #: Fused elementwise kernels for block tails (fusion.py): "auto" chooses online between
 #: the generated kernel (numba on CPU, CUDA on GPU) and per-op torch; "numba", "cuda" or
 #: "torch" (the kernels' reference backend) force the fused path; "off" never fuses.
-#: Off by default: on the 2-core CPU we measure on, the fused kernels win ~5-10% of kernel
-#: time at batch 64 and nothing at batch 8, against 1-2 s of numba compile per program
-#: (bench system "acrobat-fused" measures "auto").
+#: Off by default: on the 2-core CPU we measure on, the fused kernels' math costs as much
+#: as torch's op by op (TreeLSTM small b64 0.95x, the other models level in an in-process
+#: A/B); a program compiles once per machine (1-2 s, then numba's disk cache). The bench
+#: system "acrobat-fused" measures "auto".
 KERNEL_BACKEND: str = os.environ.get("ACROBAT_KERNEL_BACKEND", "off")
 
 #: While a map runs, ``nn.Linear`` and ``nn.Embedding`` (not subclasses that define their

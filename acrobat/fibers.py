@@ -27,7 +27,7 @@ import torch
 from greenlet import greenlet
 from torch.overrides import TorchFunctionMode
 
-from acrobat import config, graph, tensor
+from acrobat import config, graph, ops, tensor
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
 from acrobat.executor import execute, reset_slots
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
@@ -61,13 +61,25 @@ class RecordMode(TorchFunctionMode):
             func = SHORTCUT_ORIGINALS[func]  # dispatches under its name: the stand-in
             op = FUNCS[func]
         if op is not None:
+            stand_in = func in ops.SHORTCUT_FUNCS
+            if stand_in:  # its stand-in was not in place: from the next map of this
+                ops.MISSED.add(func)  # function on, it is
             lazy = has_lazy(args) or (kwargs and has_lazy(kwargs))
             if lazy and kwargs.get("inplace"):  # F.relu(x, inplace=True), nn.ReLU(True)
                 return inplace_kwarg(op, func, args, kwargs)
             if lazy and kwargs.get("out") is not None:  # torch.add(a, b, out=y)
                 return out_kwarg(op, func, args, kwargs)
             if op.special is not None and (lazy or op.kind == "data" or op.name == "getitem"):
-                return op.special(func, args, kwargs)
+                if not (lazy and stand_in):
+                    return op.special(func, args, kwargs)
+                # torch took the mode off the thread for this handler: the rule's own torch
+                # calls on lazy tensors (narrow's arange(n) + i) record with it back on, as
+                # when the function's stand-in calls the rule from the user's code
+                torch._C._push_on_torch_function_stack(self)
+                try:
+                    return op.special(func, args, kwargs)
+                finally:
+                    torch._C._pop_torch_function_stack()
             if lazy:
                 return record(op, func, args, kwargs)
             if op.name in _IMPURE:

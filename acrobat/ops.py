@@ -2359,31 +2359,55 @@ def _make_shortcuts() -> list[tuple]:
     return _SHORTCUTS
 
 
-_installed = [0]  # maps running with the stand-ins in place (one per thread at most)
+_STAND_INS: dict = {}  # original -> its (namespace, name, stand-in) entries; made on first use
+#: The originals with a stand-in (RecordMode notes those that reach it: MISSED).
+SHORTCUT_FUNCS: frozenset = frozenset()
+#: Torch functions with a stand-in that reached the mode's handler while a map ran (not
+#: in place): the map's Autobatched learns them and puts their stand-ins in from then on.
+MISSED: set = set()
+_count = [0]  # maps running with stand-ins in place (one per thread at most)
+_in_place: dict = {}  # (id(namespace), name) -> (namespace, name, original): what is put in
 _install_lock = threading.Lock()
 
 
+def stand_in_funcs() -> frozenset:
+    """The torch functions that have a stand-in (made on first use)."""
+    global SHORTCUT_FUNCS
+    if not _STAND_INS:
+        for ns, name, stand_in, func in _SHORTCUTS or _make_shortcuts():
+            _STAND_INS.setdefault(func, []).append((ns, name, stand_in))
+        SHORTCUT_FUNCS = frozenset(_STAND_INS)
+    return SHORTCUT_FUNCS
+
+
 @contextlib.contextmanager
-def fast_functions():
-    """The stand-ins in the torch namespaces for the duration of a map
-    (``config.FAST_FUNCTIONS``)."""
+def fast_functions(wanted=None):
+    """The stand-ins of the torch functions ``wanted`` (all of them: None) in the torch
+    namespaces for the duration of a map (``config.FAST_FUNCTIONS``). A map puts in only
+    those its function has been seen to call (``Autobatched`` learns them from
+    :data:`MISSED`): ~180 attributes set and reset around every map cost ~30-60 µs."""
     if not config.FAST_FUNCTIONS:
         yield
         return
     with _install_lock:
-        shortcuts = _SHORTCUTS or _make_shortcuts()
-        if _installed[0] == 0:
-            for ns, name, stand_in, _ in shortcuts:
-                setattr(ns, name, stand_in)
-        _installed[0] += 1
+        every = stand_in_funcs()  # (also what RecordMode notes as missed)
+        funcs = every if wanted is None else wanted
+        for func in funcs:
+            for ns, name, stand_in in _STAND_INS[func]:
+                key = (id(ns), name)
+                if key not in _in_place:
+                    setattr(ns, name, stand_in)
+                    _in_place[key] = (ns, name, func)
+        _count[0] += 1
     try:
         yield
     finally:
         with _install_lock:
-            _installed[0] -= 1
-            if _installed[0] == 0:
-                for ns, name, _, func in shortcuts:
+            _count[0] -= 1
+            if _count[0] == 0:
+                for ns, name, func in _in_place.values():
                     setattr(ns, name, func)
+                _in_place.clear()
 
 
 @contextlib.contextmanager

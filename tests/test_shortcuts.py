@@ -22,6 +22,7 @@ from acrobat.tensor import _native
 from tests.helpers import assert_close_tree, check_map
 
 TANH, CAT, LINEAR, RELU = torch.tanh, torch.cat, F.linear, F.relu  # the originals
+COS, SIGMOID = torch.cos, torch.sigmoid
 
 
 def _body(x, w, b):
@@ -59,14 +60,16 @@ def test_stand_ins_are_in_place_while_a_map_runs_and_gone_after():
 
     @acrobat.autobatch
     def f(x):
-        seen.append((torch.tanh, torch.cat, F.linear, F.relu))
+        seen.append((torch.tanh, torch.cat, F.linear, F.relu, torch.cos))
         if len(seen) == 2:
             raise ValueError("boom")
-        return torch.tanh(x)
+        return torch.tanh(torch.cat([F.linear(x, torch.eye(2)), x]))
 
+    f.map([torch.ones(2)])  # its first map: the mode's route, noting what f calls
+    assert seen[0][:3] == (TANH, CAT, LINEAR)
     with pytest.raises(ValueError, match="boom"):
         f.map([torch.ones(2)] * 3)
-    tanh, cat, linear, relu = seen[0]
+    tanh, cat, linear, relu, cos = seen[1]
     if config.FAST_FUNCTIONS:
         assert tanh is not TANH and tanh.__wrapped__ is TANH
         assert cat.__wrapped__ is CAT and linear.__wrapped__ is LINEAR
@@ -74,6 +77,7 @@ def test_stand_ins_are_in_place_while_a_map_runs_and_gone_after():
         assert ops.SHORTCUT_ORIGINALS[tanh] is TANH
         # written in Python (its rule reads the arguments its dispatch passes): as it is
         assert relu is RELU
+        assert cos is COS  # never called by f: not put in
         if _native is not None:
             assert type(tanh) is _native.Shortcut
     # restored, after a map that failed
@@ -82,6 +86,35 @@ def test_stand_ins_are_in_place_while_a_map_runs_and_gone_after():
         seen.clear()
         f.map([torch.ones(2)])
         assert seen[0][0] is TANH
+
+
+def test_a_map_puts_in_the_stand_ins_its_function_was_seen_calling():
+    """The stand-ins a map puts in are those its function called before (learned from the
+    mode's handler, also in a map that failed); a new call is learned when first made."""
+    seen = []
+
+    @acrobat.autobatch
+    def f(x, deeper):
+        seen.append((torch.tanh, torch.sigmoid))
+        y = torch.tanh(x)
+        if deeper:
+            y = torch.sigmoid(y)
+        if deeper == 2:
+            raise ValueError("boom")
+        return y
+
+    xs = [torch.randn(3) for _ in range(2)]
+    want = [torch.sigmoid(torch.tanh(x)) for x in xs]
+    f.map(xs, deeper=0)
+    assert seen[-1] == (TANH, SIGMOID)
+    assert_close_tree(f.map(xs, deeper=1), want)
+    if config.FAST_FUNCTIONS:
+        assert seen[-1][0] is not TANH and seen[-1][1] is SIGMOID
+        with pytest.raises(ValueError, match="boom"):
+            f.map(xs, deeper=2)
+        assert seen[-1][1] is not SIGMOID  # learned in the map before, which called it
+    assert_close_tree(f.map(xs, deeper=1), want)
+    assert (torch.tanh, torch.sigmoid) == (TANH, SIGMOID)
 
 
 def test_real_arguments_reach_torch_and_the_mode():
@@ -145,3 +178,22 @@ def test_escaped_lazy_tensors_still_raise():
     f.map([torch.ones(2)])
     with pytest.raises(LazyValueError, match=r"outside f\.map"):
         torch.tanh(kept[0])
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["mode", "stand-ins"])
+def test_a_rules_own_torch_calls_record_on_the_modes_route(fast):
+    """A rule reached through the mode's handler (the stand-ins off, or a function's first
+    map) calls torch on lazy tensors itself (narrow by a per-instance start: ``arange(n) +
+    i``): torch took the mode off the thread for the handler, which puts it back for the
+    rule (it raised "a LazyTensor was passed to add outside f.map" before)."""
+
+    @acrobat.autobatch
+    def f(x, i):
+        return torch.narrow(x, 0, i, 2) * 2
+
+    xs = [torch.randn(5, 3) for _ in range(3)]
+    idx = [torch.tensor(k) for k in (0, 3, 1)]
+    with acrobat.config.override(FAST_FUNCTIONS=fast):
+        for _ in range(2):  # (the first map of f takes the mode's route either way)
+            got = f.map(xs, idx)
+            assert_close_tree(got, [torch.narrow(x, 0, int(i), 2) * 2 for x, i in zip(xs, idx)])
