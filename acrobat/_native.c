@@ -372,6 +372,7 @@ static PyObject *zero;          /* the int 0 */
 static PyObject *one;           /* the int 1 */
 
 static PyObject *s_sig;
+static PyObject *s_grad, *s_grad_resume;  /* Fiber.grad (a GradTag or None), rt.grad_resume */
 static PyObject *s_fiber, *s_phase, *s_instance, *s_buckets, *s_nodes, *s_ALIGN_WINDOW,
     *s_metas, *s_keys, *s_single, *s_struct, *s_plain_tuple;
 
@@ -528,9 +529,34 @@ static int queue_deferred(PyObject *rt, NodeObject *nd) {
 
 /* graph.add_node; ``inputs`` is a list of LazyTensors; ``fiber`` rt.fiber if the caller
  * has it, else NULL. Returns a new reference. */
+static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
+                                     PyObject *args, PyObject *kwargs, PyObject *inputs,
+                                     PyObject *info, PyObject *sig, PyObject *fiber);
+
+/* graph.add_node: a node recorded by a fiber inside a grad-mode region of its own
+ * (fibers._set_grad_enabled: fiber.grad is a GradTag) gets the signature (tag, sig), so it
+ * batches apart and runs in that mode (executor.execute) */
 static NodeObject *add_node_impl(PyObject *rt, PyObject *op, PyObject *func, PyObject *args,
                                  PyObject *kwargs, PyObject *inputs, PyObject *info,
                                  PyObject *sig, PyObject *fiber) {
+    PyObject *f = fiber != NULL ? Py_NewRef(fiber) : SLOT_GET(rt, s_fiber);
+    if (f == NULL) return NULL;
+    PyObject *grad = SLOT_GET(f, s_grad), *tagged = NULL;
+    NodeObject *nd = NULL;
+    if (grad == NULL) goto done;
+    if (grad != Py_None && (tagged = PyTuple_Pack(2, grad, sig)) == NULL) goto done;
+    nd = add_node_untagged(rt, op, func, args, kwargs, inputs, info,
+                           tagged != NULL ? tagged : sig, f);
+done:
+    Py_XDECREF(tagged);
+    Py_XDECREF(grad);
+    Py_DECREF(f);
+    return nd;
+}
+
+static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
+                                     PyObject *args, PyObject *kwargs, PyObject *inputs,
+                                     PyObject *info, PyObject *sig, PyObject *fiber) {
     if (!PyList_CheckExact(inputs)) {
         PyErr_SetString(PyExc_TypeError, "add_node: inputs must be a list");
         return NULL;
@@ -1361,6 +1387,10 @@ static PyObject *recording_rt(int check_thread, PyObject **fiber) {
     if (v != Py_None) goto no;
     f = SLOT_GET(rt, s_fiber);
     if (f == NULL || f == Py_None) goto no;
+    v = SLOT_GET(f, s_grad);  /* inside a grad-mode region of its own: the Python paths */
+    if (v == NULL) goto no;
+    Py_DECREF(v);
+    if (v != Py_None) goto no;
     if (check_thread) {
         v = SLOT_GET(rt, s_thread);
         if (v == NULL) goto no;
@@ -1820,9 +1850,20 @@ static int switch_away(PyObject *rt) {
         res = switch_to(g, NULL);
     }
 done:
-    if (res != NULL) {
+    if (res != NULL) {  /* resumed */
         Py_DECREF(res);
         r = 0;
+        PyObject *hook = SLOT_GET(rt, s_grad_resume);  /* the thread's grad mode back to */
+        if (hook == NULL) {                             /* this fiber's, while any fiber */
+            r = -1;                                     /* has a grad-mode region */
+        } else {
+            if (hook != Py_None) {
+                PyObject *done_ = PyObject_CallNoArgs(hook);
+                if (done_ == NULL) r = -1;
+                Py_XDECREF(done_);
+            }
+            Py_DECREF(hook);
+        }
     }  /* (NULL: thrown into the fiber, map cleanup: unwinds) */
     Py_XDECREF(parent);
     Py_XDECREF(main);
@@ -2878,6 +2919,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_fiber, "fiber");
     INTERN(s_phase, "phase");
     INTERN(s_instance, "instance");
+    INTERN(s_grad, "grad");
+    INTERN(s_grad_resume, "grad_resume");
     INTERN(s_buckets, "buckets");
     INTERN(s_nodes, "nodes");
     INTERN(s_ALIGN_WINDOW, "ALIGN_WINDOW");

@@ -18,6 +18,7 @@ import torch
 
 from acrobat import config
 from acrobat.errors import AcrobatError, UnsupportedOpError
+from acrobat.graph import grad_tag
 from acrobat.ops import DATA_OPS, ROW_VIEWS, TAKE, TENSOR, reshape_rule
 from acrobat.rows import rows_of
 from acrobat.scan import looping
@@ -107,9 +108,9 @@ def gather(ts: list, n: int, stats, column=None, slots=None) -> torch.Tensor:
             return buf
         return buf[r0 : r0 + n]
     if column is not None:
-        last = _reused.get(column)
-        if last is not None and last[0] == slots:
-            return last[1]
+        last = _reused.get(column)  # (a copy made in the other grad mode differs: a no_grad
+        if last is not None and last[0] == slots and last[2] == torch.is_grad_enabled():
+            return last[1]  # region's copy has no autograd history)
     out = None
     if _native is not None and config.FAST_GATHER and not torch.is_grad_enabled():
         # the C copy of the rows by address, from one source or several (rows of one
@@ -124,7 +125,7 @@ def gather(ts: list, n: int, stats, column=None, slots=None) -> torch.Tensor:
     if out is None:
         out = _copy_rows(ts, slots, n, stats)
     if column is not None:
-        _reused[column] = (slots, out)
+        _reused[column] = (slots, out, torch.is_grad_enabled())
     return out
 
 
@@ -660,6 +661,11 @@ def _explain_failure(nodes: list, exc: Exception, alone=None) -> None:
 def execute(batches: list[list], stats) -> None:
     try:
         for nodes in batches:
-            run_batch(nodes, stats)
+            tag = grad_tag(nodes[0].sig)
+            if tag is None:
+                run_batch(nodes, stats)
+            else:  # recorded inside torch.no_grad() (or enable_grad()): run in that mode
+                with torch.set_grad_enabled(tag.enabled):
+                    run_batch(nodes, stats)
     finally:
         _reused.clear()  # frees the copies; slots stay unique until the map ends

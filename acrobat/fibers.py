@@ -158,6 +158,7 @@ class Fiber:
         "joiners",
         "host",
         "task",
+        "grad",
     )
 
     def __init__(self, instance: int, phase: int, task: tuple | None = None):
@@ -171,6 +172,7 @@ class Fiber:
         self.joiners: list[Fiber] | None = None  # made by the first join: most have none
         self.host = None  # the demanded value, copied to the host after a flush
         self.task = task  # (fn, args, kwargs, wrap_inputs) until it starts
+        self.grad = None  # its graph.GradTag inside a grad-mode region of its own, else None
 
 
 class Future:
@@ -243,6 +245,8 @@ def _wrap_inputs(a):
 def _fiber_main(rt: Runtime, fiber: Fiber) -> None:
     fn, args, kwargs, wrap = fiber.task  # type: ignore[misc]  # set until it starts
     fiber.task = None
+    if rt.grad_resume is not None:  # (the thread's grad mode may be another fiber's)
+        rt.grad_resume()
     try:
         if wrap:
             args = tuple(_wrap_inputs(a) for a in args)
@@ -250,6 +254,9 @@ def _fiber_main(rt: Runtime, fiber: Fiber) -> None:
     except BaseException as exc:  # re-raised by the driver, with the instance named
         fiber.error = exc
     fiber.done = True
+    if fiber.grad is not None:  # ended inside its region (set_grad_enabled(False) not undone)
+        _tag_fiber(rt, fiber, None)
+        _SET_GRAD_ENABLED(rt.grad_mode)
     fiber.glet = None  # the worker greenlet goes back to the pool
     if fiber.joiners is not None:
         rt.ready.extend(fiber.joiners)
@@ -342,6 +349,12 @@ def switch_away(rt: Runtime) -> None:
     the switches of a round trip through the driver; the order fibers run in is the
     driver's (one FIFO queue, whoever pops it). ``_native.switch_away`` is the same in C
     and replaces it where the extension is built."""
+    _hand_over(rt)
+    if rt.grad_resume is not None:  # resumed: the thread's grad mode back to this fiber's
+        rt.grad_resume()
+
+
+def _hand_over(rt: Runtime) -> None:
     ready = rt.ready
     if not ready or rt.failed is not None:
         rt.main.switch()
@@ -386,6 +399,8 @@ def fork(fn, *args, **kwargs) -> Future:
         return _Resolved(fn(*args, **kwargs))
     parent = rt.fiber
     child = Fiber(parent.instance, parent.phase, (fn, args, kwargs, False))
+    if parent.grad is not None:  # forked inside a grad-mode region: the child runs in it
+        _tag_fiber(rt, child, parent.grad)
     rt.all_fibers.append(child)
     rt.live.append(child)
     rt.ready.append(child)
@@ -508,6 +523,8 @@ def _copy(row):
 
 
 def _flush(rt: Runtime, max_phase=float("inf"), demand: bool = False) -> None:
+    if rt.grad_regions:  # the last fiber to run may have been inside its grad-mode region
+        _SET_GRAD_ENABLED(rt.grad_mode)
     t0 = time.perf_counter()
     rt.py_rows = {}  # ids of this flush's outputs: a new flush makes new ones
     batches = relevel(rt, schedule(rt, max_phase), late=demand and config.RELEVEL)
@@ -649,6 +666,10 @@ def _materialize(value, instance: int, fn_name: str):
             _flush(rt)
         if id(node.outs) in node.rt.tables:  # a row of a parameter, in place: eager's
             return node.outs[value.idx][node.row].clone()  # lookup returns a copy
+        tag = graph.grad_tag(node.sig)
+        if tag is not None and tag.enabled != torch.is_grad_enabled():
+            with torch.set_grad_enabled(tag.enabled):  # (enable_grad inside an instance
+                return node.outs[value.idx][node.row]  # of a map without gradients)
         return node.outs[value.idx][node.row]
     if t in _PLAIN or isinstance(value, torch.Tensor):
         return value
@@ -782,31 +803,59 @@ def _set_autocast_dtype(*args) -> None:
 
 def _set_grad_enabled(enabled: bool) -> None:
     """torch's grad-mode switch while a map runs (``torch.no_grad()``,
-    ``torch.enable_grad()``, ``torch.set_grad_enabled``): instance code may not change the
-    mode the map runs in. The batches run in the map's mode, so ops an instance records
-    under ``no_grad`` would still carry gradients (silently wrong ones), and the thread's
-    mode, shared by every fiber, would leak into the other instances and into the
-    batches of a flush the instance waits for (their results lost their gradients).
-    The same mode (``no_grad`` inside a map called under ``no_grad``) is fine."""
+    ``torch.enable_grad()``, ``torch.set_grad_enabled``, ``@torch.no_grad()``). Instance
+    code switching to a mode other than its map's enters a region of its own: the fiber
+    carries a :class:`graph.GradTag`, the nodes it records batch apart from the map's
+    (their signature holds the tag) and run in that mode, the shared values it hoists
+    are its mode's, and the thread's mode follows the running fiber (every fiber puts its
+    own back when it resumes: ``rt.grad_resume``). Blocks and loops called inside run op
+    by op. torch's own switches (an ``nn.LSTM`` flattening its weights) change nothing."""
     rt = graph.RT
-    if rt is not None and bool(enabled) != rt.grad_mode and _in_instance(rt):
-        raise AcrobatError(
-            f"torch's grad mode switched {'on' if enabled else 'off'} inside an instance (at "
-            f"{user_line(2)}): acrobat runs the whole batch in the mode f.map was called in "
-            f"(gradients {'on' if rt.grad_mode else 'off'}). Use x.detach() for values that "
-            "must not carry gradients, or call f.map under the mode the instance needs"
-        )
+    if rt is not None and _in_instance(rt):
+        fiber = rt.fiber
+        enabled = bool(enabled)
+        if rt.tracer is not None and enabled != torch.is_grad_enabled():
+            raise AcrobatError(
+                f"torch's grad mode switched {'on' if enabled else 'off'} inside a block "
+                f"(at {user_line(2)}): a block is traced once and runs in the mode it is "
+                "called in; switch the mode around the block's call instead"
+            )
+        tag = None if enabled == rt.grad_mode else (graph.GRAD_ON if enabled else graph.GRAD_OFF)
+        if tag is not fiber.grad:
+            _tag_fiber(rt, fiber, tag)
     _SET_GRAD_ENABLED(enabled)
+
+
+def _tag_fiber(rt, fiber, tag) -> None:
+    """``fiber``'s grad-mode region begins (a tag) or ends (None)."""
+    rt.grad_regions += (tag is not None) - (fiber.grad is not None)
+    fiber.grad = tag
+    rt.grad_resume = _resume_grad if rt.grad_regions else None
+
+
+def _resume_grad() -> None:
+    """The thread's grad mode set to the running fiber's (called as a fiber starts or
+    resumes while any fiber is inside a grad-mode region of its own)."""
+    rt = graph.RT
+    if rt is not None and rt.fiber is not None:
+        tag = rt.fiber.grad
+        _SET_GRAD_ENABLED(rt.grad_mode if tag is None else tag.enabled)
 
 
 _INFERENCE_MODE = torch._C._InferenceMode
 
 
 def _inference_mode(mode: bool = True):
-    """``torch.inference_mode()`` inside an instance of a map with gradients on: its
-    grad mode switch, refused like ``no_grad`` (see :func:`_set_grad_enabled`)."""
-    if mode:
-        _set_grad_enabled(False)  # raises inside an instance of a map with gradients on
+    """``torch.inference_mode()`` inside an instance of a map with gradients on: refused
+    (its tensors could never join the autograd graph of the batch they are computed in;
+    ``torch.no_grad()`` is supported)."""
+    rt = graph.RT
+    if mode and rt is not None and rt.grad_mode and _in_instance(rt):
+        raise AcrobatError(
+            f"torch.inference_mode() inside an instance (at {user_line(2)}) of a map with "
+            "gradients on: use torch.no_grad() there (supported), or call f.map inside "
+            "torch.inference_mode()"
+        )
     return _INFERENCE_MODE(mode)
 
 
@@ -860,6 +909,9 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     finally:
         kernels.__exit__(None, None, None)
         torch._C._set_grad_enabled = _SET_GRAD_ENABLED
+        if rt.grad_regions or torch.is_grad_enabled() != rt.grad_mode:
+            _SET_GRAD_ENABLED(rt.grad_mode)  # (a map that failed inside a region)
+            rt.grad_regions, rt.grad_resume = 0, None
         torch._C._InferenceMode = _INFERENCE_MODE  # type: ignore[misc]
         torch.set_autocast_enabled = _SET_AUTOCAST_ENABLED
         torch.set_autocast_dtype = _SET_AUTOCAST_DTYPE

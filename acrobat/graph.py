@@ -117,7 +117,7 @@ class Runtime:
         "tracer", "ready", "blocked", "main", "pool", "failed", "all_fibers", "live", "phased",
         "thread", "nodes", "deferred", "py_rows",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
-        "__weakref__",
+        "grad_regions", "grad_resume", "__weakref__",
     )  # fmt: skip
     _ids = itertools.count(1)
 
@@ -158,6 +158,34 @@ class Runtime:
         self.factory_keys: dict[int, tuple] = {}
         # id(shared constant) -> a computed LazyTensor of it (executor.constant)
         self.constants: dict[int, LazyTensor] = {}
+        # fibers inside a grad-mode region of their own (torch.no_grad() in instance code);
+        # while there are any, grad_resume (fibers._resume_grad) is called whenever a fiber
+        # resumes, to put the thread's grad mode back to that fiber's
+        self.grad_regions = 0
+        self.grad_resume: Any = None
+
+
+class GradTag:
+    """The grad mode a node was recorded in, where it is not its map's (instance code
+    inside ``torch.no_grad()`` or ``torch.enable_grad()``): its signature is ``(tag,
+    signature)``, so it batches only with nodes of the same mode, and the executor runs
+    its batch in that mode (``fibers._set_grad_enabled``)."""
+
+    __slots__ = ("enabled",)
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __repr__(self) -> str:
+        return "GRAD_ON" if self.enabled else "GRAD_OFF"
+
+
+GRAD_OFF, GRAD_ON = GradTag(False), GradTag(True)
+
+
+def grad_tag(sig):
+    """The :class:`GradTag` of a node's signature, or None (its map's grad mode)."""
+    return sig[0] if type(sig) is tuple and sig and type(sig[0]) is GradTag else None
 
 
 RT: Runtime | None = None  # the active runtime (set by fibers.run_map)
@@ -527,6 +555,8 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
     """Create the node, compute its phase and depth inline, and queue it in its bucket."""
     fiber = rt.fiber
     phase = fiber.phase
+    if fiber.grad is not None:  # recorded in a grad mode other than the map's: its batches
+        sig = (fiber.grad, sig)  # are its own (GradTag)
     depth = 0
     for t in inputs:
         producer = t.node
@@ -631,6 +661,9 @@ def hoist(func, args, kwargs):
     try:
         inputs: list = []
         key = (func, tuple([freeze(a, inputs) for a in args]), freeze_kwargs(kwargs, inputs))
+        fiber = rt.fiber
+        if fiber is not None and fiber.grad is not None:  # computed in the fiber's grad
+            key = (fiber.grad, key)  # mode: shared only within that mode
         hit = rt.hoisted.get(key)
     except (AcrobatError, TypeError):
         key, hit = None, None

@@ -303,17 +303,32 @@ def test_ops_sized_by_values_on_cuda(default_device):
 
 @needs_cuda
 @pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
-def test_grad_mode_switch_inside_an_instance_is_refused_on_cuda(default_device):
-    """The grad-mode hook on a GPU: ``no_grad`` inside an instance raises naming the line,
-    while torch's own switches (an ``nn.LSTM``'s parameter flattening) pass."""
+def test_grad_mode_regions_on_cuda(default_device):
+    """``torch.no_grad()`` inside instances on a GPU (a read inside the region: the
+    instance suspends there): values and gradients as eager's; torch's own switches (an
+    ``nn.LSTM`` flattening its weights) pass."""
+    w = torch.randn(5, 5).requires_grad_()
 
     @acrobat.autobatch
-    def f(x):
-        with torch.no_grad():
-            return x * 2
+    def f(x, w):
+        h = torch.tanh(x @ w)
+        if float(h.sum()) > 0:
+            with torch.no_grad():
+                t = torch.sigmoid(h @ w)
+                float(t.sum())
+        else:
+            t = h
+        return (h * t).sum()
 
-    with pytest.raises(acrobat.AcrobatError, match="grad mode switched off"):
-        f.map([torch.randn(3, requires_grad=True) for _ in range(2)])
+    xs = [torch.randn(3, 5) for _ in range(6)]
+    got = f.map(xs, w=w)
+    (gw,) = torch.autograd.grad(sum(got), w)
+    want = [f.eager(x, w) for x in xs]
+    (ew,) = torch.autograd.grad(sum(want), w)
+    check = outputs_close([g.detach() for g in got], [e.detach() for e in want],
+                          atol=1e-5, rtol=1e-5)  # fmt: skip
+    assert check, check.message
+    assert torch.allclose(gw, ew, atol=1e-5, rtol=1e-5)
 
     lstm = torch.nn.LSTM(4, 4)
 
