@@ -182,6 +182,19 @@ class LazyTensor(_LazyBase):
     def ndim(self) -> int:
         return len(self.shape)
 
+    @property
+    def requires_grad(self) -> bool:
+        """Eager's answer, from the graph (acrobat/autograd_info.py): no value is read."""
+        from acrobat import autograd_info
+
+        return autograd_info.requires_grad(self)
+
+    @property
+    def is_leaf(self) -> bool:
+        from acrobat import autograd_info
+
+        return autograd_info.is_leaf(self)
+
     def dim(self) -> int:
         return len(self.shape)
 

@@ -818,3 +818,102 @@ def test_switching_autocast_inside_an_instance_is_refused():
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.bfloat16
         torch.testing.assert_close(g, w)
+
+
+# ---- requires_grad / is_leaf of lazy tensors ---------------------------------------------
+
+_TRAINED, _FROZEN = nn.Linear(3, 3), nn.Linear(3, 3).requires_grad_(False)
+
+
+@acrobat.block
+def _pair(a, b):  # a block whose outputs differ: one reads a parameter, one does not
+    return a * 2, torch.tanh(_TRAINED(b))
+
+
+def _interpret(x, y, program):
+    """Runs ``program`` (steps over a list of values, starting from the arguments) and
+    returns every value's ``requires_grad`` and ``is_leaf``."""
+    values = [x, y]
+    for step in program:
+        kind, i, j = step
+        a, b = values[i % len(values)], values[j % len(values)]
+        if kind == "trained":
+            values.append(_TRAINED(a))
+        elif kind == "frozen":
+            values.append(_FROZEN(a))
+        elif kind == "mul":
+            values.append(a * b)
+        elif kind == "detach":
+            values.append(a.detach())
+        elif kind == "compare":
+            values.append((a > 0).float())
+        elif kind == "block":
+            values.extend(_pair(a, b))
+        elif kind == "no_grad":
+            with torch.no_grad():
+                values.append(_TRAINED(a) + b)
+        elif kind == "enable_grad":
+            with torch.enable_grad():
+                values.append(_TRAINED(a) * b)
+        elif kind == "parameter":
+            values.append(a + _TRAINED.weight[0])
+    return [(v.requires_grad, v.is_leaf) for v in values]
+
+
+_interpret_map = acrobat.autobatch(_interpret)
+_STEPS = ["trained", "frozen", "mul", "detach", "compare", "block", "no_grad", "enable_grad",
+          "parameter"]  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    programs=st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(_STEPS), st.integers(0, 20), st.integers(0, 20)),
+            max_size=8,
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    grads=st.lists(st.booleans(), min_size=4, max_size=4),
+    mode=st.booleans(),
+)
+def test_requires_grad_and_is_leaf_are_eagers(programs, grads, mode):
+    """``x.requires_grad`` / ``x.is_leaf`` of lazy tensors answer as eager's, from the
+    graph (no value read): arguments that require grad or not, trained and frozen
+    parameters, detach, comparisons, a block with one grad and one non-grad output, grad
+    regions, parameter rows, in a map with gradients on or off."""
+    xs = [torch.randn(3, requires_grad=g) for g in grads[: len(programs)]]
+    ys = [torch.randn(3, requires_grad=g) for g in grads[::-1][: len(programs)]]
+    with torch.set_grad_enabled(mode):
+        got, stats = _interpret_map.map(xs, ys, programs, stats=True)
+        want = [_interpret(x, y, p) for x, y, p in zip(xs, ys, programs)]
+    assert got == want
+    assert stats.suspensions == 0  # (nothing was read)
+
+
+def test_requires_grad_inside_a_block():
+    """Inside a block body (traced once, replayed for calls whose operands differ) the
+    question is refused like a value read: an explicit block raises naming the line, an
+    automatic one records its function op by op and answers as eager."""
+
+    def auto(x):  # straight-line: an automatic block
+        y = _TRAINED(x)
+        return y * float(y.requires_grad)
+
+    @acrobat.autobatch
+    def f(x):
+        return auto(x) + 1
+
+    @acrobat.block
+    def explicit(x):
+        return x * float(x.requires_grad)  # asked-here
+
+    @acrobat.autobatch
+    def g(x):
+        return explicit(x)
+
+    xs = [torch.randn(3), torch.randn(3, requires_grad=True)]
+    check_map(f, xs)
+    with pytest.raises(acrobat.LazyValueError, match=r"requires_grad.*asked-here"):
+        g.map(xs)
