@@ -811,17 +811,18 @@ def _set_grad_enabled(enabled: bool) -> None:
     own back when it resumes: ``rt.grad_resume``). Blocks and loops called inside run op
     by op. torch's own switches (an ``nn.LSTM`` flattening its weights) change nothing."""
     rt = graph.RT
-    if rt is not None and _in_instance(rt):
+    if rt is not None and rt.fiber is not None:
         fiber = rt.fiber
         enabled = bool(enabled)
-        if rt.tracer is not None and enabled != torch.is_grad_enabled():
-            raise AcrobatError(
-                f"torch's grad mode switched {'on' if enabled else 'off'} inside a block "
-                f"(at {user_line(2)}): a block is traced once and runs in the mode it is "
-                "called in; switch the mode around the block's call instead"
-            )
         tag = None if enabled == rt.grad_mode else (graph.GRAD_ON if enabled else graph.GRAD_OFF)
-        if tag is not fiber.grad:
+        traced = rt.tracer is not None and enabled != torch.is_grad_enabled()
+        if (tag is not fiber.grad or traced) and _in_instance(rt):  # (then whose: frames)
+            if traced:
+                raise AcrobatError(
+                    f"torch's grad mode switched {'on' if enabled else 'off'} inside a block "
+                    f"(at {user_line(2)}): a block is traced once and runs in the mode it is "
+                    "called in; switch the mode around the block's call instead"
+                )
             _tag_fiber(rt, fiber, tag)
     _SET_GRAD_ENABLED(enabled)
 
