@@ -80,8 +80,10 @@ _product = None  # the compiled rows_product
 def rows_product():
     """The numba function ``product(x, w, ws, out, m, k, n)``: ``out[:m] = x[:m] @ W.T``
     for ``x`` (m, k) and ``W``'s n rows of k elements, row j at ``w[j * ws]`` (a flat
-    array). It walks ``W`` once per eight rows of ``x`` (then four, then one at a time),
-    two rows of ``W`` at a time, keeping the 16 dot products in registers: each load of
+    array). It walks ``W`` once per eight rows of ``x``: a last 6 or 7 rows in one more
+    such pass, 2-5 in one pass of four (and a single row), the rows missing from a pass repeating its last row
+    (their sums not stored), a single row alone (before, the rows past the eights went four,
+    then one at a time: 7 rows walked ``W`` four times); two rows of ``W`` at a time, keeping the 16 dot products in registers: each load of
     ``x`` feeds two multiply-adds (against one with a row of ``W`` at a time: 600 x 512 ->
     1280 178 -> 207 GFMA/s, 120 x 256 -> 256 132 -> 162, 8 x 256 -> 256 49 -> 75, right
     after a torch op). Compiled on first use; callable from other numba kernels
@@ -94,9 +96,12 @@ def rows_product():
     def product(x, w, ws, out, m, k, n):  # pragma: no cover - compiled by numba
         zero = np.float32(0.0)
         m0 = 0
-        while m - m0 >= 8:  # eight rows per pass over W
+        while m - m0 >= 6:  # up to eight rows per pass over W (the last pass: 6 to 8 rows,
+            last = m - 1  # the missing ones repeating the last row, their sums not stored)
             x0, x1, x2, x3 = x[m0], x[m0 + 1], x[m0 + 2], x[m0 + 3]
-            x4, x5, x6, x7 = x[m0 + 4], x[m0 + 5], x[m0 + 6], x[m0 + 7]
+            x4, x5 = x[m0 + 4], x[m0 + 5]
+            x6, x7 = x[min(m0 + 6, last)], x[min(m0 + 7, last)]
+            rows = min(m - m0, 8)
             for jp in range(n // 2):  # two rows of W at a time: each x load feeds two FMAs
                 j = 2 * jp
                 wj = w[j * ws : j * ws + k]
@@ -130,8 +135,10 @@ def rows_product():
                 out[m0 + 3, j], out[m0 + 3, j + 1] = a3, b3
                 out[m0 + 4, j], out[m0 + 4, j + 1] = a4, b4
                 out[m0 + 5, j], out[m0 + 5, j + 1] = a5, b5
-                out[m0 + 6, j], out[m0 + 6, j + 1] = a6, b6
-                out[m0 + 7, j], out[m0 + 7, j + 1] = a7, b7
+                if rows > 6:
+                    out[m0 + 6, j], out[m0 + 6, j + 1] = a6, b6
+                if rows > 7:
+                    out[m0 + 7, j], out[m0 + 7, j + 1] = a7, b7
             for j in range(n - n % 2, n):  # an odd last row of W
                 wj = w[j * ws : j * ws + k]
                 a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
@@ -151,11 +158,16 @@ def rows_product():
                 out[m0 + 3, j] = a3
                 out[m0 + 4, j] = a4
                 out[m0 + 5, j] = a5
-                out[m0 + 6, j] = a6
-                out[m0 + 7, j] = a7
-            m0 += 8
-        if m - m0 >= 4:  # four rows per pass over W
-            x0, x1, x2, x3 = x[m0], x[m0 + 1], x[m0 + 2], x[m0 + 3]
+                if rows > 6:
+                    out[m0 + 6, j] = a6
+                if rows > 7:
+                    out[m0 + 7, j] = a7
+            m0 += rows
+        if m - m0 >= 2:  # the last 2 to 5 rows: four (or fewer: missing ones repeat the
+            rows = min(m - m0, 4)  # last row) in one pass, a fifth alone
+            last = m0 + rows - 1
+            x0, x1 = x[m0], x[m0 + 1]
+            x2, x3 = x[min(m0 + 2, last)], x[min(m0 + 3, last)]
             for jp in range(n // 2):  # two rows of W at a time
                 j = 2 * jp
                 wj = w[j * ws : j * ws + k]
@@ -175,8 +187,10 @@ def rows_product():
                     b3 += vt * y3
                 out[m0, j], out[m0, j + 1] = a0, b0
                 out[m0 + 1, j], out[m0 + 1, j + 1] = a1, b1
-                out[m0 + 2, j], out[m0 + 2, j + 1] = a2, b2
-                out[m0 + 3, j], out[m0 + 3, j + 1] = a3, b3
+                if rows > 2:
+                    out[m0 + 2, j], out[m0 + 2, j + 1] = a2, b2
+                if rows > 3:
+                    out[m0 + 3, j], out[m0 + 3, j + 1] = a3, b3
             for j in range(n - n % 2, n):  # an odd last row of W
                 wj = w[j * ws : j * ws + k]
                 a0 = a1 = a2 = a3 = zero
@@ -188,10 +202,12 @@ def rows_product():
                     a3 += wt * x3[t]
                 out[m0, j] = a0
                 out[m0 + 1, j] = a1
-                out[m0 + 2, j] = a2
-                out[m0 + 3, j] = a3
-            m0 += 4
-        for r in range(m0, m):  # the rest, one at a time
+                if rows > 2:
+                    out[m0 + 2, j] = a2
+                if rows > 3:
+                    out[m0 + 3, j] = a3
+            m0 += rows
+        for r in range(m0, m):  # a last single row (1 or 5 left)
             xr = x[r]
             for jp in range(n // 2):  # two rows of W at a time
                 j = 2 * jp

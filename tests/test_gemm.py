@@ -287,3 +287,19 @@ def test_tanh_in_place_is_vectorised_kernel_output():
     y = x.clone()
     unary.tanh_in_place()(y.data_ptr(), y.numel())
     torch.testing.assert_close(y, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("rows", range(1, 25))
+def test_every_row_count_makes_its_rows_and_no_others(rows):
+    """Each way the kernel groups rows per pass over W (eights, a padded last pass of six or
+    seven, a padded pass of two to four, a single row) computes x @ W.T, and the rows a
+    padded pass repeats are not written: the output buffer past the last row keeps its
+    sentinel."""
+    gen = torch.Generator().manual_seed(rows)
+    k, n = 37, 11  # an odd n: the lone last row of W too
+    x = torch.randn(rows, k, generator=gen)
+    w = torch.randn(n, k, generator=gen)
+    out = torch.full((rows + 8, n), 7.0)
+    gemm.rows_product()(x.numpy(), w.reshape(-1).numpy(), k, out.numpy(), rows, k, n)
+    torch.testing.assert_close(out[:rows], x @ w.T, atol=1e-5, rtol=1e-5)
+    assert bool((out[rows:] == 7.0).all())
