@@ -80,14 +80,14 @@ _product = None  # the compiled rows_product
 def rows_product():
     """The numba function ``product(x, w, ws, out, m, k, n)``: ``out[:m] = x[:m] @ W.T``
     for ``x`` (m, k) and ``W``'s n rows of k elements, row j at ``w[j * ws]`` (a flat
-    array). It walks ``W`` once per eight rows of ``x``: a last 6 or 7 rows in one more
-    such pass, 2-5 in one pass of four (and a single row), the rows missing from a pass repeating its last row
-    (their sums not stored), a single row alone (before, the rows past the eights went four,
-    then one at a time: 7 rows walked ``W`` four times); two rows of ``W`` at a time, keeping the 16 dot products in registers: each load of
-    ``x`` feeds two multiply-adds (against one with a row of ``W`` at a time: 600 x 512 ->
-    1280 178 -> 207 GFMA/s, 120 x 256 -> 256 132 -> 162, 8 x 256 -> 256 49 -> 75, right
-    after a torch op). Compiled on first use; callable from other numba kernels
-    (acrobat_kernels/recurrence.py)."""
+    array). It walks ``W`` once per eight rows of ``x``; the rows past the last eight go in
+    one more pass of eight (6 or 7 left) or of four (2-5 left: four, then a single row),
+    the rows missing from a pass repeating its last row, their sums not stored (before,
+    four, then one at a time: 7 rows walked ``W`` four times); two rows of ``W`` at a time,
+    keeping the 16 dot products in registers: each load of ``x`` feeds two multiply-adds
+    (against one with a row of ``W`` at a time: 600 x 512 -> 1280 178 -> 207 GFMA/s, 120 x
+    256 -> 256 132 -> 162, 8 x 256 -> 256 49 -> 75, right after a torch op). Compiled on
+    first use; callable from other numba kernels (acrobat_kernels/recurrence.py)."""
     global _product
     if _product is not None:
         return _product
