@@ -195,6 +195,20 @@ class LazyTensor(_LazyBase):
 
         return autograd_info.is_leaf(self)
 
+    @property
+    def grad_fn(self):
+        """None where eager's is (a leaf, a tensor that does not require grad); a tensor
+        computed with gradients has its autograd node only once its batch runs."""
+        from acrobat import autograd_info
+        from acrobat.errors import UnsupportedOpError  # (not an AttributeError: a property's
+        # AttributeError would fall through to __getattr__'s generic message)
+        if autograd_info.is_leaf(self):
+            return None
+        raise UnsupportedOpError(
+            f"x.grad_fn of a lazy tensor that requires grad (at {user_line(2)}): its autograd "
+            "node exists only once its batch runs; ask x.requires_grad or x.is_leaf instead"
+        )
+
     def dim(self) -> int:
         return len(self.shape)
 

@@ -917,3 +917,19 @@ def test_requires_grad_inside_a_block():
     check_map(f, xs)
     with pytest.raises(acrobat.LazyValueError, match=r"requires_grad.*asked-here"):
         g.map(xs)
+
+
+def test_grad_fn_is_none_where_eagers_is_and_refused_elsewhere():
+    @acrobat.autobatch
+    def f(x):
+        leaf = x.grad_fn is None  # an argument: a leaf
+        plain = (x * 2).detach().grad_fn is None
+        try:
+            _ = _TRAINED(x).grad_fn  # asked-here
+        except acrobat.UnsupportedOpError as e:
+            assert "asked-here" in str(e) and "requires grad" in str(e)
+            return torch.tensor(float(leaf and plain))
+        return torch.tensor(-1.0)
+
+    got = f.map([torch.randn(3), torch.randn(3)])
+    assert [float(g) for g in got] == [1.0, 1.0]
