@@ -510,8 +510,7 @@ def numba_source(p: Program, cache: bool = False) -> str:
         "import numpy as np",
         "from numba import carray, cfunc, njit, types",
         "",
-        "from acrobat_kernels.elementwise import _as_f32, _as_f64, _as_i64",
-        "from acrobat_kernels.loops import row_share",
+        "from acrobat_kernels.loops import _as_f32, _as_f64, _as_i64, row_share",
         "from acrobat_kernels.vecmath import erf_f32, exp_f32, log_f32, tanh_f32",
         "",
         f"DT = np.{p.dtype}",
@@ -595,25 +594,6 @@ def _numba():
     except Exception:  # pragma: no cover - numba is a dependency, but be tolerant
         return None
     return numba
-
-
-@functools.cache
-def _casts() -> tuple:
-    from numba import types
-
-    from acrobat_kernels.vecmath import pointer_cast
-
-    return tuple(pointer_cast(types.CPointer(t)) for t in (types.float32, types.float64,
-                                                           types.int64))
-
-
-def __getattr__(name: str):
-    """``_as_f32``, ``_as_f64``, ``_as_i64``: the pointer casts the generated modules import
-    (made on first use: numba is imported only when a kernel is)."""
-    casts = {"_as_f32": 0, "_as_f64": 1, "_as_i64": 2}
-    if name in casts:
-        return _casts()[casts[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cache_dir() -> str | None:

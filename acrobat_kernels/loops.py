@@ -27,6 +27,7 @@ from acrobat_kernels import diskcache, parallel
 from acrobat_kernels.vecmath import pointer_cast, tanh_f32
 
 _as_f32 = pointer_cast(types.CPointer(types.float32))
+_as_f64 = pointer_cast(types.CPointer(types.float64))  # (the generated elementwise kernels')
 _as_i64 = pointer_cast(types.CPointer(types.int64))
 _I = types.intp
 _FAST = {"reassoc", "contract"}
