@@ -527,15 +527,14 @@ static int queue_deferred(PyObject *rt, NodeObject *nd) {
 }
 
 
-/* graph.add_node; ``inputs`` is a list of LazyTensors; ``fiber`` rt.fiber if the caller
- * has it, else NULL. Returns a new reference. */
 static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
                                      PyObject *args, PyObject *kwargs, PyObject *inputs,
                                      PyObject *info, PyObject *sig, PyObject *fiber);
 
-/* graph.add_node: a node recorded by a fiber inside a grad-mode region of its own
- * (fibers._set_grad_enabled: fiber.grad is a GradTag) gets the signature (tag, sig), so it
- * batches apart and runs in that mode (executor.execute) */
+/* graph.add_node; ``inputs`` is a list of LazyTensors; ``fiber`` rt.fiber if the caller
+ * has it, else NULL. Returns a new reference. A node recorded by a fiber inside a
+ * grad-mode region of its own (fibers._set_grad_enabled: fiber.grad is a GradTag) gets
+ * the signature (tag, sig), so it batches apart and runs in that mode (executor.execute) */
 static NodeObject *add_node_impl(PyObject *rt, PyObject *op, PyObject *func, PyObject *args,
                                  PyObject *kwargs, PyObject *inputs, PyObject *info,
                                  PyObject *sig, PyObject *fiber) {
@@ -554,6 +553,7 @@ done:
     return nd;
 }
 
+/* add_node_impl's node, its signature final; ``fiber`` rt.fiber */
 static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
                                      PyObject *args, PyObject *kwargs, PyObject *inputs,
                                      PyObject *info, PyObject *sig, PyObject *fiber) {
@@ -561,10 +561,7 @@ static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
         PyErr_SetString(PyExc_TypeError, "add_node: inputs must be a list");
         return NULL;
     }
-    if (fiber != NULL)
-        Py_INCREF(fiber);
-    else if ((fiber = SLOT_GET(rt, s_fiber)) == NULL)
-        return NULL;
+    Py_INCREF(fiber);
     Py_ssize_t phase, instance;
     if (get_ssize(fiber, s_phase, &phase) < 0 || get_ssize(fiber, s_instance, &instance) < 0) {
         Py_DECREF(fiber);
