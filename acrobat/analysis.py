@@ -486,11 +486,8 @@ class AutoBlock(_native.AutoBase if _native is not None else object):  # type: i
         rt = graph.RT
         if (
             self.disabled
-            or rt is None
-            or rt.fiber is None
-            or rt.tracer is not None
+            or not graph.calls_record(rt)
             or rt.thread != threading.get_ident()  # another thread calling the function
-            or rt.fiber.grad is not None  # in a grad-mode region of the instance's own
         ):
             return self.impl(*args, **kwargs)
         values = self.values
@@ -753,13 +750,7 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
         rt = graph.RT
         if self.tensor_args:
             args = self._tensors(rt, args)
-        if (
-            self.disabled
-            or rt is None
-            or rt.fiber is None
-            or rt.tracer is not None
-            or rt.fiber.grad is not None
-        ):
+        if self.disabled or not graph.calls_record(rt):
             return self.impl(*args)
         lazy = False
         known = self.code_like
@@ -859,11 +850,8 @@ class ScanBlock:
         if (
             self.disabled
             or not config.AUTO_SCANS
-            or rt is None
-            or rt.fiber is None
-            or rt.tracer is not None
+            or not graph.calls_record(rt)
             or rt.thread != threading.get_ident()
-            or rt.fiber.grad is not None
         ):
             return None
         if self.counted:

@@ -462,10 +462,8 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         """The call (``__call__`` without the C extension; with it, what its fast path
         leaves: no map, a new or stale trace, keyword arguments)."""
         rt = graph.RT
-        if rt is None or rt.tracer is not None or rt.fiber is None or rt.fiber.grad is not None:
-            # eager, inlined into an enclosing block, or inside a grad-mode region of the
-            # instance's own (fibers._set_grad_enabled): op by op
-            return self.fn(*args, **kwargs)
+        if not graph.calls_record(rt):  # eager, inlined into an enclosing block, or inside
+            return self.fn(*args, **kwargs)  # a grad-mode region of the instance's own
         trace, inputs = self.trace_for(rt, args, kwargs)
         if trace is None:
             return self.fn(*args, **kwargs)  # nothing per-instance: hoisted op by op

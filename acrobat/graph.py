@@ -21,7 +21,7 @@ import itertools
 import threading
 from collections import deque
 from types import NoneType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
@@ -181,6 +181,16 @@ class GradTag:
 
 
 GRAD_OFF, GRAD_ON = GradTag(False), GradTag(True)
+
+
+def calls_record(rt: Runtime | None) -> TypeGuard[Runtime]:
+    """Whether a block, region or loop called now records as one node (a fiber of the map
+    ``rt`` runs, no block is being traced, and the fiber is not inside a grad-mode region
+    of its own, where calls run op by op); else the dispatcher runs its function as it
+    is. ``_native.recording_rt`` is the same check in C."""
+    return (
+        rt is not None and rt.fiber is not None and rt.tracer is None and rt.fiber.grad is None
+    )
 
 
 def grad_tag(sig):
