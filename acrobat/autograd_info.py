@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from acrobat.errors import LazyValueError, user_line
-from acrobat.graph import grad_tag
+from acrobat.graph import _tensors, grad_tag
 from acrobat.ops import INPUT
 from acrobat.tensor import LazyTensor
 
@@ -85,17 +85,8 @@ def _differentiable(t) -> bool:
 def _reads_grad_tensor(node) -> bool:
     """Whether the node's call read a real tensor that requires grad (a parameter, a value
     hoisted from parameters, a parameter's rows)."""
-    todo = [node.args, node.kwargs, node.data]
-    while todo:
-        a = todo.pop()
-        if isinstance(a, torch.Tensor) and type(a) is not LazyTensor:
-            if a.requires_grad:
-                return True
-        elif type(a) in (tuple, list):
-            todo.extend(a)
-        elif type(a) is dict:
-            todo.extend(a.values())
-    return False
+    reads = (*_tensors(node.args), *_tensors(node.kwargs), *_tensors(node.data))
+    return any(type(a) is not LazyTensor and a.requires_grad for a in reads)
 
 
 def _block_output(node, idx, places, mode):
