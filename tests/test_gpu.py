@@ -191,6 +191,42 @@ def test_cuda_inputs_with_value_reads():
     assert check, check.message
 
 
+@needs_cuda
+@settings(max_examples=15, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([3, 5, 20000]), min_size=1, max_size=12),
+    every=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_cuda_value_reads_copy_outputs_whole_or_their_rows(sizes, every, seed):
+    """A round's reads come from several batch outputs: small ones are copied to the host
+    whole, large ones (20000 floats a row) that only some instances read have just
+    those rows gathered on the device first (fibers._copy_demanded). Every kind of read
+    (bool, int, float, tolist) gets eager's value, in every instance."""
+
+    @acrobat.autobatch
+    def f(x, k):
+        y = x * 2 - 1
+        out = [bool(y[0] > 0), int((y > 0).sum())]
+        if k % every == 0:  # only some instances read their whole row
+            out.append(y.tolist()[-1])
+        out.append(float(y.max()))
+        while y.max() > 0 and len(out) < 8:  # reads in later rounds too
+            y = y - 0.75
+            out.append(float(y.sum()))  # (a sum's order may differ: close, not equal)
+        return out
+
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, generator=g).cuda() for n in sizes]
+    ks = list(range(len(xs)))
+    with torch.no_grad():
+        got = f.map(xs, ks)
+        want = [f.eager(x, k) for x, k in zip(xs, ks)]
+    for a, b in zip(got, want):
+        assert len(a) == len(b)
+        assert all(math.isclose(u, v, rel_tol=1e-4, abs_tol=0.05) for u, v in zip(a, b)), (a, b)
+
+
 # --- the CUDA row gather ---------------------------------------------------------------------
 
 
