@@ -22,6 +22,7 @@ import torch
 
 from acrobat import config
 from acrobat.errors import LazyValueError, user_line
+from acrobat_kernels import cuda_launch
 
 _native: Any
 try:
@@ -109,7 +110,7 @@ class IndexRing:
         ctypes.memmove(self.host_ptr + pos * 8, values.buffer_info()[0], nbytes)
         dev = self.dev[pos : pos + n]
         if self.memcpy is not None:
-            stream = torch.cuda.current_stream(self.device).cuda_stream
+            stream = cuda_launch.raw_stream(self.device)
             self.memcpy(self.dev_ptr + pos * 8, self.host_ptr + pos * 8, nbytes, 1, stream)
         else:
             dev.copy_(self.host[pos : pos + n], non_blocking=True)

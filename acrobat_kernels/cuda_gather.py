@@ -15,12 +15,13 @@ source compiles with ``nvcc -ptx`` in the tests on machines without a GPU.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
 import torch
 
-from acrobat_kernels import elementwise
+from acrobat_kernels import cuda_launch, elementwise
 
 _KERNEL = r"""
 extern "C" __global__ void acrobat_gather_{name}(
@@ -44,6 +45,10 @@ _THREADS = 256
 _MAX_BLOCKS = 4096
 
 _module: Any = None  # cupy.RawModule, compiled on first use
+_launchers: dict = {}  # device index -> (words, bytes) cuda_launch.Launcher, or None
+
+#: Launch through the driver (acrobat_kernels/cuda_launch.py) where it can; else cupy's.
+DRIVER_LAUNCH = True
 
 
 def available() -> bool:
@@ -58,6 +63,21 @@ def _kernels():
     return _module.get_function(KERNELS[0]), _module.get_function(KERNELS[1])
 
 
+def _driver_launchers(device: torch.device):
+    """The two kernels' driver launchers for ``device`` where it is the thread's current
+    device (the driver launches in the current context), else None."""
+    index = device.index
+    if index is None or index != cuda_launch.current_index():
+        return None
+    found = _launchers.get(index, False)
+    if found is False:
+        u64, i64 = ctypes.c_uint64, ctypes.c_int64
+        with elementwise._cupy().cuda.Device(index):
+            pair = [cuda_launch.launcher(f, [u64, u64, i64, i64]) for f in _kernels()]
+        found = _launchers[index] = tuple(pair) if None not in pair else None
+    return found
+
+
 def gather_rows(
     addresses: torch.Tensor, shape: tuple, dtype: torch.dtype, nbytes: int
 ) -> torch.Tensor:
@@ -65,19 +85,23 @@ def gather_rows(
     whose row ``i`` is the ``nbytes`` bytes at device address ``addresses[i]`` (an int64
     tensor on that device). The caller guarantees every address points into a live
     tensor on that device with that many contiguous bytes."""
-    cupy = elementwise._cupy()
     device = addresses.device
     n = addresses.shape[0]
     out = torch.empty(n, *shape, dtype=dtype, device=device)
-    words, bytewise = _kernels()
-    if nbytes % 4 == 0:  # (rows start at multiples of nbytes from 256-byte-aligned bases)
-        kernel, width = words, nbytes // 4
-    else:
-        kernel, width = bytewise, nbytes
+    # 4-byte words where the rows allow (they start at multiples of nbytes from
+    # 256-byte-aligned bases), else bytes
+    which, width = (0, nbytes // 4) if nbytes % 4 == 0 else (1, nbytes)
     total = n * width
     if total == 0:
         return out
     blocks = min(-(-total // _THREADS), _MAX_BLOCKS)
+    fast = _driver_launchers(device) if DRIVER_LAUNCH else None
+    if fast is not None:
+        stream = cuda_launch.raw_stream(device)
+        fast[which](blocks, _THREADS, stream, addresses.data_ptr(), out.data_ptr(), n, width)
+        return out
+    cupy = elementwise._cupy()
+    kernel = _kernels()[which]
     args = (np.uint64(addresses.data_ptr()), np.uint64(out.data_ptr()), np.int64(n),
             np.int64(width))  # fmt: skip
     with cupy.cuda.Device(device.index), elementwise.cupy_stream(device):

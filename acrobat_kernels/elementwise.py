@@ -87,6 +87,8 @@ import numpy as np
 import torch
 import torch.nn.functional as TF
 
+from acrobat_kernels import cuda_launch
+
 __all__ = [
     "OPS",
     "OPS_TABLE",
@@ -830,7 +832,7 @@ _streams: dict = {}  # torch stream handle -> cupy.cuda.ExternalStream
 def cupy_stream(device: torch.device):
     """torch's current stream on ``device`` as cupy's (a kernel launched in it runs in
     order with torch's work), made once per stream; needs cupy."""
-    handle = torch.cuda.current_stream(device).cuda_stream
+    handle = cuda_launch.raw_stream(device)
     stream = _streams.get(handle)
     if stream is None:
         with warnings.catch_warnings():  # (cupy 14 prefers Stream.from_external(protocol))

@@ -249,13 +249,19 @@ def test_cuda_gather_source_compiles_with_nvcc(tmp_path):
     st.lists(st.integers(1, 9), min_size=1, max_size=5),  # rows of each source
     st.sampled_from([(3,), (4, 5), (7,), (1,)]),
     st.sampled_from([torch.float32, torch.float16, torch.int64, torch.uint8]),
+    st.booleans(),
     st.data(),
 )
-def test_cuda_gather_rows_match_indexing(sizes, shape, dtype, data):
+def test_cuda_gather_rows_match_indexing(sizes, shape, dtype, driver, data):
+    """Both launches (the driver's, acrobat_kernels/cuda_launch.py, and cupy's) copy the
+    rows at the addresses, in the current stream's order."""
     from acrobat_kernels import cuda_gather
 
     if not cuda_gather.available():
         pytest.skip("needs cupy")
+    if driver:  # (where it cannot, gather_rows falls back to cupy: that must not hide here)
+        assert cuda_gather._driver_launchers(torch.device("cuda", 0)) is not None
+    old, cuda_gather.DRIVER_LAUNCH = cuda_gather.DRIVER_LAUNCH, driver
     sources = [(torch.randn(k, *shape, device="cuda") * 50).to(dtype) for k in sizes]
     picks = data.draw(
         st.lists(st.tuples(st.integers(0, len(sizes) - 1), st.integers(0, 8)), min_size=1,
@@ -266,9 +272,15 @@ def test_cuda_gather_rows_match_indexing(sizes, shape, dtype, data):
     addresses = torch.tensor(
         [sources[s].data_ptr() + r * nbytes for s, r in picks], dtype=torch.int64, device="cuda"
     )
-    got = cuda_gather.gather_rows(addresses, shape, dtype, nbytes)
-    want = torch.stack([sources[s][r] for s, r in picks])
-    assert torch.equal(got, want)
+    stream = torch.cuda.Stream()  # (the kernel is launched in torch's current stream)
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            got = cuda_gather.gather_rows(addresses, shape, dtype, nbytes)
+            want = torch.stack([sources[s][r] for s, r in picks])
+            assert torch.equal(got, want)
+    finally:
+        cuda_gather.DRIVER_LAUNCH = old
 
 
 @needs_cuda
