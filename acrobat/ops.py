@@ -39,7 +39,7 @@ from torch import nn
 from acrobat import choice, config, graph
 from acrobat.errors import LazyValueError, ShapeError, UnsupportedOpError, user_line
 from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
-from acrobat.tensor import index_tensor, to_device
+from acrobat.tensor import index_tensor, stage_array, to_device
 from acrobat_kernels import gemm, unary
 
 Tensor = torch.Tensor
@@ -737,6 +737,10 @@ def tensor_data_rule(nodes):
         except (OverflowError, TypeError):  # torch.tensor's own conversion (and error)
             packed = None
         if packed:
+            if device.type == "cuda":
+                out = torch.empty(len(nodes), *shape, dtype=dtype, device=device)
+                if stage_array(packed, out):
+                    return (out,)
             out = torch.frombuffer(packed, dtype=dtype).view(len(nodes), *shape)
             return (out if device.type == "cpu" else to_device(out, device),)
     out = torch.tensor([nd.data for nd in nodes], dtype=dtype)

@@ -227,6 +227,40 @@ def test_cuda_value_reads_copy_outputs_whole_or_their_rows(sizes, every, seed):
         assert all(math.isclose(u, v, rel_tol=1e-4, abs_tol=0.05) for u, v in zip(a, b)), (a, b)
 
 
+@needs_cuda
+def test_cuda_instance_data_survives_the_staging_ring(monkeypatch):
+    """A batch of per-instance data (``torch.tensor(values)``) goes up through the
+    page-locked ring (tensor.stage_array) into a tensor of its own: outputs made of it
+    stay intact while later maps wrap the ring many times over."""
+    from acrobat import tensor
+
+    monkeypatch.setattr(tensor.IndexRing, "SIZE", 128)  # wraps every few maps
+    monkeypatch.setattr(tensor, "_RINGS", {})
+    torch.set_default_device("cuda")
+    try:
+
+        @acrobat.autobatch
+        def f(k):
+            ids = torch.tensor([k, k + 1, 2 * k])  # int64 data
+            scale = torch.tensor([0.5 * k, -1.0])  # float32 data
+            return ids, scale * 2, ids * 3
+
+        kept = []
+        for m in range(60):
+            ks = [m * 100 + i for i in range(1 + m % 7)]
+            with torch.no_grad():
+                kept.append((ks, f.map(ks)))
+        for ks, outs in kept:
+            for k, (ids, scaled, tripled) in zip(ks, outs):
+                assert ids.tolist() == [k, k + 1, 2 * k]
+                assert scaled.tolist() == [float(k), -2.0]
+                assert tripled.tolist() == [3 * k, 3 * k + 3, 6 * k]
+        # (40 maps with SIZE 256 wrapped twice on an H100: these wrap several times)
+        assert tensor._RINGS[torch.device("cuda", 0)].wraps >= 2
+    finally:
+        torch.set_default_device(None)
+
+
 # --- the CUDA row gather ---------------------------------------------------------------------
 
 
