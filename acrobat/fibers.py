@@ -565,10 +565,7 @@ def _copy_demanded(blocked: list[Fiber], device: torch.device) -> None:
             group[1].append(fb)
     copies: list[tuple[torch.Tensor, list, list | None]] = []
     waits = set()
-    for buf, fibers in groups.values():
-        if buf.device.type == "cpu":  # (made on the host: read in place)
-            copies.append((buf, fibers, None))
-            continue
+    for buf, fibers in groups.values():  # (an output on the host: itself, or its rows)
         rows = [fb.waiting.node.row for fb in fibers]
         whole = buf.nbytes <= _WHOLE_BYTES or 2 * len(rows) >= buf.shape[0]
         src = buf if whole else buf.index_select(0, tensor.index_tensor(rows, buf.device))

@@ -1,5 +1,9 @@
 """The host-side logic of the GPU paths, checked on any machine.
 
+A round's value reads on a GPU (fibers._copy_demanded) group the demanded rows by the
+batch output they come from and copy each output to the host whole or by its rows;
+here the outputs are CPU tensors (which the same code reads without a device wait).
+
 The driver launch (acrobat_kernels/cuda_launch.py) packs a kernel's arguments into a
 preallocated block whose addresses it hands to ``cuLaunchKernel``; here a stand-in for
 the driver call reads them back. The page-locked ring (acrobat.tensor.IndexRing) stages
@@ -12,13 +16,14 @@ from __future__ import annotations
 
 import ctypes
 from array import array
+from types import SimpleNamespace as NS
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acrobat import tensor
+from acrobat import fibers, tensor
 from acrobat_kernels import cuda_launch
 
 _u64, _i64 = ctypes.c_uint64, ctypes.c_int64
@@ -162,3 +167,29 @@ def test_ring_stage_refuses_a_mismatched_output():
     ring = _cpu_ring(64)
     assert not ring.stage(array("q", [1, 2, 3]), torch.empty(2, dtype=torch.int64))
     assert ring.pos == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    outputs=st.lists(st.tuples(st.integers(1, 40), st.sampled_from([3, 1000])),
+                     min_size=1, max_size=4),
+    data=st.data(),
+)  # fmt: skip
+def test_demanded_rows_reach_each_fiber_from_whole_outputs_or_their_rows(outputs, data):
+    """Small outputs (and ones most of whose rows are read) are copied whole, large ones
+    (1000 floats a row, over 64 KB) by their demanded rows; every fiber gets its row."""
+    bufs = [torch.randn(rows, width) for rows, width in outputs]
+    nodes = {}
+    blocked = []
+    for b, buf in enumerate(bufs):
+        rows = data.draw(st.lists(st.integers(0, buf.shape[0] - 1), max_size=buf.shape[0],
+                                  unique=True))  # fmt: skip
+        for row in rows:
+            key = (b, row)
+            nodes[key] = NS(outs=(torch.empty(0), buf), row=row)  # (output 1: the buffer)
+            blocked.append(NS(waiting=NS(node=nodes[key], idx=1), host=None, want=buf[row]))
+    order = data.draw(st.permutations(range(len(blocked))))
+    blocked = [blocked[i] for i in order]  # (fibers of several outputs interleaved)
+    fibers._copy_demanded(blocked, torch.device("cuda"))
+    for fb in blocked:
+        assert torch.equal(fb.host, fb.want)
