@@ -138,8 +138,9 @@ class IndexRing:
         the host slice is not rewritten before the copy has run (the ring's wrap waits
         for the device). A batch of per-instance data (``torch.tensor(word_id)``) costs
         a byte copy and one asynchronous copy instead of a page-locked tensor of its own
-        and torch's copy (~50 µs of CPU on a GPU run); ``out`` is the caller's, so it
-        may outlive the map. False (nothing copied) if too large."""
+        and torch's copy (the data op took ~50 µs of CPU a batch that way on an H100's
+        host); ``out`` is the caller's, so it may outlive the map. False (nothing
+        copied) if too large or not as many bytes."""
         address, count = values.buffer_info()
         nbytes = count * values.itemsize
         n = -(-nbytes // 8)
