@@ -1701,6 +1701,232 @@ done:
     return call_method(self, s_region_call, args, kw);
 }
 
+/* analysis.ScanBlock.__call__ (an outlined loop's dispatcher), its common case in C:
+ * not disabled, loops over sequences of lazy tensors (no counted loop, no number
+ * sequences), every sequence a list or tuple of lazy tensors of one key and all of one
+ * length (at least two steps), the free arguments lazy tensors, scalars or code-like
+ * objects seen before, the carried states lazy tensors or shared constants made by a
+ * pure factory (executor.constant), the body's trace cached for this map with its Scan,
+ * and the block not retracing: then Scan.record. Anything else, before anything is
+ * recorded: ScanBlock._scan_call, the whole dispatcher in Python. */
+static PyObject *executor_mod;  /* acrobat.executor: its constant (config_mod: above) */
+static PyObject *s_counted, *s_sequences, *s_carried, *s_reverse, *s_step, *s_scan,
+    *s_record, *s_scan_call, *s_run_traces, *s_AUTO_SCANS, *s_CONSTANT_STATES,
+    *s_BLOCK_CACHE_SIZE, *s_constant;
+
+static int config_flag(PyObject *name) {  /* bool(config.<name>): 1, 0, or -1 */
+    PyObject *v = PyObject_GetAttr(config_mod, name);
+    if (v == NULL) return -1;
+    int on = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return on;
+}
+
+static PyObject *scanbase_call(PyObject *self, PyObject *args, PyObject *kw) {
+    PyObject *rt = NULL, *fiber = NULL, *v = NULL, *seqs = NULL, *known = NULL,
+             *made = NULL, *first = NULL, *step = NULL, *blk = NULL, *trace = NULL,
+             *inputs = NULL, *scan = NULL, *out = NULL, *cnt = NULL, *numbers = NULL;
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if (miss == NULL || config_mod == NULL || executor_mod == NULL || analysis_mod == NULL ||
+        nargs < 2 || (kw != NULL && PyDict_GET_SIZE(kw) != 0))
+        goto python;
+    rt = recording_rt(1, &fiber);
+    if (rt == NULL) goto python;  /* (an error included: the Python path meets it too) */
+    if (dispatch_plain(self) < 1) goto python;  /* disabled (or an error) */
+    if (config_flag(s_AUTO_SCANS) != 1) goto python;
+    numbers = SLOT_GET(self, s_values);  /* positions of sequences of Python numbers */
+    if (numbers == NULL || !PyTuple_Check(numbers)) goto python;
+    Py_ssize_t nnum = PyTuple_GET_SIZE(numbers);
+    char is_number[16];
+    memset(is_number, 0, sizeof is_number);
+    v = SLOT_GET(self, s_counted);
+    if (v == NULL) goto python;
+    int counted = PyObject_IsTrue(v);
+    Py_CLEAR(v);
+    if (counted < 0) goto python;
+    PyObject *items = PyTuple_GET_ITEM(args, 0), *lists = PyTuple_GET_ITEM(args, 1);
+    Py_ssize_t S = 0, count = -1;
+    if (counted) {  /* for _ in range(n): no sequences, n steps */
+        if (Py_TYPE(items) != &PyRange_Type || nnum != 0) goto python;
+        count = PyObject_Length(items);
+        seqs = PyList_New(0);
+        if (count < 2 || seqs == NULL) goto python;  /* (or an error) */
+    } else {
+        v = SLOT_GET(self, s_sequences);
+        if (v == NULL) goto python;
+        S = PyLong_AsSsize_t(v);
+        Py_CLEAR(v);
+        if (S < 1 || S > (Py_ssize_t)sizeof is_number) goto python;  /* (or an error) */
+        for (Py_ssize_t j = 0; j < nnum; j++) {
+            Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(numbers, j));
+            if (at < 0 || at >= S) goto python;  /* (or an error) */
+            is_number[at] = 1;
+        }
+        seqs = PyList_New(S);
+        if (seqs == NULL) goto python;
+        if (S == 1) {
+            PyList_SET_ITEM(seqs, 0, Py_NewRef(items));
+        } else {
+            if (!(PyTuple_CheckExact(items) || PyList_CheckExact(items))) goto python;
+            if (PySequence_Fast_GET_SIZE(items) != S) goto python;
+            for (Py_ssize_t j = 0; j < S; j++)
+                PyList_SET_ITEM(seqs, j, Py_NewRef(PySequence_Fast_GET_ITEM(items, j)));
+        }
+        for (Py_ssize_t j = 0; j < S; j++) {
+            PyObject *seq = PyList_GET_ITEM(seqs, j);
+            if (!(PyList_CheckExact(seq) || PyTuple_CheckExact(seq))) goto python;
+            Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+            if (n < 2 || (count >= 0 && n != count)) goto python;
+            count = n;
+            PyObject **xs = PySequence_Fast_ITEMS(seq);
+            PyTypeObject *kind = Py_TYPE(xs[0]);
+            if (is_number[j]) {  /* numbers of one type the body reads as torch.tensor(x) */
+                if (kind != &PyLong_Type && kind != &PyFloat_Type && kind != &PyBool_Type)
+                    goto python;  /* (ops.SCALAR_DTYPES) */
+                for (Py_ssize_t i = 1; i < n; i++)
+                    if (Py_TYPE(xs[i]) != kind) goto python;
+                continue;
+            }
+            if (kind != lazy_cls) goto python;
+            PyObject *key = ((LazyObject *)xs[0])->key;
+            for (Py_ssize_t i = 1; i < n; i++) {  /* lazy tensors of one key */
+                if (Py_TYPE(xs[i]) != lazy_cls) goto python;
+                PyObject *other = ((LazyObject *)xs[i])->key;
+                if (other != key && PyObject_RichCompareBool(other, key, Py_EQ) != 1)
+                    goto python;  /* (or an error) */
+            }
+        }
+        v = SLOT_GET(self, s_reverse);
+        if (v == NULL) goto python;
+        int reverse = PyObject_IsTrue(v);
+        Py_CLEAR(v);
+        if (reverse < 0) goto python;
+        if (reverse) {  /* the loop runs over reversed(items): its one sequence, reversed */
+            if (S != 1) goto python;
+            PyObject *rev = PySequence_List(PyList_GET_ITEM(seqs, 0));
+            if (rev == NULL || PyList_Reverse(rev) < 0) {
+                Py_XDECREF(rev);
+                goto python;
+            }
+            PyList_SetItem(seqs, 0, rev);  /* (steals rev) */
+        }
+    }
+    v = SLOT_GET(self, s_carried);
+    if (v == NULL) goto python;
+    Py_ssize_t k = PyLong_AsSsize_t(v);
+    Py_CLEAR(v);
+    Py_ssize_t nvals = nargs - 2;
+    if (k < 0 || k > nvals) goto python;
+    step = SLOT_GET(self, s_step);
+    if (step == NULL) goto python;
+    known = SLOT_GET(step, s_code_like);
+    if (known == NULL || !PyDict_Check(known)) goto python;
+    for (Py_ssize_t i = 2 + k; i < nargs; i++) {  /* the free arguments */
+        PyObject *a = PyTuple_GET_ITEM(args, i);
+        PyTypeObject *tp = Py_TYPE(a);
+        if (tp == lazy_cls || tp == &PyLong_Type || tp == &PyFloat_Type ||
+            tp == &PyBool_Type || tp == &PyUnicode_Type || a == Py_None)
+            continue;  /* (analysis._REGION_ARGS) */
+        PyObject *ident = PyLong_FromVoidPtr(a);
+        if (ident == NULL) goto python;
+        int seen = PyDict_Contains(known, ident);
+        Py_DECREF(ident);
+        if (seen != 1) goto python;  /* (or an error) the Python path looks at it */
+    }
+    first = PyTuple_New(S + nvals);
+    if (first == NULL) goto python;
+    for (Py_ssize_t j = 0; j < S; j++) {
+        PyObject *head = PySequence_Fast_GET_ITEM(PyList_GET_ITEM(seqs, j), 0);
+        if (is_number[j]) {  /* the tensor the body gets: scalar_data(x, deferred=True) */
+            PyObject *f = PyObject_GetAttr(analysis_mod, s_scalar_data);
+            if (f == NULL) goto python;
+            PyObject *call_args[2] = {head, Py_True};
+            PyObject *names = Py_BuildValue("(s)", "deferred");
+            head = names == NULL ? NULL : PyObject_Vectorcall(f, call_args, 1, names);
+            Py_DECREF(f);
+            Py_XDECREF(names);
+            if (head == NULL) goto python;
+        } else {
+            Py_INCREF(head);
+        }
+        PyTuple_SET_ITEM(first, j, head);
+    }
+    for (Py_ssize_t i = 0; i < nvals; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, 2 + i);
+        if (i < k && Py_TYPE(a) != lazy_cls) {  /* a carried state that is not lazy */
+            if (made == NULL) {
+                if (config_flag(s_CONSTANT_STATES) != 1) goto python;
+                made = SLOT_GET(rt, s_factory_keys);
+                if (made == NULL || !PyDict_Check(made)) goto python;
+            }
+            PyObject *ident = PyLong_FromVoidPtr(a);
+            if (ident == NULL) goto python;
+            int shared = PyDict_Contains(made, ident);
+            Py_DECREF(ident);
+            if (shared != 1) goto python;  /* another real tensor: the peeled first step */
+            PyObject *f = PyObject_GetAttr(executor_mod, s_constant);
+            if (f == NULL) goto python;
+            a = PyObject_CallFunctionObjArgs(f, rt, a, NULL);  /* read as a row */
+            Py_DECREF(f);
+            if (a == NULL) goto python;
+            if (Py_TYPE(a) != lazy_cls) {
+                Py_DECREF(a);
+                goto python;
+            }
+        } else {
+            Py_INCREF(a);
+        }
+        PyTuple_SET_ITEM(first, S + i, a);
+    }
+    blk = SLOT_GET(step, s_block);
+    if (blk == NULL) goto python;
+    trace = cached_trace(blk, first, rt, &inputs);
+    if (trace == NULL) goto python;  /* not traced in this map yet: the Python path */
+    v = SLOT_GET(blk, s_run_traces);
+    if (v == NULL) goto python;
+    long long runs = PyLong_AsLongLong(v);
+    Py_CLEAR(v);
+    if (runs == -1 && PyErr_Occurred()) goto python;
+    v = PyObject_GetAttr(config_mod, s_BLOCK_CACHE_SIZE);
+    if (v == NULL) goto python;
+    long long cap = PyLong_AsLongLong(v);
+    Py_CLEAR(v);
+    if ((cap == -1 && PyErr_Occurred()) || runs > cap / 4) goto python;  /* (_retraces) */
+    scan = SLOT_GET(trace, s_scan);
+    if (scan == NULL || scan == Py_None || scan == Py_False) goto python;
+    cnt = PyLong_FromSsize_t(count);
+    if (cnt == NULL) goto python;
+    out = PyObject_CallMethodObjArgs(scan, s_record, rt, inputs, seqs, cnt, lists, NULL);
+    goto done;  /* (recorded, or an error from recording: not the Python path) */
+python:
+    if (PyErr_Occurred()) PyErr_Clear();
+    out = call_method(self, s_scan_call, args, kw);
+done:
+    Py_XDECREF(rt);
+    Py_XDECREF(fiber);
+    Py_XDECREF(v);
+    Py_XDECREF(seqs);
+    Py_XDECREF(known);
+    Py_XDECREF(made);
+    Py_XDECREF(first);
+    Py_XDECREF(step);
+    Py_XDECREF(blk);
+    Py_XDECREF(trace);
+    Py_XDECREF(inputs);
+    Py_XDECREF(scan);
+    Py_XDECREF(cnt);
+    Py_XDECREF(numbers);
+    return out;
+}
+
+static PyObject *setup_scans(PyObject *mod, PyObject *args) {
+    PyObject *c, *e;
+    if (!PyArg_ParseTuple(args, "OO", &c, &e)) return NULL;
+    Py_INCREF(c); Py_XSETREF(config_mod, c);
+    Py_INCREF(e); Py_XSETREF(executor_mod, e);
+    Py_RETURN_NONE;
+}
+
 /* a call slot's type: no fields of its own (the Python subclass keeps its __dict__) */
 #define CALL_SLOT_TYPE(var, name, doc, call)                                        \
     static PyTypeObject var = {                                                     \
@@ -1718,6 +1944,8 @@ CALL_SLOT_TYPE(RegionBaseType, "RegionBase",
                regionbase_call)
 CALL_SLOT_TYPE(AutoBaseType, "AutoBase", "analysis.AutoBlock's call in C (see AutoBlock._call)",
                autobase_call)
+CALL_SLOT_TYPE(ScanBaseType, "ScanBase",
+               "analysis.ScanBlock's call in C (see ScanBlock._scan_call)", scanbase_call)
 #undef CALL_SLOT_TYPE
 
 static PyTypeObject BlockBaseType = {
@@ -2873,6 +3101,8 @@ static PyMethodDef methods[] = {
      "trace_hit(block, args, rt) -> (trace, inputs) of a cache hit, or None"},
     {"setup_values", (PyCFunction)setup_values, METH_VARARGS,
      "setup_values(TENSOR, torch.Size([]), torch.int64, torch.Size, torch.get_default_dtype)"},
+    {"setup_scans", (PyCFunction)setup_scans, METH_VARARGS,
+     "setup_scans(acrobat.config, acrobat.executor): modules ScanBase's call reads"},
     {"setup_calls", (PyCFunction)setup_calls, METH_VARARGS,
      "setup_calls(acrobat.graph, acrobat.analysis, torch): modules the call slots read"},
     {"value_read", (PyCFunction)value_read, METH_O,
@@ -2900,7 +3130,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "acrobat._native",
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&NodeType) < 0 || PyType_Ready(&LazyType) < 0 ||
         PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&AutoBaseType) < 0 ||
-        PyType_Ready(&RegionBaseType) < 0 || PyType_Ready(&ShortcutType) < 0)
+        PyType_Ready(&RegionBaseType) < 0 || PyType_Ready(&ShortcutType) < 0 ||
+        PyType_Ready(&ScanBaseType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
@@ -2975,6 +3206,19 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_host, "host");
     INTERN(s_switch, "switch");
     INTERN(s_py_rows, "py_rows");
+    INTERN(s_counted, "counted");
+    INTERN(s_sequences, "sequences");
+    INTERN(s_carried, "carried");
+    INTERN(s_reverse, "reverse");
+    INTERN(s_step, "step");
+    INTERN(s_scan, "scan");
+    INTERN(s_record, "record");
+    INTERN(s_scan_call, "_scan_call");
+    INTERN(s_run_traces, "run_traces");
+    INTERN(s_AUTO_SCANS, "AUTO_SCANS");
+    INTERN(s_CONSTANT_STATES, "CONSTANT_STATES");
+    INTERN(s_BLOCK_CACHE_SIZE, "BLOCK_CACHE_SIZE");
+    INTERN(s_constant, "constant");
 #undef INTERN
     zero = PyLong_FromLong(0);
     one = PyLong_FromLong(1);
@@ -2990,5 +3234,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyModule_AddObject(m, "RegionBase", (PyObject *)&RegionBaseType) < 0) return NULL;
     Py_INCREF(&ShortcutType);
     if (PyModule_AddObject(m, "Shortcut", (PyObject *)&ShortcutType) < 0) return NULL;
+    Py_INCREF(&ScanBaseType);
+    if (PyModule_AddObject(m, "ScanBase", (PyObject *)&ScanBaseType) < 0) return NULL;
     return m;
 }

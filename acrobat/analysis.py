@@ -814,7 +814,7 @@ def _retraces(block: Block) -> bool:
     return block.run_traces > config.BLOCK_CACHE_SIZE // 4
 
 
-class ScanBlock:
+class ScanBlock(_native.ScanBase if _native is not None else object):  # type: ignore[misc]
     """Dispatcher of an outlined loop (``for _ in range(...)``, ``for x in xs`` or
     ``for x, y in zip(xs, ys)`` over straight-line assignments and appends; see
     ``_Rewriter._scan_call``). Called as ``scan(iterable, lists, *carried, *free)``
@@ -822,7 +822,9 @@ class ScanBlock:
     ONE node (acrobat/scan.py), appends each step's outputs to ``lists`` and returns the
     carried names' final values; None (anything it cannot take: outside a map, fewer
     than two steps, elements that are not lazy tensors, a body that reads a value) and
-    the caller runs the loop as written."""
+    the caller runs the loop as written. With the C extension the common case (loops
+    over lazy tensors, the body's trace cached, its states lazy or shared constants)
+    runs in ``_native.ScanBase``'s call slot and the rest here, ``_scan_call``."""
 
     def __init__(
         self,
@@ -845,7 +847,7 @@ class ScanBlock:
         self.disabled = False
         self.impl = self.step.impl
 
-    def __call__(self, items, lists: tuple, *values):
+    def _scan_call(self, items, lists: tuple, *values):
         rt = graph.RT
         if (
             self.disabled
@@ -943,6 +945,12 @@ class ScanBlock:
             for out, value in zip(lists, outs[k:]):
                 out.append(value)
         return tuple(state)
+
+
+if _native is None:
+    ScanBlock.__call__ = ScanBlock._scan_call  # type: ignore[method-assign]
+else:
+    _native.setup_scans(config, executor)
 
 
 _KEY = operator.attrgetter("key")

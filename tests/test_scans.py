@@ -537,3 +537,62 @@ def test_a_comprehension_variable_does_not_leak_and_trains():
     sum(w.square().sum() for w in want).backward()
     for g, x in zip(grads, [x for xs in seqs for x in xs]):
         torch.testing.assert_close(g, x.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(analysis._native is None, reason="the C dispatcher needs the extension")
+@settings(max_examples=15, deadline=None)
+@given(
+    sentences=st.lists(st.lists(st.integers(0, 29), min_size=2, max_size=8), min_size=2,
+                       max_size=8),
+    seed=st.integers(0, 1000),
+)  # fmt: skip
+def test_the_c_dispatcher_takes_the_common_loops_and_matches_python(sentences, seed):
+    """With the extension, a loop's dispatch runs in C (analysis.ScanBlock's call slot)
+    once the body's trace is valid for the map: only the first call of each loop site in
+    a map reaches the Python dispatcher (ScanBlock._scan_call), whatever the loop: over
+    numbers read as tensors, over lazy tensors with a carried state, over a zip, counted,
+    reversed (every loop of two steps or more: shorter ones run as written, from Python).
+    The results equal the Python dispatcher's and eager's."""
+    hs, scales = _vectors(seed, len(sentences)), _vectors(seed + 1, len(sentences))
+    counts = [len(ids) for ids in sentences]
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [list(torch.randn(len(ids), DIM, generator=gen)) for ids in sentences]
+    SB = analysis.ScanBlock
+    python_calls = []
+    real = SB._scan_call
+
+    def counting(self, *args):
+        python_calls.append(self)
+        return real(self, *args)
+
+    def run_all():
+        return (
+            run_tagger.map(sentences, hs, scales),
+            run_rnn.map(seqs, hs),
+            run_counted_outputs.map(hs, counts),
+            run_both.map(seqs),
+        )
+
+    with torch.no_grad():
+        run_all()  # (traces made: the maps below find them)
+        SB._scan_call = counting
+        try:
+            fast = run_all()
+        finally:
+            SB._scan_call = real
+        SB.__call__ = SB._scan_call  # the whole dispatch in Python
+        try:
+            slow = run_all()
+        finally:
+            del SB.__call__
+        want = (
+            [run_tagger.eager(*a) for a in zip(sentences, hs, scales)],
+            [run_rnn.eager(*a) for a in zip(seqs, hs)],
+            [run_counted_outputs.eager(*a) for a in zip(hs, counts)],
+            [run_both.eager(xs) for xs in seqs],
+        )
+    for got, py, ref in zip(fast, slow, want):
+        _close(got, ref)
+        _close(py, ref)
+    sites = {id(s) for s in python_calls}
+    assert len(python_calls) == len(sites), "a loop site reached Python twice in one map"
