@@ -65,23 +65,25 @@ def stage_array(values: array, out: torch.Tensor) -> bool:
     device's ring (:meth:`IndexRing.stage`); False where the ring does not take them."""
     if not config.INDEX_RING or out.device.type != "cuda":
         return False
-    ring = _RINGS.get(out.device)
-    if ring is None:
-        ring = _RINGS[out.device] = IndexRing(out.device)
-    return ring.stage(values, out)
+    return _ring(out.device).stage(values, out)
 
 
 def index_array(values: array, device: torch.device) -> torch.Tensor:
     """An int64 ``array`` on a GPU, for the executor's use within the map (the ring's
     slice is rewritten later: not for a tensor autograd keeps)."""
     if config.INDEX_RING:
-        ring = _RINGS.get(device)
-        if ring is None:
-            ring = _RINGS[device] = IndexRing(device)
-        out = ring.put(values)
+        out = _ring(device).put(values)
         if out is not None:
             return out
     return to_device(torch.frombuffer(values, dtype=_LONG), device)
+
+
+def _ring(device: torch.device) -> IndexRing:
+    """``device``'s page-locked ring, made on first use."""
+    ring = _RINGS.get(device)
+    if ring is None:
+        ring = _RINGS[device] = IndexRing(device)
+    return ring
 
 
 class IndexRing:
@@ -122,15 +124,21 @@ class IndexRing:
         if n > self.SIZE // 4:
             return None
         pos = self._reserve(n)
-        nbytes = n * 8
-        ctypes.memmove(self.host_ptr + pos * 8, values.buffer_info()[0], nbytes)
         dev = self.dev[pos : pos + n]
+        self._send(pos, values.buffer_info()[0], n * 8, dev)
+        return dev
+
+    def _send(self, pos: int, address: int, nbytes: int, dst: torch.Tensor) -> None:
+        """The ``nbytes`` at host ``address`` into the ring's host slice at ``pos`` (reserved),
+        and from there into ``dst`` (contiguous, as many bytes) without waiting."""
+        host = self.host_ptr + pos * 8
+        ctypes.memmove(host, address, nbytes)
         if self.memcpy is not None:
             stream = cuda_launch.raw_stream(self.device)
-            self.memcpy(self.dev_ptr + pos * 8, self.host_ptr + pos * 8, nbytes, 1, stream)
+            self.memcpy(dst.data_ptr(), host, nbytes, 1, stream)
         else:
-            dev.copy_(self.host[pos : pos + n], non_blocking=True)
-        return dev
+            part = self.host[pos : pos + -(-nbytes // 8)].view(torch.uint8)[:nbytes]
+            dst.view(-1).view(torch.uint8).copy_(part, non_blocking=True)
 
     def stage(self, values: array, out: torch.Tensor) -> bool:
         """Copy the bytes of ``values`` into ``out`` (a new contiguous tensor on the
@@ -148,14 +156,7 @@ class IndexRing:
             return False
         if nbytes == 0:
             return True
-        pos = self._reserve(n)
-        ctypes.memmove(self.host_ptr + pos * 8, address, nbytes)
-        if self.memcpy is not None:
-            stream = cuda_launch.raw_stream(self.device)
-            self.memcpy(out.data_ptr(), self.host_ptr + pos * 8, nbytes, 1, stream)
-        else:
-            host = self.host[pos : pos + n].view(torch.uint8)[:nbytes]
-            out.view(-1).view(torch.uint8).copy_(host, non_blocking=True)
+        self._send(self._reserve(n), address, nbytes, out)
         return True
 
 

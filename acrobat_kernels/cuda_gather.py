@@ -67,7 +67,7 @@ def _driver_launchers(device: torch.device):
     """The two kernels' driver launchers for ``device`` where it is the thread's current
     device (the driver launches in the current context), else None."""
     index = device.index
-    if index is None or index != cuda_launch.current_index():
+    if index is None or index != torch.cuda.current_device():  # (the driver's context)
         return None
     found = _launchers.get(index, False)
     if found is False:

@@ -51,11 +51,6 @@ def raw_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
-def current_index() -> int:
-    """The thread's current CUDA device (whose context a driver launch uses)."""
-    return torch.cuda.current_device()
-
-
 class Launcher:
     """One kernel launched straight through the driver. ``arg_types``: the ctypes types
     of its parameters, in order (pointers as ``c_uint64``)."""
