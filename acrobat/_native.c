@@ -1710,6 +1710,7 @@ done:
  * and the block not retracing: then Scan.record. Anything else, before anything is
  * recorded: ScanBlock._scan_call, the whole dispatcher in Python. */
 static PyObject *executor_mod;  /* acrobat.executor: its constant (config_mod: above) */
+static PyObject *deferred_kw;   /* ("deferred",): scalar_data's keyword */
 static PyObject *s_counted, *s_sequences, *s_carried, *s_reverse, *s_step, *s_scan,
     *s_record, *s_scan_call, *s_run_traces, *s_AUTO_SCANS, *s_CONSTANT_STATES,
     *s_BLOCK_CACHE_SIZE, *s_constant;
@@ -1732,11 +1733,15 @@ static PyObject *scanbase_call(PyObject *self, PyObject *args, PyObject *kw) {
         goto python;
     rt = recording_rt(1, &fiber);
     if (rt == NULL) goto python;  /* (an error included: the Python path meets it too) */
-    if (dispatch_plain(self) < 1) goto python;  /* disabled (or an error) */
+    int plain = dispatch_plain(self);  /* 1: no number sequences, 2: some */
+    if (plain < 1) goto python;  /* disabled (or an error) */
     if (config_flag(s_AUTO_SCANS) != 1) goto python;
-    numbers = SLOT_GET(self, s_values);  /* positions of sequences of Python numbers */
-    if (numbers == NULL || !PyTuple_Check(numbers)) goto python;
-    Py_ssize_t nnum = PyTuple_GET_SIZE(numbers);
+    Py_ssize_t nnum = 0;
+    if (plain == 2) {  /* positions of sequences of Python numbers */
+        numbers = SLOT_GET(self, s_values);
+        if (numbers == NULL || !PyTuple_Check(numbers)) goto python;
+        nnum = PyTuple_GET_SIZE(numbers);
+    }
     char is_number[16];
     memset(is_number, 0, sizeof is_number);
     v = SLOT_GET(self, s_counted);
@@ -1841,10 +1846,8 @@ static PyObject *scanbase_call(PyObject *self, PyObject *args, PyObject *kw) {
             PyObject *f = PyObject_GetAttr(analysis_mod, s_scalar_data);
             if (f == NULL) goto python;
             PyObject *call_args[2] = {head, Py_True};
-            PyObject *names = Py_BuildValue("(s)", "deferred");
-            head = names == NULL ? NULL : PyObject_Vectorcall(f, call_args, 1, names);
+            head = PyObject_Vectorcall(f, call_args, 1, deferred_kw);
             Py_DECREF(f);
-            Py_XDECREF(names);
             if (head == NULL) goto python;
         } else {
             Py_INCREF(head);
@@ -1922,6 +1925,8 @@ done:
 static PyObject *setup_scans(PyObject *mod, PyObject *args) {
     PyObject *c, *e;
     if (!PyArg_ParseTuple(args, "OO", &c, &e)) return NULL;
+    if (deferred_kw == NULL && (deferred_kw = Py_BuildValue("(s)", "deferred")) == NULL)
+        return NULL;
     Py_INCREF(c); Py_XSETREF(config_mod, c);
     Py_INCREF(e); Py_XSETREF(executor_mod, e);
     Py_RETURN_NONE;
