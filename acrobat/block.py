@@ -109,6 +109,7 @@ class Trace:
         self._plain_tuple = False
         self.fusion: fusion.Plan | None = None
         self.compiled = None  # run_ops as generated code, made on the first batch
+        self.compiled_fused: dict = {}  # backend -> run_fused's code, made on first use
         self.sig: tuple = ()
         # hoisting out of the block (hoisting.split_call): positions it cuts at / observes
         self._may_split: tuple = ()
@@ -168,6 +169,13 @@ class Trace:
         if x is not None:
             device = x.buf.device if type(x) is fusion.Source else x.device
         if plan is not None and fusion.use_fused(self, device):
+            if device is None or device.type == "cpu":  # (operands gathered as usual)
+                return fusion.choose(
+                    self, n,
+                    lambda: self.run_fused(xs, n),
+                    lambda: self.run_ops(xs, n),
+                    device,
+                )  # fmt: skip
             return fusion.choose(
                 self, n,
                 lambda: fusion.run(self, plan, {}, xs, n),
@@ -180,25 +188,47 @@ class Trace:
         """The program op by op, as generated straight-line code (acrobat/codegen.py)."""
         run = self.compiled
         if run is None:
-            try:
-                run = codegen.compile_program(
-                    self.placeholders, self.nodes, self.out_lazies, self.op.name
-                )
-            except Exception as exc:  # an optimisation must not break a map: interpret
-                if config.VERIFY:
-                    raise
-                warnings.warn(
-                    f"acrobat: could not generate code for {self.op.name} ({exc!r}); "
-                    "running its program op by op. Please report this.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                run = self.interpret
-            self.compiled = run
-            if self.fusion is None:  # (a fused kernel reads its operands as tensors)
+            run = self.compiled = self._generate()
+            cpu = next((x.device.type == "cpu" for x in xs if type(x) is torch.Tensor), True)
+            if self.fusion is None or cpu:  # (the GPU's fused kernel reads tensors)
                 self.op.row_args = getattr(run, "row_args", frozenset())
                 self.op.joins = getattr(run, "joins", ())
         return run(xs, n)
+
+    def run_fused(self, xs, n):
+        """The program with its elementwise region as one numba kernel call (CPU; with
+        ``KERNEL_BACKEND="torch"`` the kernels' torch reference), as generated code like
+        :meth:`run_ops`'s, which it falls back to where the kernel declines its operands."""
+        backend = "torch" if config.KERNEL_BACKEND == "torch" else "numba"
+        run = self.compiled_fused.get(backend)
+        if run is None:
+            from acrobat_kernels import elementwise
+
+            plan = self.fusion
+
+            def make_call(layout):
+                return elementwise.cpu_caller(
+                    plan.program, plan.shape, plan.shared, layout, backend
+                )
+
+            run = self.compiled_fused[backend] = self._generate((plan, make_call, self.run_ops))
+        return run(xs, n)
+
+    def _generate(self, fused=None):
+        try:
+            return codegen.compile_program(
+                self.placeholders, self.nodes, self.out_lazies, self.op.name, fused
+            )
+        except Exception as exc:  # an optimisation must not break a map: interpret
+            if config.VERIFY:
+                raise
+            warnings.warn(
+                f"acrobat: could not generate code for {self.op.name} ({exc!r}); "
+                "running its program op by op. Please report this.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return self.interpret
 
     def interpret(self, xs, n):
         """The program op by op, each op's batched rule in turn (codegen's reference)."""

@@ -12,6 +12,7 @@ the generated code, so every program compiles; the source is kept on the functio
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -576,8 +577,56 @@ def _emit_row_products_over_cat(e, nd, cat, var, k):
     return f"{e.const('rows_matmul_sum', rows.matmul_sum)}([{', '.join(terms)}], n)"
 
 
-def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -> Callable:
-    """``run(xs, n) -> tuple of outputs`` for a block program (see the module doc)."""
+def _read_by(plan) -> set:
+    """ids of the nodes the members of a fused region read."""
+    return {id(t.node) for nd in plan.members for t in nd.inputs}
+
+
+def _emit_region(e: _Emitter, plan, make_and_fallback, var: dict, chunked: dict, lines: list):
+    """``plan``'s members as one call of the fused kernel; its outputs get their
+    variables (``(n, *shape)`` views of the kernel's ``(n, F)`` outputs). Inputs that
+    are chunks of one batched matrix (a GEMM's gates) are passed as that matrix once,
+    each read from its columns."""
+    make_call, fallback = make_and_fallback
+    args: list[str] = []
+    layout = []
+    for t in plan.inputs:
+        whole = var[(id(t.node), t.idx)]
+        source = chunked.get(id(t.node))
+        name, offset = (whole, None) if source is None else (source[0], t.idx * source[1])
+        if name not in args:
+            args.append(name)
+        layout.append((args.index(name), offset))
+    call = make_call(tuple(layout))
+    lines.append(f"    region = {e.const('fused_call', call)}(n, {', '.join(args)})")
+    lines.append("    if region is None:")
+    lines.append(f"        return {e.const('unfused', fallback)}(xs, n)")
+    for m, nd in enumerate(plan.outputs):
+        view = f"region[{m}]"
+        if len(plan.shape) != 1:
+            view += f".view(n, {', '.join(str(d) for d in plan.shape)})"
+        var[(id(nd), 0)] = view
+
+
+def _chunk_source(nd, var: dict):
+    """(variable, columns per chunk) of a ``chunk`` node emitted by :func:`_emit_chunk`
+    over a batch of vectors: its outputs are column ranges of that matrix."""
+    x, chunks = nd.args[0], nd.args[1]
+    if len(x.shape) != 1:
+        return None
+    return var[(id(x.node), x.idx)], -(-x.shape[0] // chunks)
+
+
+def compile_program(
+    placeholders: list, nodes: list, outputs: list, name: str, fused=None
+) -> Callable:
+    """``run(xs, n) -> tuple of outputs`` for a block program (see the module doc).
+
+    ``fused``: ``(plan, make_call, fallback)``, the program's elementwise region
+    (fusion.Plan) run as one kernel call, ``outs = call(n, *args)`` with ``call =
+    make_call(layout)`` (``acrobat_kernels.elementwise.cpu_caller``'s): the nodes before
+    the region, the call, then the nodes after it. Where ``call`` declines (None),
+    ``fallback(xs, n)`` runs the whole program op by op instead."""
     e = _Emitter()
     var: dict = {}
     lines = ["def run(xs, n):"]
@@ -585,11 +634,19 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
         if (id(ph), 0) not in var:
             var[(id(ph), 0)] = f"p{i}"
             lines.append(f"    p{i} = xs[{i}]")
+    order = nodes
+    members: set = set()
+    if fused is not None:
+        plan, region_call = fused[0], fused[1:]
+        members = {id(nd) for nd in plan.members}
+        order = [*plan.before, None, *plan.after]  # None: where the region's call goes
     uses = _uses(nodes, outputs)
     stacks = stacked_linears(nodes, outputs) if config.STACK_LINEARS else []
     stacked = {id(nd): (group, j) for group in stacks for j, nd in enumerate(group)}
     into_add = _gemm_epilogues(nodes, uses) if EPILOGUES else {}
     into_add = {key: v for key, v in into_add.items() if key not in stacked}
+    if members:  # (a product added by a member of the region is the region's input)
+        into_add = {key: v for key, v in into_add.items() if key not in _read_by(plan)}
     cat_of = _matmuls_over_cat(nodes, uses) if EPILOGUES else {}
     split_cats = {id(cat) for cat in cat_of.values()}
     lookups = _lookups_through_linear(nodes, uses) if EPILOGUES else {}
@@ -599,6 +656,7 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     folded = {id(n) for emb, cat, _ in lookups.values() for n in (emb, cat)}
     taken = folded | set(lookups) | set(cat_of) | split_cats | set(stacked)
     squash = _tanh_epilogues(nodes, uses, into_add, taken) if TANH_EPILOGUES and EPILOGUES else {}
+    squash = {key: v for key, v in squash.items() if key not in members}
     folded |= {id(src) for _, src in squash.values()}
     in_place = row_operands(placeholders, nodes, outputs, cat_of)
     row_nodes = {id(placeholders[i]) for i in in_place}
@@ -608,7 +666,12 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
     # each linear of a pair runs only when its inputs came apart (the else branch)
     pair_of = {id(lin): pair for pair in pairs.values() for lin in pair[:2]}
     stack_var: dict = {}  # id(group's first node) -> the variable holding its results
-    for k, nd in enumerate(nodes):
+    chunked: dict = {}  # id(chunk node) -> (its matrix's variable, columns per chunk)
+    chunk_lines: dict = {}  # its variable -> its line's index
+    for k, nd in enumerate(order):
+        if nd is None:  # the fused region: one kernel call
+            _emit_region(e, plan, region_call, var, chunked, lines)
+            continue
         if id(nd) in stacked:  # one GEMM for the group, at its first member
             group, j = stacked[id(nd)]
             if j == 0:
@@ -646,6 +709,11 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             expr = _emit_addmm(e, nd, var, into_add)
         if expr is None and emit is not None:
             expr = emit(e, nd, var, k)
+            if emit is _emit_chunk and expr is not None and members:
+                source = _chunk_source(nd, var)
+                if source is not None:
+                    chunked[id(nd)] = source
+                    chunk_lines[f"v{k}"] = len(lines)  # (dropped below if unread)
         src = squash[id(nd)][1] if id(nd) in squash else nd  # (a tanh: its sum's pair)
         joined = pairs.get(id(src))
         if joined is not None and expr is not None:  # one GEMM where the inputs are joined
@@ -666,6 +734,12 @@ def compile_program(placeholders: list, nodes: list, outputs: list, name: str) -
             var[(id(nd), j)] = f"v{k}" if single else f"v{k}[{j}]"
     outs = "".join(f"{var[(id(t.node), t.idx)]}, " for t in outputs)
     lines.append(f"    return ({outs})")
+    unread = {
+        line
+        for name, line in chunk_lines.items()
+        if not any(re.search(rf"\b{name}\b", text) for text in lines[line + 1 :])
+    }  # chunks the region reads by columns only
+    lines = [text for j, text in enumerate(lines) if j not in unread]
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<acrobat {name}>", "exec"), e.consts)
     run = e.consts.pop("run")  # (left in its own globals, a reference cycle)

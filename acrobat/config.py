@@ -60,14 +60,20 @@ AUTO_SCANS: bool = bool(_env_int("ACROBAT_AUTO_SCANS", 1))
 #: them in memory only.
 CHOICE_CACHE: str = os.environ.get("ACROBAT_CHOICE_CACHE", "")
 
-#: Fused elementwise kernels for block tails (fusion.py): "auto" chooses online between
-#: the generated kernel (numba on CPU, CUDA on GPU) and per-op torch; "numba", "cuda" or
+#: Fused elementwise kernels for block tails (fusion.py). "auto" (the default): on the
+#: CPU a block's elementwise region (an LSTM cell's gates and state update) runs as one
+#: numba kernel inside the block's generated code (Trace.run_fused), once the kernel is
+#: compiled (1-2 s in the background, per-op torch meanwhile; then numba's disk cache);
+#: on a GPU op by op (the CUDA kernel measured level with torch's ops on the H100).
+#: Measured on this 2-core CPU, in-process A/B against "off" (plain code): TreeLSTM
+#: 1.11-1.13x at b8, 1.06-1.11x at b64, the other models level (few or no regions).
+#: "online" chooses between the kernel (numba on CPU, CUDA on GPU) and per-op torch per
+#: block and batch-size bucket (choice.py): the choice follows the block's whole time,
+#: GEMM included, whose noise on this VM outweighs the tail (it picked torch in 5 of 9
+#: buckets of TreeLSTM large b64, where the kernel is 6% faster). "numba", "cuda" or
 #: "torch" (the kernels' reference backend) force the fused path; "off" never fuses.
-#: Off by default: on the 2-core CPU we measure on, the fused kernels' math costs as much
-#: as torch's op by op (TreeLSTM small b64 0.95x, the other models level in an in-process
-#: A/B); a program compiles once per machine (1-2 s, then numba's disk cache). The bench
-#: system "acrobat-fused" measures "auto".
-KERNEL_BACKEND: str = os.environ.get("ACROBAT_KERNEL_BACKEND", "off")
+#: The bench system "acrobat-fused" measures "online".
+KERNEL_BACKEND: str = os.environ.get("ACROBAT_KERNEL_BACKEND", "auto")
 
 #: While a map runs, ``nn.Linear`` and ``nn.Embedding`` (not subclasses that define their
 #: own forward) record lazy inputs directly instead of through ``F.linear`` /

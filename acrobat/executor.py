@@ -18,6 +18,7 @@ import torch
 
 from acrobat import config
 from acrobat.errors import AcrobatError, UnsupportedOpError
+from acrobat.fusion import reads_in_place
 from acrobat.graph import grad_tag
 from acrobat.ops import DATA_OPS, ROW_VIEWS, TAKE, TENSOR, reshape_rule
 from acrobat.rows import rows_of
@@ -368,7 +369,7 @@ def run_batch(nodes: list, stats) -> None:
             return
         xs = []
         in_place = op.source_args
-        if in_place and (config.KERNEL_BACKEND == "off" or torch.is_grad_enabled()):
+        if in_place and not reads_in_place(n0.rt.device):
             in_place = ()
         by_address = op.row_args
         if by_address and (torch.is_grad_enabled() or not config.ROW_OPERANDS):

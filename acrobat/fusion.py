@@ -207,7 +207,9 @@ def run(trace, p: Plan, env: dict, xs: list, n: int):
             sources.append((v.buf, v.idx))
         else:
             sources.append((v.reshape(n, F) if v.is_contiguous() else _rows(v, n, F), None))
-    outs = elementwise.run(p.program, n, F, sources, p.shared, backend=config.KERNEL_BACKEND)
+    backend = config.KERNEL_BACKEND
+    backend = "auto" if backend == "online" else backend  # (elementwise's auto: the device's)
+    outs = elementwise.run(p.program, n, F, sources, p.shared, backend=backend)
     for nd, out in zip(p.outputs, outs):
         env[nd] = (out.reshape(n, *p.shape),)
     for inner in p.after:
@@ -224,22 +226,38 @@ def _rows(v, n, F):
 
 
 def use_fused(trace, device) -> bool:
-    """Whether this call may run the fused region (the variant is then chosen online)."""
+    """Whether this call runs the fused region (or, with "online", may: the variant is
+    then chosen online). "auto": on the CPU once its numba kernel is compiled (1-2 s, in
+    the background, the per-op program running meanwhile; then numba's disk cache), not
+    on other devices."""
     backend = config.KERNEL_BACKEND
     if trace.fusion is None or backend == "off" or torch.is_grad_enabled():
         return False
-    if backend == "auto" and device is not None and device.type == "cpu":
-        # compiling a numba kernel takes 1-2 s: it happens in the background, and the
-        # per-op program runs until the kernel is ready
+    cpu = device is None or device.type == "cpu"
+    if backend == "auto" and not cpu:
+        return False
+    if backend in ("auto", "online") and cpu:
         return kernel_ready(trace.fusion.program)
     return True
 
 
 def choose(trace, n: int, fused, unfused, device):
-    if config.KERNEL_BACKEND != "auto":
+    if config.KERNEL_BACKEND != "online":
         return fused()
     key = ("fusion", id(trace), choice.bucket(n))
     return choice.CHOOSER.run(key, {"fused": fused, "torch": unfused}, device)
+
+
+def reads_in_place(device) -> bool:
+    """Whether a batch on ``device`` passes the fused region's in-place operands as
+    :class:`Source` (rows read by the kernel where they are): where the region may run
+    through :func:`run`, a device's kernel fed by the executor's operands as they are;
+    on the CPU the region runs inside the block's generated code, its operands gathered
+    (Trace.run_fused)."""
+    backend = config.KERNEL_BACKEND
+    if backend in ("off", "auto") or torch.is_grad_enabled():
+        return False
+    return device.type != "cpu"
 
 
 _READY: dict = {}  # program -> True (compiled) | False (compiling) | None (failed)

@@ -502,7 +502,7 @@ def numba_source(p: Program, cache: bool = False) -> str:
     params += [f"sh{k}" for k in range(p.n_shared)]
     params += [f"out{m}" for m in range(len(p.outputs))]
     params_text = ", ".join(params)
-    options = f"cache={cache}, error_model='numpy', fastmath=False, nogil=True"
+    options = f"cache={cache}, error_model='numpy', fastmath={{'contract'}}, nogil=True"
     cast = "_as_f32" if p.dtype == "float32" else "_as_f64"
 
     lines = [f"# {line}" for line in str(p).splitlines()]
@@ -714,6 +714,123 @@ def _run_numba(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor
     if bad.value:
         _raise_bad_index(sources)
     return outs
+
+
+_NO_INDEX = ctypes.c_int64(0)  # the kernel's out-of-range flag, never set without indices
+
+
+def cpu_caller(
+    p: Program,
+    shape: tuple,
+    shared: Sequence[torch.Tensor] = (),
+    layout: tuple | None = None,
+    backend: str = "numba",
+) -> Callable:
+    """``call(n, *args) -> list of (n, F) outputs``: ``p``'s numba kernel on batched CPU
+    operands, with nothing checked per call that the caller fixed once: a block's
+    generated code (acrobat/codegen.py) knows every operand's per-instance ``shape``
+    (``F`` elements), its dtype and that there are no index arrays; :func:`run`'s checks
+    and general parameter block cost ~10 µs a call.
+
+    ``layout[k] = (position, offset)``: input ``k`` is ``args[position]`` from its
+    ``offset``-th column on (several inputs may be column ranges of one GEMM output: its
+    chunks, one address and stride to read instead of one per chunk), or all of it
+    where ``offset`` is None; ``layout`` None: input ``k`` is all of ``args[k]``. An
+    argument read whole may have any layout that holds ``(n, *shape)`` (a 2-D view with
+    unit inner stride is read in place, anything else is made one); one read by columns
+    must be a 2-D ``(n, W)`` view with unit inner stride. ``shared``: the program's
+    shared operands (0-d or ``F`` values), read at every call (a parameter updated in
+    place is seen). Returns None instead of running when an argument is of another
+    dtype, not on the CPU or not of a usable layout (the caller falls back to torch op
+    by op). Compiles the kernel first if needed.
+    ``backend="torch"``: the same calls run the torch reference (:func:`run`'s)."""
+    from array import array
+
+    from acrobat_kernels import parallel
+
+    if backend == "torch":
+        return _torch_caller(p, shape, shared, layout)
+    kernel = _numba_kernel(p)
+    address = kernel.address
+    direct = _direct_calls.get(address)
+    if direct is None:
+        direct = _direct_calls[address] = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+    dtype = _DTYPES[p.dtype]
+    F = math.prod(shape)
+    if layout is None:
+        layout = tuple((k, None) for k in range(p.n_inputs))
+    assert len(layout) == p.n_inputs
+    n_args = max((pos for pos, _ in layout), default=-1) + 1
+    by_columns = {pos for pos, offset in layout if offset is not None}
+    layout = tuple((pos, (offset or 0) * dtype.itemsize) for pos, offset in layout)
+    head = (F, 0, ctypes.addressof(_NO_INDEX))
+    n_out = len(p.outputs)
+    shared = tuple(shared)
+    split_ok = parallel.available()
+    queries = tuple(parallel.queries()) if split_ok else ()
+
+    def call(n: int, *args: torch.Tensor):
+        bases = []  # (address, row stride) per argument
+        keep = []  # copies made here, alive until the kernel returns
+        for pos, x in enumerate(args):
+            if x.dtype is not dtype or x.dim() != 2 or x.stride(1) != 1 or x.shape[0] != n:
+                if x.dtype is not dtype or not x.is_cpu or pos in by_columns:
+                    return None
+                x = x.expand(n, *shape).reshape(n, F)
+                if x.stride(1) != 1:
+                    x = x.contiguous()
+                keep.append(x)
+            elif not x.is_cpu:
+                return None
+            bases.append((x.data_ptr(), x.stride(0)))
+        ints = array("q", (n, *head))
+        for pos, offset in layout:
+            base, stride = bases[pos]
+            ints.extend((base + offset, 0, stride, n))
+        for value in shared:
+            if value.dim() != 1 or value.stride(0) != 1:
+                value = value.expand(F).contiguous()
+                keep.append(value)
+            ints.append(value.data_ptr())
+        outs = [torch.empty((n, F), dtype=dtype) for _ in range(n_out)]
+        ints.extend([out.data_ptr() for out in outs])
+        threads = torch.get_num_threads()
+        if split_ok and threads > 1 and n * F >= PARALLEL_MIN_ELEMENTS:
+            ints[2] = 1
+            ints.extend(queries)
+            parallel.launch(address, ints.buffer_info()[0], threads)
+        else:
+            ints.extend((0, 0))
+            direct(ints.buffer_info()[0])
+        return outs
+
+    call.n_args = n_args  # type: ignore[attr-defined]
+    return call
+
+
+def _torch_caller(p: Program, shape: tuple, shared, layout) -> Callable:
+    """:func:`cpu_caller`'s calls, run by the torch reference backend."""
+    F = math.prod(shape)
+    dtype = _DTYPES[p.dtype]
+    if layout is None:
+        layout = tuple((k, None) for k in range(p.n_inputs))
+
+    def call(n: int, *args: torch.Tensor):
+        if any(x.dtype is not dtype for x in args):
+            return None
+        sources = []
+        for pos, offset in layout:
+            x = args[pos]
+            if offset is None:
+                x = x.expand(n, *shape).reshape(n, F)
+            elif x.dim() != 2:
+                return None
+            else:
+                x = x[:, offset : offset + F]
+            sources.append((x, None))
+        return _run_torch(p, n, F, sources, list(shared))
+
+    return call
 
 
 def _raise_bad_index(sources) -> None:

@@ -53,6 +53,7 @@ def ab_case(module, size: str, batch: int, args) -> dict:
         for value in args.values:
             for _ in range(args.warmup):
                 outs, _, _ = run(value)
+            acrobat.fusion.wait_compiled()  # kernels compiled in the background
             check = outputs_close(outs, reference, atol=1e-4, rtol=1e-4)
             if not check:
                 raise AssertionError(f"{args.flag}={value!r}: {check.message}")

@@ -4,7 +4,7 @@ Systems, each checked against the eager outputs of the same task:
 
 - ``acrobat``: ``task.fn.map``, the cells wrapped as ``acrobat.block``;
 - ``acrobat-fused``: the same with fused elementwise kernels chosen online
-  (``KERNEL_BACKEND="auto"``; exploration included in the times);
+  (``KERNEL_BACKEND="online"``; exploration included in the times);
 - ``acrobat-plain``: the model's plain code (no ``@acrobat.block``; automatic coarsening);
 - ``eager``: per-instance PyTorch, ``fn.eager`` in a loop;
 - ``hand``: hand-batched PyTorch (``bench.hand.<model>``), where it exists;
@@ -147,7 +147,7 @@ def torch_systems(name: str, task: Task, plain_task: Task) -> dict[str, Callable
     """The in-process systems for one task: acrobat (blocks, plain), eager, hand if present."""
 
     def fused():
-        with acrobat.config.override(KERNEL_BACKEND="auto"):
+        with acrobat.config.override(KERNEL_BACKEND="online"):
             return task.fn.map(task.inputs, **task.kwargs)
 
     systems = {

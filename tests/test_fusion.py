@@ -76,7 +76,7 @@ def test_fused_backends_match_eager(backend, seed, n):
 def test_online_choice_between_fused_and_unfused_is_correct_throughout():
     rng = random.Random(1)
     trees = [random_tree(rng, 3) for _ in range(16)]
-    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="auto"):
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="online"):
         encode.map(trees)  # traces the blocks
         for trace in list(cell.cache.values()) + list(leaf.cache.values()):
             if trace.fusion is not None:
@@ -96,3 +96,137 @@ def test_grad_mode_runs_unfused_and_gradients_flow():
     torch.stack([encode.eager(t) for t in trees]).sum().backward()
     torch.testing.assert_close(got, lin.weight.grad, atol=1e-5, rtol=1e-4)
     lin.weight.grad = None
+
+
+# ---- the CPU path: the region as one kernel call inside the block's generated code ----
+
+
+def _fused_code(trace, backend="numba"):
+    return trace.compiled_fused[backend].source
+
+
+def test_cpu_block_code_calls_the_kernel_once_reading_the_gates_by_columns():
+    rng = random.Random(5)
+    trees = [random_tree(rng, 3) for _ in range(6)]
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="numba"):
+        stats = check_map(encode, trees)
+    (trace,) = cell.cache.values()
+    source = _fused_code(trace)
+    assert source.count("fused_call(") == 1
+    assert ".chunk(" not in source  # the five gates: one matrix, read by columns
+    assert "sigmoid" not in source and "tanh" not in source
+    assert stats.gathers_fused == 0  # on the CPU the executor gathers the operands
+
+
+def test_cpu_block_code_falls_back_where_the_kernel_declines():
+    rng = random.Random(6)
+    trees = [random_tree(rng, 3) for _ in range(5)]
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="numba"):
+        encode.map(trees)
+        (trace,) = cell.cache.values()
+        declined = []
+
+        def make_call(layout):
+            return lambda n, *args: declined.append(n)  # None: "cannot read these"
+
+        trace.compiled_fused["numba"] = trace._generate((trace.fusion, make_call, trace.run_ops))
+        check_map(encode, trees)
+    assert declined
+
+
+def test_default_runs_the_cpu_kernel_once_compiled():
+    rng = random.Random(7)
+    trees = [random_tree(rng, 3) for _ in range(6)]
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="auto"):
+        check_map(encode, trees)  # the kernels compile in the background meanwhile
+        fusion.wait_compiled()
+        check_map(encode, trees)
+    (trace,) = cell.cache.values()
+    assert "numba" in trace.compiled_fused
+
+
+UNARY = ["sigmoid", "tanh", "relu", "neg", "exp", "abs"]
+BINARY = ["add", "sub", "mul", "maximum"]
+
+
+def random_tail(rng: random.Random, chunks: int):
+    """A block: a linear layer's output cut into ``chunks`` gates, a random elementwise
+    program over them, a per-instance state, a shared vector and numbers, then one more
+    linear layer over one of its values (an op after the region)."""
+    steps = []
+    n_values = chunks + 1  # the gates, then the state
+    for _ in range(rng.randint(3, 8)):
+        if rng.random() < 0.45:
+            steps.append((rng.choice(UNARY), rng.randrange(n_values)))
+        else:
+            other = rng.choice(["value", "value", "shared", "number"])
+            b = rng.randrange(n_values) if other == "value" else other
+            steps.append((rng.choice(BINARY), rng.randrange(n_values), b))
+        n_values += 1
+    out_a, out_b = rng.randrange(chunks + 1, n_values), n_values - 1
+    return steps, out_a, out_b
+
+
+def tail_block(layer, head, shared, chunks, steps, out_a, out_b):
+    def tail(x, state):
+        values = [*layer(x).chunk(chunks, -1), state]
+        for op, a, *rest in steps:
+            if not rest:
+                v = values[a]
+                v = torch.exp(torch.clamp(v, max=5.0)) if op == "exp" else getattr(torch, op)(v)
+            else:
+                b = rest[0]
+                if b == "number" and op == "maximum":  # (torch.maximum takes tensors)
+                    b = "shared"
+                b = shared if b == "shared" else 0.75 if b == "number" else values[b]
+                v = getattr(torch, op)(values[a], b)
+            values.append(v)
+        return head(values[out_a]), values[out_b]
+
+    return acrobat.block(tail)
+
+
+@settings(max_examples=12)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 9), rows=st.sampled_from([None, 2]))
+def test_random_block_tails_match_eager_with_the_cpu_kernel(seed, n, rows):
+    """Random elementwise tails over a GEMM's chunks, a state and shared operands, per
+    instance a vector or a (rows, H) matrix, fused by the CPU path: map == eager."""
+    rng = random.Random(seed)
+    chunks = rng.randint(1, 4)
+    steps, out_a, out_b = random_tail(rng, chunks)
+    gen = torch.Generator().manual_seed(seed)
+    layer = nn.Linear(H, chunks * H)
+    head = nn.Linear(H, 3)
+    shared = torch.randn(H, generator=gen)
+    block = tail_block(layer, head, shared, chunks, steps, out_a, out_b)
+
+    @acrobat.autobatch
+    def f(x):
+        a, b = block(x, torch.sigmoid(x))
+        return a, b * 2.0
+
+    shape = (H,) if rows is None else (rows, H)
+    xs = [torch.randn(shape, generator=gen) for _ in range(n)]
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="numba"):
+        check_map(f, xs, atol=1e-4, rtol=1e-4)
+        check_map(f, xs, atol=1e-4, rtol=1e-4)
+    (trace,) = block.cache.values()
+    if rows is None:  # (a shared vector does not broadcast into a fused (rows, H) region)
+        assert trace.fusion is not None
+    assert trace.fusion is None or "numba" in trace.compiled_fused  # the region ran fused
+
+
+@pytest.mark.parametrize(
+    "name", ["treelstm", "mvrnn", "birnn", "nestedrnn", "drnn", "berxit", "stackrnn"]
+)
+def test_models_plain_code_match_eager_with_the_cpu_kernel(name):
+    import importlib
+
+    from models.common import outputs_close, run_eager
+
+    task = importlib.import_module(f"models.{name}").make_task("small", 6, blocks=False)
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="numba"):
+        want = run_eager(task)
+        for _ in range(2):
+            check = outputs_close(task.fn.map(task.inputs, **task.kwargs), want, 1e-4, 1e-4)
+            assert check, check.message

@@ -582,3 +582,98 @@ def test_docstring_examples():
 
     result = doctest.testmod(ew, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ---- the lean CPU entry of block code (cpu_caller) -------------------------------------
+
+
+def caller_operands(data, program: Program, n: int, F: int, gen: torch.Generator):
+    """(args, layout, sources): the program's inputs as cpu_caller takes them (whole
+    (n, F) tensors of any strides, or column ranges of one wide matrix, as a block
+    passes a GEMM's chunks) and as ``run`` takes them."""
+    dtype = ew._DTYPES[program.dtype]
+    wide_chunks = data.draw(st.integers(1, 4), label="chunks of the wide matrix")
+    wide = torch.rand(n, wide_chunks * F + 3, generator=gen, dtype=dtype) * 4 - 2
+    args, layout, sources = [wide], [], []
+    for _ in range(program.n_inputs):
+        kind = data.draw(
+            st.sampled_from(["columns", "contiguous", "slice", "expanded", "transposed"])
+        )
+        if kind == "columns":
+            offset = F * data.draw(st.integers(0, wide_chunks - 1)) + data.draw(st.integers(0, 3))
+            layout.append((0, offset))
+            sources.append((wide[:, offset : offset + F], None))
+            continue
+        if kind == "contiguous":
+            x = torch.rand(n, F, generator=gen, dtype=dtype) * 4 - 2
+        elif kind == "slice":  # rows spaced apart
+            x = (torch.rand(n, 2 * F, generator=gen, dtype=dtype) * 4 - 2)[:, F:]
+        elif kind == "expanded":  # one row for every instance: row stride 0
+            x = (torch.rand(1, F, generator=gen, dtype=dtype) * 4 - 2).expand(n, F)
+        else:  # column-major: copied row-major by the caller
+            x = (torch.rand(F, n, generator=gen, dtype=dtype) * 4 - 2).t()
+        layout.append((len(args), None))
+        args.append(x)
+        sources.append((x.reshape(n, F), None))
+    return args, tuple(layout), sources
+
+
+@given(data=st.data())
+def test_cpu_caller_matches_torch_on_random_programs(data):
+    program = data.draw(st.sampled_from(POOL), label="program")
+    note(str(program))
+    n, F = data.draw(st.integers(1, 40), label="n"), data.draw(st.integers(1, 70), label="F")
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31), label="seed"))
+    args, layout, sources = caller_operands(data, program, n, F, gen)
+    dtype = ew._DTYPES[program.dtype]
+    shared = [torch.rand(F, generator=gen, dtype=dtype), torch.rand((), dtype=dtype)]
+    shared = shared[: program.n_shared]
+    want = run(program, n, F, sources, shared, backend="torch")
+    for backend in ("numba", "torch"):
+        got = ew.cpu_caller(program, (F,), shared, layout, backend)(n, *args)
+        assert len(got) == len(program.outputs)
+        for m, (g, w) in enumerate(zip(got, want)):
+            assert g.shape == (n, F) and g.dtype == w.dtype
+            which = f"{backend}, output {m}"
+            torch.testing.assert_close(g, w, **TOL, msg=lambda t, which=which: f"{which}: {t}")
+
+
+def test_cpu_caller_splits_large_batches_over_threads(monkeypatch):
+    from acrobat_kernels import parallel
+
+    if not parallel.available():
+        pytest.skip("no OpenMP team of torch's to split the rows over")
+    launched = []
+    real_launch = parallel.launch
+    monkeypatch.setattr(parallel, "launch", lambda *a: (launched.append(a[2]), real_launch(*a))[1])
+    program = lstm_cell_tail()
+    gen = torch.Generator().manual_seed(3)
+    n, F = 300, 128  # n * F >= PARALLEL_MIN_ELEMENTS
+    gates = torch.randn(n, 4 * F, generator=gen)
+    c = torch.randn(n, F, generator=gen)
+    layout = ((0, 0), (0, F), (0, 2 * F), (0, 3 * F), (1, None))
+    sources = [(gates[:, k * F : (k + 1) * F], None) for k in range(4)] + [(c, None)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = ew.cpu_caller(program, (F,), (), layout)(n, gates, c)
+    finally:
+        torch.set_num_threads(threads)
+    assert launched == [2]
+    want = run(program, n, F, sources, [], backend="torch")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+
+
+def test_cpu_caller_declines_what_it_cannot_read():
+    program = lstm_cell_tail()
+    n, F = 3, 8
+    ok = [torch.randn(n, F) for _ in range(5)]
+    call = ew.cpu_caller(program, (F,))
+    assert call(n, *ok) is not None
+    assert call(n, *ok[:4], ok[4].double()) is None  # another dtype
+    by_columns = ew.cpu_caller(program, (F,), (), ((0, 0), (0, F), (0, 2 * F), (0, 3 * F), (1, 0)))
+    gates = torch.randn(n, 4 * F)
+    assert by_columns(n, gates, ok[0]) is not None
+    assert by_columns(n, gates.t().contiguous().t(), ok[0]) is None  # columns not unit-stride
+    assert by_columns(n, gates.reshape(n, 4, F), ok[0]) is None  # not a matrix
