@@ -230,3 +230,26 @@ def test_models_plain_code_match_eager_with_the_cpu_kernel(name):
         for _ in range(2):
             check = outputs_close(task.fn.map(task.inputs, **task.kwargs), want, 1e-4, 1e-4)
             assert check, check.message
+
+
+def test_long_elementwise_chains_fuse_a_bounded_prefix():
+    layer = nn.Linear(H, H)
+
+    @acrobat.block
+    def chain(x):
+        y = layer(x)
+        for k in range(fusion.MAX_REGION + 10):  # unrolled when traced: one op each
+            y = torch.tanh(y) * 0.9 + 0.01 * k if k % 2 else torch.sigmoid(y) - 0.5
+        return y
+
+    @acrobat.autobatch
+    def f(x):
+        return chain(x)
+
+    xs = [torch.randn(H) for _ in range(5)]
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="numba"):
+        check_map(f, xs, atol=1e-4, rtol=1e-4)
+    (trace,) = chain.cache.values()
+    plan = trace.fusion
+    assert len(plan.members) == fusion.MAX_REGION and plan.after  # the rest: op by op
+    assert "numba" in trace.compiled_fused
