@@ -2979,6 +2979,37 @@ static PyObject *row_addresses(PyObject *mod, PyObject *const *a, Py_ssize_t n) 
     return PyBool_FromLong(found);
 }
 
+/* rows_span(slots, bases, nbytes, ts, shape, dtype): the address of the first row of
+ * ``slots`` (as copy_rows finds them) where every row lies right after the one before,
+ * so that they are one span of memory (a loop's per-step outputs, views of one buffer,
+ * read in the order it wrote them); else 0; False where a source cannot be read by
+ * address. Nothing is copied. */
+static PyObject *rows_span(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 6 || !PyList_Check(a[0]) || !PyDict_Check(a[1]) || !PyList_Check(a[3]) ||
+        PyList_GET_SIZE(a[3]) != PyList_GET_SIZE(a[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "rows_span(slots: list, bases: dict, nbytes, ts: list, shape, dtype)");
+        return NULL;
+    }
+    Py_ssize_t nbytes = PyLong_AsSsize_t(a[2]);
+    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(a[0]);
+    if (m == 0) return PyLong_FromLong(0);
+    char **src = PyMem_Malloc((size_t)m * sizeof(char *));
+    if (src == NULL) return PyErr_NoMemory();
+    int found = row_pointers(a[0], a[1], a[3], a[4], a[5], nbytes, src);
+    PyObject *result = NULL;
+    if (found == 1) {
+        Py_ssize_t i = 1;
+        while (i < m && src[i] == src[i - 1] + nbytes) i++;
+        result = i == m ? PyLong_FromVoidPtr(src[0]) : PyLong_FromLong(0);
+    } else if (found == 0) {
+        result = Py_NewRef(Py_False);
+    }
+    PyMem_Free(src);
+    return result;
+}
+
 /* ---- batched GEMM over pointer lists --------------------------------------------- */
 
 /* MKL's cblas_sgemm_batch / cblas_dgemm_batch, found by acrobat_kernels/blas.py in the
@@ -3082,6 +3113,10 @@ static PyMethodDef methods[] = {
     {"join_into", (PyCFunction)(void (*)(void))join_into, METH_FASTCALL,
      "join_into(dst, stride, nodes, group, bases) -> True, or False (executor._join's "
      "copies: operand j of every node for each j of group, side by side in each row)"},
+    {"rows_span", (PyCFunction)(void (*)(void))rows_span, METH_FASTCALL,
+     "rows_span(slots, bases, nbytes, ts, shape, dtype) -> the first row's address where "
+     "the rows lie back to back in memory, else 0; False (a source that cannot be read "
+     "by address)"},
     {"row_addresses", (PyCFunction)(void (*)(void))row_addresses, METH_FASTCALL,
      "row_addresses(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (as "
      "copy_rows, writing each row's address at dst instead of copying it)"},

@@ -114,6 +114,11 @@ def gather(ts: list, n: int, stats, column=None, slots=None) -> torch.Tensor:
             return last[1]  # region's copy has no autograd history)
     out = None
     if _native is not None and config.FAST_GATHER and not torch.is_grad_enabled():
+        t0 = ts[0]
+        if n * t0.shape.numel() * t0.dtype.itemsize >= SPAN_VIEW_BYTES:
+            out = _span_view(ts, slots, n)
+            if out is not None:
+                return out
         # the C copy of the rows by address, from one source or several (rows of one
         # source too: it takes the addresses from the slots directly, where numba's
         # address list cost more than index_select saved. NestedRNN small b64 gather
@@ -213,6 +218,38 @@ def _cuda_gather(ts: list, slots: list) -> torch.Tensor | None:
     shape, dtype = t0.shape, t0.dtype
     nbytes = shape.numel() * dtype.itemsize
     return cuda_gather.gather_rows(index_array(addresses, device), shape, dtype, nbytes)
+
+
+#: Fewest bytes of rows from several producer outputs for which a gather first asks
+#: whether they lie back to back in one buffer (``_span_view``); below, copying them
+#: costs about as much as the question and the view.
+SPAN_VIEW_BYTES = 1 << 15
+
+
+def _span_view(ts: list, slots: list, n: int) -> torch.Tensor | None:
+    """The rows of ``slots`` as a view, where they lie back to back in the buffer of the
+    first one's source (a loop's per-step outputs, views of one buffer, read step-major
+    in the order the loop wrote them: a BiRNN's states read by its output layer), else
+    None. Batched rules never write into their operands, so sharing is safe, as for the
+    consecutive rows of one output."""
+    t0 = ts[0]
+    shape, dtype = t0.shape, t0.dtype
+    nbytes = shape.numel() * dtype.itemsize
+    if type(ts) is not list:
+        ts = list(ts)
+    first = _native.rows_span(slots, _bases, nbytes, ts, shape, dtype)
+    if not first:
+        return None
+    buf = t0.node.outs[t0.idx]
+    storage = buf.untyped_storage()
+    start = first - storage.data_ptr()
+    if start < 0 or start + n * nbytes > storage.nbytes() or start % dtype.itemsize:
+        return None  # (rows of buffers that merely lie side by side)
+    size = (n, *shape)
+    strides = [1] * len(size)
+    for d in range(len(size) - 2, -1, -1):
+        strides[d] = strides[d + 1] * size[d + 1]
+    return buf.as_strided(size, strides, start // dtype.itemsize)
 
 
 def _native_copy(ts: list, slots: list) -> torch.Tensor | None:

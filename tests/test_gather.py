@@ -3,6 +3,7 @@ executor's use of it (config.FAST_GATHER), and reuse of a column's last gather."
 
 from __future__ import annotations
 
+import itertools
 from array import array
 
 import pytest
@@ -562,3 +563,59 @@ def test_stacked_linears_are_one_gemm_and_follow_parameter_updates(monkeypatch):
         want = [gate_chain.eager(s, m) for s in seqs]
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
+@settings(max_examples=60, deadline=None)
+@given(
+    heights=st.lists(st.integers(1, 5), min_size=1, max_size=5),
+    width=st.integers(1, 6),
+    gap=st.sampled_from([0, 0, 1]),
+    data=st.data(),
+)
+def test_rows_span_finds_rows_lying_back_to_back(heights, width, gap, data):
+    """The C span check (executor._span_view): sources are row ranges of one buffer (a
+    loop's per-step outputs), ``gap`` rows apart; the rows picked lie back to back
+    exactly when each is the next row of that buffer."""
+    buffer = torch.randn(sum(heights) + gap * len(heights), width)
+    sources, start = [], 0
+    for h in heights:
+        sources.append(buffer[start : start + h])
+        start += h + gap
+    rows = [(s, r) for s, h in enumerate(heights) for r in range(h)]
+    picks = data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=12))
+    if data.draw(st.booleans(), label="a run of consecutive rows"):
+        first = picks[0]
+        picks = list(range(first, min(first + len(picks), len(rows))))
+    chosen = [rows[p] for p in picks]
+    keys = [(7 + s) << 20 for s in range(len(sources))]
+    slots = [(keys[s] << executor._ROW_BITS) + r for s, r in chosen]
+    ts = _lazy_rows(sources, chosen, (width,), torch.float32)
+    nbytes = width * 4
+    addresses = [sources[s][r].data_ptr() for s, r in chosen]
+    back_to_back = all(b - a == nbytes for a, b in itertools.pairwise(addresses))
+    size = torch.Size((width,))
+    got = _native.rows_span(slots, {}, nbytes, ts, size, torch.float32)
+    assert got == (addresses[0] if back_to_back else 0)
+    unreadable = {keys[s]: None for s, _ in chosen}
+    assert _native.rows_span(slots, unreadable, nbytes, ts, size, torch.float32) is False
+
+
+def test_rows_written_back_to_back_are_read_as_a_view(monkeypatch):
+    """A BiRNN's output layer reads the forward states step-major, as the loop wrote
+    them: a view of the loop's buffer instead of a copy, with the same results."""
+    from models import birnn
+    from models.common import outputs_close, run_eager
+
+    task = birnn.make_task("small", 8, blocks=False)
+    results = {}
+    with torch.no_grad():
+        want = run_eager(task)
+        for threshold in (1 << 60, 0):
+            monkeypatch.setattr(executor, "SPAN_VIEW_BYTES", threshold)
+            outs, stats = task.fn.map(task.inputs, stats=True, **task.kwargs)
+            check = outputs_close(outs, want, atol=1e-5, rtol=1e-5)
+            assert check, check.message
+            results[threshold] = stats
+    copied, viewed = results[1 << 60], results[0]
+    assert viewed.gathers < copied.gathers and viewed.gather_bytes < copied.gather_bytes
