@@ -195,6 +195,17 @@ class Trace:
                 self.op.joins = getattr(run, "joins", ())
         return run(xs, n)
 
+    def step_runner(self, device):
+        """What a loop calls for each of its steps (acrobat/scan.py): :meth:`run_fused`
+        where this program's region runs fused on the CPU, else :meth:`run_ops`. (With
+        ``KERNEL_BACKEND="online"`` steps run op by op: a choice per step would cost more
+        than the kernel saves.)"""
+        cpu = device is None or device.type == "cpu"
+        fused = self.fusion is not None and cpu and config.KERNEL_BACKEND != "online"
+        if fused and fusion.use_fused(self, device):
+            return self.run_fused
+        return self.run_ops
+
     def run_fused(self, xs, n):
         """The program with its elementwise region as one numba kernel call (CPU; with
         ``KERNEL_BACKEND="torch"`` the kernels' torch reference), as generated code like

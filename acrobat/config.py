@@ -66,7 +66,9 @@ CHOICE_CACHE: str = os.environ.get("ACROBAT_CHOICE_CACHE", "")
 #: compiled (1-2 s in the background, per-op torch meanwhile; then numba's disk cache);
 #: on a GPU op by op (the CUDA kernel measured level with torch's ops on the H100).
 #: Measured on this 2-core CPU, in-process A/B against "off" (plain code): TreeLSTM
-#: 1.11-1.13x at b8, 1.06-1.11x at b64, the other models level (few or no regions).
+#: 1.07-1.13x at b8, 1.04-1.11x at b64, the other models level (few or no regions); an
+#: LSTM written inline in a loop (its steps run the region fused, Trace.step_runner)
+#: 1.17x at b8, 1.06x at b64.
 #: "online" chooses between the kernel (numba on CPU, CUDA on GPU) and per-op torch per
 #: block and batch-size bucket (choice.py): the choice follows the block's whole time,
 #: GEMM included, whose noise on this VM outweighs the tail (it picked torch in 5 of 9

@@ -242,15 +242,15 @@ class Scan:
             source = elements[pos] if per_step else xs[pos - first]
             rows = source.shape[0]
             hoisted = list(split.inv.run_ops([source], rows))
-            step = split.var.run_ops
+            step = split.var.step_runner(source.device)
             arg_pos = split.arg_pos
             elman = self.recurrence(split) if config.FAST_RECURRENCE else None
         else:
             elman = None
-            # the program as generated code: its operands are views of the carried state
-            # and sliced inputs, so gather-fused kernels (Trace.run's online choice, at
-            # every row count the loop passes through) have nothing to save
-            step = self.trace.run_ops
+            # the program as generated code (its elementwise region as one kernel call
+            # where that runs on the CPU): its operands are views of the carried state and
+            # sliced inputs, so gather-fused kernels have nothing to save
+            step = self.trace.step_runner(xs[0].device)
         pieces: list[list] = [[] for _ in range(k)]
         step_outs: list = []
         done = n  # rows still looping before this step

@@ -253,3 +253,37 @@ def test_long_elementwise_chains_fuse_a_bounded_prefix():
     plan = trace.fusion
     assert len(plan.members) == fusion.MAX_REGION and plan.after  # the rest: op by op
     assert "numba" in trace.compiled_fused
+
+
+lstm_x = nn.Linear(H, 4 * H)
+lstm_h = nn.Linear(H, 4 * H, bias=False)
+
+
+@acrobat.autobatch
+def lstm_over(words):
+    """An LSTM written inline in a loop over the tokens: one scan node per instance whose
+    steps run the cell's elementwise region as one kernel call."""
+    h, c = torch.zeros(H), torch.zeros(H)
+    for w in words:
+        i, f, g, o = (lstm_x(emb(torch.tensor(w))) + lstm_h(h)).chunk(4)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+    return h, c
+
+
+@settings(max_examples=8)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 7))
+def test_loop_steps_run_the_fused_region(seed, n):
+    import gc
+
+    from acrobat.scan import Scan
+
+    rng = random.Random(seed)
+    sentences = [[rng.randrange(10) for _ in range(rng.randint(1, 6))] for _ in range(n)]
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="numba"):
+        check_map(lstm_over, sentences)
+    scans = [o for o in gc.get_objects() if type(o) is Scan and "lstm_over" in o.op.name]
+    assert scans
+    for scan in scans:  # the step (the split's rest, or the whole body) ran fused
+        step = scan.split.var if scan.split is not None else scan.trace
+        assert "numba" in step.compiled_fused
