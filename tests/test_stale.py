@@ -171,3 +171,23 @@ def test_a_changed_plain_attribute_is_seen():
     _check(uses_temperature, m=m)
     m.temperature = 5.0
     _check(uses_temperature, m=m)
+
+
+def test_a_module_is_checked_once_per_map_for_all_its_traces(monkeypatch):
+    """Two traces depend on one model (module_cell's automatic block, explicit_cell): the
+    second map reads the model's state once for both, and a change before a later map
+    is still seen by both."""
+    import importlib
+
+    block_module = importlib.import_module("acrobat.block")
+    m = Model()
+    _check(uses_module, m=m)  # traces both cells
+    reads = []
+    real = block_module._module_state
+    monkeypatch.setattr(
+        block_module, "_module_state", lambda mod: (reads.append(id(mod)), real(mod))[1]
+    )
+    _check(uses_module, m=m)
+    assert reads.count(id(m)) == 1
+    m.head = nn.Linear(4, 3)  # seen by both traces in the next map
+    _check(uses_module, m=m)
