@@ -601,6 +601,7 @@ def test_rows_span_finds_rows_lying_back_to_back(heights, width, gap, data):
     assert _native.rows_span(slots, unreadable, nbytes, ts, size, torch.float32) is False
 
 
+@pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
 def test_rows_written_back_to_back_are_read_as_a_view(monkeypatch):
     """A BiRNN's output layer reads the forward states step-major, as the loop wrote
     them: a view of the loop's buffer instead of a copy, with the same results."""
