@@ -169,18 +169,12 @@ class Trace:
             device = x.buf.device if type(x) is fusion.Source else x.device
         if plan is not None and fusion.use_fused(self, device):
             if device is None or device.type == "cpu":  # (operands gathered as usual)
-                return fusion.choose(
-                    self, n,
-                    lambda: self.run_fused(xs, n),
-                    lambda: self.run_ops(xs, n),
-                    device,
-                )  # fmt: skip
-            return fusion.choose(
-                self, n,
-                lambda: fusion.run(self, plan, {}, xs, n),
-                lambda: self.run_ops(_materialized(xs, n), n),
-                device,
-            )  # fmt: skip
+                fused = lambda: self.run_fused(xs, n)
+                unfused = lambda: self.run_ops(xs, n)
+            else:  # (the device's kernel reads the operands the executor left in place)
+                fused = lambda: fusion.run(self, plan, {}, xs, n)
+                unfused = lambda: self.run_ops(_materialized(xs, n), n)
+            return fusion.choose(self, n, fused, unfused, device)
         return self.run_ops(_materialized(xs, n), n)
 
     def run_ops(self, xs, n):

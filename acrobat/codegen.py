@@ -12,7 +12,6 @@ the generated code, so every program compiles; the source is kept on the functio
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import torch
@@ -591,9 +590,11 @@ def _emit_region(e: _Emitter, plan, make_and_fallback, var: dict, chunked: dict,
     args: list[str] = []
     layout = []
     for t in plan.inputs:
-        whole = var[(id(t.node), t.idx)]
         source = chunked.get(id(t.node))
-        name, offset = (whole, None) if source is None else (source[0], t.idx * source[1])
+        if source is None:
+            name, offset = var[(id(t.node), t.idx)], None
+        else:
+            name, offset = source[0], t.idx * source[1]
         if name not in args:
             args.append(name)
         layout.append((args.index(name), offset))
@@ -636,17 +637,21 @@ def compile_program(
             lines.append(f"    p{i} = xs[{i}]")
     order = nodes
     members: set = set()
+    read_outside: set = set()  # nodes read by a non-member or returned
     if fused is not None:
         plan, region_call = fused[0], fused[1:]
         members = {id(nd) for nd in plan.members}
         order = [*plan.before, None, *plan.after]  # None: where the region's call goes
+        read_outside = {id(t.node) for nd in nodes if id(nd) not in members for t in nd.inputs}
+        read_outside |= {id(t.node) for t in outputs}
     uses = _uses(nodes, outputs)
     stacks = stacked_linears(nodes, outputs) if config.STACK_LINEARS else []
     stacked = {id(nd): (group, j) for group in stacks for j, nd in enumerate(group)}
     into_add = _gemm_epilogues(nodes, uses) if EPILOGUES else {}
     into_add = {key: v for key, v in into_add.items() if key not in stacked}
     if members:  # (a product added by a member of the region is the region's input)
-        into_add = {key: v for key, v in into_add.items() if key not in _read_by(plan)}
+        region_reads = _read_by(plan)
+        into_add = {key: v for key, v in into_add.items() if key not in region_reads}
     cat_of = _matmuls_over_cat(nodes, uses) if EPILOGUES else {}
     split_cats = {id(cat) for cat in cat_of.values()}
     lookups = _lookups_through_linear(nodes, uses) if EPILOGUES else {}
@@ -667,7 +672,6 @@ def compile_program(
     pair_of = {id(lin): pair for pair in pairs.values() for lin in pair[:2]}
     stack_var: dict = {}  # id(group's first node) -> the variable holding its results
     chunked: dict = {}  # id(chunk node) -> (its matrix's variable, columns per chunk)
-    chunk_lines: dict = {}  # its variable -> its line's index
     for k, nd in enumerate(order):
         if nd is None:  # the fused region: one kernel call
             _emit_region(e, plan, region_call, var, chunked, lines)
@@ -713,7 +717,8 @@ def compile_program(
                 source = _chunk_source(nd, var)
                 if source is not None:
                     chunked[id(nd)] = source
-                    chunk_lines[f"v{k}"] = len(lines)  # (dropped below if unread)
+                    if id(nd) not in read_outside:  # the region reads it by columns only
+                        continue
         src = squash[id(nd)][1] if id(nd) in squash else nd  # (a tanh: its sum's pair)
         joined = pairs.get(id(src))
         if joined is not None and expr is not None:  # one GEMM where the inputs are joined
@@ -734,12 +739,6 @@ def compile_program(
             var[(id(nd), j)] = f"v{k}" if single else f"v{k}[{j}]"
     outs = "".join(f"{var[(id(t.node), t.idx)]}, " for t in outputs)
     lines.append(f"    return ({outs})")
-    unread = {
-        line
-        for name, line in chunk_lines.items()
-        if not any(re.search(rf"\b{name}\b", text) for text in lines[line + 1 :])
-    }  # chunks the region reads by columns only
-    lines = [text for j, text in enumerate(lines) if j not in unread]
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<acrobat {name}>", "exec"), e.consts)
     run = e.consts.pop("run")  # (left in its own globals, a reference cycle)

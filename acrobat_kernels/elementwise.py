@@ -678,12 +678,18 @@ def _block_type(size: int):
 _direct_calls: dict[int, Any] = {}  # cfunc address -> its ctypes function
 
 
-def _call(address: int, block) -> None:
-    """The kernel at ``address`` on the calling thread alone (ctypes releases the GIL)."""
+def _direct_call(address: int):
+    """The ctypes function calling the kernel at ``address`` with its parameter block, on
+    the calling thread alone (ctypes releases the GIL); made once per kernel."""
     fn = _direct_calls.get(address)
     if fn is None:
         fn = _direct_calls[address] = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
-    fn(block)
+    return fn
+
+
+def _call(address: int, block) -> None:
+    """The kernel at ``address`` on the calling thread alone."""
+    _direct_call(address)(block)
 
 
 def _run_numba(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
@@ -750,17 +756,13 @@ def cpu_caller(
 
     if backend == "torch":
         return _torch_caller(p, shape, shared, layout)
-    kernel = _numba_kernel(p)
-    address = kernel.address
-    direct = _direct_calls.get(address)
-    if direct is None:
-        direct = _direct_calls[address] = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+    address = _numba_kernel(p).address
+    direct = _direct_call(address)
     dtype = _DTYPES[p.dtype]
     F = math.prod(shape)
     if layout is None:
         layout = tuple((k, None) for k in range(p.n_inputs))
     assert len(layout) == p.n_inputs
-    n_args = max((pos for pos, _ in layout), default=-1) + 1
     by_columns = {pos for pos, offset in layout if offset is not None}
     layout = tuple((pos, (offset or 0) * dtype.itemsize) for pos, offset in layout)
     head = (F, 0, ctypes.addressof(_NO_INDEX))
@@ -804,7 +806,6 @@ def cpu_caller(
             direct(ints.buffer_info()[0])
         return outs
 
-    call.n_args = n_args  # type: ignore[attr-defined]
     return call
 
 
