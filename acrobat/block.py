@@ -680,6 +680,9 @@ def _note_lift(block: Block, trace: Trace, args: tuple, parts: list, made: dict)
 def finish_trace(trace: Trace, name: str, tracer: Tracer, doc: str) -> None:
     """Give a trace its op row and fusion plan; detach its nodes from the run."""
     trace.op = Op(name, trace.run, "block", launches=len(tracer.nodes), doc=doc)
+    # no random draw: calls with the same operand rows have the same results
+    # (executor._distinct runs such a batch once per distinct row of operands)
+    trace.op.extra["pure"] = not any(nd.op.name in graph.IMPURE_OPS for nd in tracer.nodes)
     trace.sig = (trace.op,)  # the batching signature of its calls
     trace.call_fast = None
     trace.fusion = fusion.plan(trace)

@@ -404,35 +404,95 @@ def run_batch(nodes: list, stats) -> None:
             return
         if op.name in ROW_VIEWS and len(n0.inputs) == 1 and _view_in_place(nodes, n, stats, t0):
             return
-        xs = []
-        in_place = op.source_args
-        if in_place and not reads_in_place(n0.rt.device):
-            in_place = ()
-        by_address = op.row_args
-        if by_address and (torch.is_grad_enabled() or not config.ROW_OPERANDS):
-            by_address = ()
-        joined = _join(nodes, op.joins, n, stats) if op.joins else None
-        for j in range(len(n0.inputs)):
-            if joined is not None and j in joined:
-                xs.append(joined[j])
-            elif j in in_place:
-                xs.append(gather_source([nd.inputs[j] for nd in nodes], n, stats))
-            elif _native is not None and type(nodes) is list:  # operands, slots: one C loop
-                column, slots = _native.column(nodes, j)
-                x = None
-                if j in by_address and not _is_range(slots):
-                    x = rows_of(column, slots, _bases)  # (None: a source torch must read)
-                    stats.gathers_fused += x is not None
-                xs.append(gather(column, n, stats, (op, j), slots) if x is None else x)
-            else:
-                xs.append(gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)))
-        t1 = time.perf_counter()
-        try:
-            outs = op.rule(n0, xs, n)
-        except Exception as exc:
-            _explain_failure(nodes, exc)
-            raise
+        if (
+            n > 1
+            and op.extra.get("pure")
+            and config.DISTINCT_ROWS
+            and _native is not None
+            and type(nodes) is list
+            and _reads_shared(n0)
+            and _distinct(nodes, n, stats, t0)
+        ):
+            return
+        _run_operands(nodes, n, stats, t0)
+        return
     _finish_batch(nodes, outs, n, stats, t0, t1)
+
+
+def _run_operands(nodes: list, n: int, stats, t0: float) -> None:
+    """A batch of an op whose rule takes the gathered operands (run_batch's common case)."""
+    n0 = nodes[0]
+    op = n0.op
+    xs = []
+    in_place = op.source_args
+    if in_place and not reads_in_place(n0.rt.device):
+        in_place = ()
+    by_address = op.row_args
+    if by_address and (torch.is_grad_enabled() or not config.ROW_OPERANDS):
+        by_address = ()
+    joined = _join(nodes, op.joins, n, stats) if op.joins else None
+    for j in range(len(n0.inputs)):
+        if joined is not None and j in joined:
+            xs.append(joined[j])
+        elif j in in_place:
+            xs.append(gather_source([nd.inputs[j] for nd in nodes], n, stats))
+        elif _native is not None and type(nodes) is list:  # operands, slots: one C loop
+            column, slots = _native.column(nodes, j)
+            x = None
+            if j in by_address and not _is_range(slots):
+                x = rows_of(column, slots, _bases)  # (None: a source torch must read)
+                stats.gathers_fused += x is not None
+            xs.append(gather(column, n, stats, (op, j), slots) if x is None else x)
+        else:
+            xs.append(gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)))
+    t1 = time.perf_counter()
+    try:
+        outs = op.rule(n0, xs, n)
+    except Exception as exc:
+        _explain_failure(nodes, exc)
+        raise
+    _finish_batch(nodes, outs, n, stats, t0, t1)
+
+
+def _reads_shared(node) -> bool:
+    """Whether an operand of ``node`` is a row that other nodes may read too (a table's row
+    in place, a row of a batch run by :func:`_distinct`): where duplicates can be."""
+    shared = node.rt.shared
+    return any(id(t.node.outs) in shared for t in node.inputs)
+
+
+def _distinct(nodes: list, n: int, stats, t0: float) -> bool:
+    """Run a batch of a pure op (no random draw) once per distinct row of operands, if some
+    nodes have the very same operand rows as another: the others get the first one's
+    row (its slot too, so consumers gather it as the same row). False, running nothing,
+    where every node's operands differ."""
+    n0 = nodes[0]
+    shared = n0.rt.shared
+    # operands from rows no other node reads first: where one column's rows are all
+    # distinct, so are the nodes (a recurrent state beside a word: one set, no keys)
+    order = sorted(range(len(n0.inputs)), key=lambda j: id(n0.inputs[j].node.outs) in shared)
+    columns = []
+    for j in order:
+        slots = _native.column(nodes, j)[1]
+        if len(set(slots)) == n:
+            return False
+        columns.append(slots)
+    keys = columns[0] if len(columns) == 1 else list(zip(*columns))
+    first: dict = {}  # operand rows -> the first node reading them
+    for nd, key in zip(nodes, keys):
+        first.setdefault(key, nd)
+    if len(first) == n:
+        return False
+    reps = list(first.values())
+    _run_operands(reps, len(reps), stats, t0)
+    shared.add(id(reps[0].outs))
+    for nd, key in zip(nodes, keys):
+        rep = first[key]
+        if rep is not nd:
+            nd.outs, nd.row, nd.slot = rep.outs, rep.row, rep.slot
+    stats.shared += n - len(reps)
+    stats.by_op[n0.op.name][1] += n - len(reps)  # (its nodes, as recorded)
+    return True
 
 
 def _join(nodes: list, groups: tuple, n: int, stats) -> dict | None:
@@ -553,7 +613,9 @@ def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> Non
 def _in_place_rows(nodes: list, outs, rows, stats, t0: float, t1: float) -> None:
     """Finish a batch whose outputs are a whole tensor (or views of one) with each node at
     its own row, not at its position in the batch."""
-    nodes[0].rt.tables.add(id(outs))
+    rt = nodes[0].rt
+    rt.tables.add(id(outs))
+    rt.shared.add(id(outs))
     _finish_batch(nodes, outs, len(nodes), stats, t0, t1)
     base = nodes[0].slot - nodes[0].row
     if _native is not None and type(nodes) is list and type(rows) is list:

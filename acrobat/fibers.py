@@ -689,8 +689,9 @@ def _materialize(value, instance: int, fn_name: str):
             rt = node.rt
             graph.queue(rt, node)
             _flush(rt)
-        if id(node.outs) in node.rt.tables:  # a row of a parameter, in place: eager's
-            return node.outs[value.idx][node.row].clone()  # lookup returns a copy
+        if id(node.outs) in node.rt.shared:  # a row of a parameter in place (eager's
+            # lookup returns a copy) or one another instance may have (executor._distinct)
+            return node.outs[value.idx][node.row].clone()
         tag = graph.grad_tag(node.sig)
         if tag is not None and tag.enabled != torch.is_grad_enabled():
             with torch.set_grad_enabled(tag.enabled):  # (enable_grad inside an instance

@@ -115,7 +115,7 @@ class Runtime:
         "id", "buckets", "sig_info", "hoisted", "hoist_keepalive", "hoisted_versions",
         "device", "default_device", "mode", "grad_mode", "autocast", "stats", "fiber",
         "tracer", "ready", "blocked", "main", "pool", "failed", "all_fibers", "live", "phased",
-        "thread", "nodes", "deferred", "py_rows",
+        "thread", "nodes", "deferred", "py_rows", "shared",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
         "grad_regions", "grad_resume", "__weakref__",
     )  # fmt: skip
@@ -151,6 +151,8 @@ class Runtime:
         self.take_tables: dict[int, tuple] = {}  # id(table) -> (rows, row shape, dtype, sig)
         self.tables: set[int] = set()  # id(outs) of batches whose outputs are a real
         # tensor's rows in place (executor: row lookups, row-wise views of them)
+        self.shared: set[int] = set()  # id(outs) of batches some of whose rows several
+        # nodes may read as their own (tables in place, executor._distinct's batches)
         self.used_splits: list = []  # hoisting.Split objects whose memo holds this run
         self.memo_blocks: list = []  # blocks that remember cache hits of this run (C)
         # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)
