@@ -408,8 +408,6 @@ def run_batch(nodes: list, stats) -> None:
             n > 1
             and op.extra.get("pure")
             and config.DISTINCT_ROWS
-            and _native is not None
-            and type(nodes) is list
             and _reads_shared(n0)
             and _distinct(nodes, n, stats, t0)
         ):
@@ -473,7 +471,10 @@ def _distinct(nodes: list, n: int, stats, t0: float) -> bool:
     order = sorted(range(len(n0.inputs)), key=lambda j: id(n0.inputs[j].node.outs) in shared)
     columns = []
     for j in order:
-        slots = _native.column(nodes, j)[1]
+        if _native is not None and type(nodes) is list:
+            slots = _native.column(nodes, j)[1]
+        else:
+            slots = _slots([nd.inputs[j] for nd in nodes])
         if len(set(slots)) == n:
             return False
         columns.append(slots)
