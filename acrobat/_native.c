@@ -2692,6 +2692,72 @@ none:
     Py_RETURN_NONE;
 }
 
+/* element_repeats(column, op) -> (rep, inverse) or None: each element of a loop's
+ * sequence must be output ``idx`` of a node of ``op`` (a loop over one sequence of
+ * Python ints appending one value a step: scan.Scan.value_map), made from the int at
+ * ``idx`` of that node's first argument; ``rep``: the position of the first element of
+ * each distinct int, in order, ``inverse``: each element's index into ``rep``
+ * (scan.Scan.element_keys) */
+static PyObject *element_repeats(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 2 || !PyList_Check(a[0])) {
+        PyErr_SetString(PyExc_TypeError, "element_repeats(column: list, op)");
+        return NULL;
+    }
+    PyObject *column = a[0], *op = a[1];
+    Py_ssize_t m = PyList_GET_SIZE(column);
+    PyObject *seen = PyDict_New(), *rep = PyList_New(0), *inverse = PyList_New(m);
+    if (seen == NULL || rep == NULL || inverse == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *t = PyList_GET_ITEM(column, i), *nd, *args, *seq, *v, *at;
+        if (!IS_LAZY(t)) goto none;
+        nd = ((LazyObject *)t)->node;
+        if (nd == NULL || !IS_NODE(nd) || ((NodeObject *)nd)->op != op) goto none;
+        args = ((NodeObject *)nd)->args;
+        if (args == NULL || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) < 1) goto none;
+        seq = PyTuple_GET_ITEM(args, 0);
+        Py_ssize_t idx = PyLong_AsSsize_t(((LazyObject *)t)->idx);
+        if (idx == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            goto none;
+        }
+        if (PyList_Check(seq)) {
+            if (idx < 0 || idx >= PyList_GET_SIZE(seq)) goto none;
+            v = PyList_GET_ITEM(seq, idx);
+        } else if (PyTuple_Check(seq)) {
+            if (idx < 0 || idx >= PyTuple_GET_SIZE(seq)) goto none;
+            v = PyTuple_GET_ITEM(seq, idx);
+        } else {
+            goto none;
+        }
+        if (!PyLong_CheckExact(v)) goto none;  /* (not a bool, not a float: -0.0 == 0.0) */
+        PyObject *got = PyDict_GetItemWithError(seen, v);  /* borrowed */
+        if (got == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            /* a new int: this element is its first */
+            got = PyLong_FromSsize_t(PyList_GET_SIZE(rep));
+            PyObject *pos = PyLong_FromSsize_t(i);
+            int bad = got == NULL || pos == NULL || PyDict_SetItem(seen, v, got) < 0 ||
+                      PyList_Append(rep, pos) < 0;
+            Py_XDECREF(pos);
+            Py_XDECREF(got);  /* (the dict holds it) */
+            if (bad) goto fail;
+        }
+        PyList_SET_ITEM(inverse, i, Py_NewRef(got));
+    }
+    Py_DECREF(seen);
+    return Py_BuildValue("(NN)", rep, inverse);
+none:
+    Py_DECREF(seen);
+    Py_DECREF(rep);
+    Py_DECREF(inverse);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(seen);
+    Py_XDECREF(rep);
+    Py_XDECREF(inverse);
+    return NULL;
+}
+
 /* place_rows(nodes, rows, base): each node's row is rows[i] and its slot base + rows[i]
  * (executor._in_place_rows: a batch whose outputs are whole tables) */
 static PyObject *place_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
@@ -3103,6 +3169,9 @@ static PyMethodDef methods[] = {
     {"lookup_rows", (PyCFunction)(void (*)(void))lookup_rows, METH_FASTCALL,
      "lookup_rows(nodes, size) -> the torch.tensor(i) index of each node's first input, "
      "or None"},
+    {"element_repeats", (PyCFunction)(void (*)(void))element_repeats, METH_FASTCALL,
+     "element_repeats(column, op) -> (first position of each distinct int the loop "
+     "elements were made from, each element's index into those), or None"},
     {"place_rows", (PyCFunction)(void (*)(void))place_rows, METH_FASTCALL,
      "place_rows(nodes, rows, base): row rows[i] and slot base + rows[i] of each node"},
     {"heights", (PyCFunction)heights, METH_O,

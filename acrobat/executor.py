@@ -535,13 +535,16 @@ def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
     xs = [gather([nd.inputs[j] for nd in nodes], n, stats, (op, j)) for j in range(scan.fixed)]
     active = looping([nd.data for nd in nodes])
     elements = None
+    repeats: dict | None = {} if config.DISTINCT_ROWS and scan.repeats_wanted() else None
     if scan.sequences:
         elements = scan.elements(
-            nodes, active, lambda c, rows, slots: gather(c, rows, stats, slots=slots)
+            nodes, active, lambda c, rows, slots: gather(c, rows, stats, slots=slots), repeats
         )
+    if repeats:
+        stats.shared += sum(found[2] for found in repeats.values())
     t1 = time.perf_counter()
     try:
-        outs = scan.run(xs, active, elements)
+        outs = scan.run(xs, active, elements, repeats)
     except Exception as exc:
         _explain_failure(nodes, exc)
         raise

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 class Stats:
     """``nodes`` recorded (``dead`` of them never executed: nothing could read them;
-    ``shared`` of them given the row of another node of their batch with the same operand
-    rows, config.DISTINCT_ROWS),
+    ``shared``: nodes given the row of another node of their batch with the same operand
+    rows, and loop elements whose hoisted part another equal element's row gave,
+    config.DISTINCT_ROWS),
     ``batches`` executed, kernel ``launches`` (torch calls issued by
     batched rules, a block counting its inner ops), ``gathers`` (copies made to collect
     operands; views are free) and their bytes, fiber ``suspensions`` and ``flushes``, and
@@ -39,7 +40,7 @@ class Stats:
         self.gathers_fused = self.suspensions = self.flushes = self.instances = 0
         self.batches_lower_bound = 0  # computed only with config.VERIFY or DEBUG
         self.dead = 0  # recorded nodes nothing could read: not executed (config.PRUNE_DEAD)
-        self.shared = 0  # nodes given another's row: same op, same operand rows (DISTINCT_ROWS)
+        self.shared = 0  # nodes / loop elements given another's row (DISTINCT_ROWS)
         self.t_record = self.t_schedule = self.t_gather = self.t_kernel = self.t_total = 0.0
         self.by_op: dict[str, list[int]] = {}  # op name -> [batches, nodes]
 

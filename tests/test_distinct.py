@@ -12,6 +12,7 @@ from torch import nn
 
 import acrobat
 from acrobat import config
+from acrobat.tensor import _native
 from tests.helpers import check_grads, check_map
 
 H = 8
@@ -139,3 +140,117 @@ def test_off_shares_nothing_and_matches(monkeypatch):
     with torch.no_grad():
         stats = check_map(encode_tree, batch, model=model)
     assert stats.shared == 0
+
+
+# ---- a loop's hoisted part over elements made from equal ints -------------------------
+
+
+class Tagger(nn.Module):
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.emb = nn.Embedding(WORDS, H)
+        self.wx = nn.Linear(H, H)
+        self.wh = nn.Linear(H, H, bias=False)
+        self.vx = nn.Linear(H, H)
+        self.vh = nn.Linear(H, H, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+
+def elman(wx, wh, x, h):  # W_x x is hoisted out of the loop: one GEMM for all steps
+    return torch.tanh(wx(x) + wh(h))
+
+
+def run_loop(wx, wh, xs):
+    h = torch.zeros(H)
+    states = []
+    for x in xs:
+        h = elman(wx, wh, x, h)
+        states.append(h)
+    return states
+
+
+def run_loop_reading_x(wx, wh, xs):  # the step reads x besides W_x x
+    h = torch.zeros(H)
+    states = []
+    for x in xs:
+        h = torch.tanh(wx(x) + wh(h)) * torch.sigmoid(x)
+        states.append(h)
+    return states
+
+
+def run_noisy_loop(model, xs):
+    h = torch.zeros(H)
+    states = []
+    for x in xs:
+        h = torch.tanh(model.wx(model.dropout(x)) + model.wh(h))
+        states.append(h)
+    return states
+
+
+@acrobat.autobatch
+def tag(words, model):
+    xs = [model.emb(torch.tensor(w)) for w in words]
+    forward = run_loop(model.wx, model.wh, xs)
+    backward = run_loop(model.vx, model.vh, xs[::-1])[::-1]
+    return torch.stack([f + b for f, b in zip(forward, backward)])
+
+
+@acrobat.autobatch
+def tag_reading_x(words, model):
+    xs = [model.emb(torch.tensor(w)) for w in words]
+    return torch.stack(run_loop_reading_x(model.wx, model.wh, xs))
+
+
+@acrobat.autobatch
+def tag_noisy(words, model):
+    xs = [model.emb(torch.tensor(w)) for w in words]
+    return torch.stack(run_noisy_loop(model, xs))
+
+
+sentences = st.lists(
+    st.lists(st.integers(0, WORDS - 1), min_size=1, max_size=12), min_size=1, max_size=12
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=sentences)
+def test_loops_over_repeated_words_match_eager(batch):
+    torch.manual_seed(5)
+    model = Tagger().eval()
+    with torch.no_grad():
+        stats = check_map(tag, batch, model=model)
+        check_map(tag_reading_x, batch, model=model)
+    assert stats.shared <= 2 * sum(len(s) for s in batch)  # (what it found, if anything)
+
+
+@pytest.mark.skipif(_native is None, reason="loop repeats are found by acrobat._native")
+def test_each_directions_projection_runs_once_per_word():
+    torch.manual_seed(6)
+    model = Tagger().eval()
+    batch = [[(i + j) % WORDS for j in range(3 + i % 7)] for i in range(24)]
+    words = sum(len(s) for s in batch)
+    with torch.no_grad():
+        stats = check_map(tag, batch, model=model)
+        reading = check_map(tag_reading_x, batch, model=model)
+    assert stats.shared == 2 * (words - WORDS)  # every word but the first of each kind
+    assert reading.shared == words - WORDS  # (the step's own x read as gathered)
+
+
+@pytest.mark.skipif(_native is None, reason="loop repeats are found by acrobat._native")
+def test_loop_gradients_through_repeated_words_match_eager():
+    torch.manual_seed(7)
+    model = Tagger()
+    batch = [[(i * j) % WORDS for j in range(2 + i % 9)] for i in range(20)]
+    # (sums of ~200 float32 terms: the eager loop's own order differs, with or without)
+    stats = check_grads(tag, batch, model, atol=2e-4, rtol=1e-4, model=model)
+    assert stats.shared > 0
+
+
+def test_a_draw_per_element_is_never_shared():
+    torch.manual_seed(8)
+    model = Tagger(dropout=0.5).train()
+    batch = [[j % WORDS for j in range(10)] for _ in range(16)]
+    with torch.no_grad():
+        out, stats = tag_noisy.map(batch, stats=True, model=model)
+    assert stats.shared == 0
+    assert len({tuple(o[0].tolist()) for o in out}) > 1  # one mask per instance's word
