@@ -158,7 +158,8 @@ class Scan:
         else:
             steps = zip(*[seqs[j] for j in lazy])
             node_inputs = inputs[s:] + [x for step in steps for x in step]
-        values = tuple([seqs[j] for j in self.values]) if self.values else None
+        # (copies: the instance may change its list of numbers before the loop runs)
+        values = tuple([tuple(seqs[j]) for j in self.values]) if self.values else None
         info = self.trace.info
         node = graph.add_node(rt, self.op, None, values, None, node_inputs, info, self.sig)
         node.data = count

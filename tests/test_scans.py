@@ -596,3 +596,24 @@ def test_the_c_dispatcher_takes_the_common_loops_and_matches_python(sentences, s
         _close(py, ref)
     sites = {id(s) for s in python_calls}
     assert len(python_calls) == len(sites), "a loop site reached Python twice in one map"
+
+
+_table = nn.Embedding(10, DIM)
+
+
+@acrobat.autobatch
+def looks_up_then_edits(words):
+    xs = [_table(torch.tensor(w)) for w in words]  # a loop over Python numbers
+    words[0] = 9  # the instance's list changes before the loop has run
+    words.append(0)
+    return torch.stack(xs)
+
+
+def test_a_loop_over_numbers_reads_them_as_they_were():
+    batch = [[1, 2, 3], [4, 5], [6]]
+    with torch.no_grad():
+        want = [looks_up_then_edits.eager(list(w)) for w in batch]
+        got, stats = looks_up_then_edits.map([list(w) for w in batch], stats=True)
+    assert any(name.startswith("scan:") for name in stats.by_op)  # (the loop outlined)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
