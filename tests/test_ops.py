@@ -2415,3 +2415,26 @@ def test_a_tensor_method_without_a_row_raises_clearly():
     with pytest.raises(acrobat.UnsupportedOpError, match=r"Tensor\.logcumsumexp") as err:
         f.map([torch.randn(3)])
     assert isinstance(err.value, AttributeError)  # hasattr(x, "logcumsumexp") is False
+
+
+@acrobat.autobatch
+def _gathers_growing_rows(x, picks):
+    chosen: list = []
+    outs = []
+    for p in picks:  # the list grows after each use, as a selection loop's would
+        chosen.append(p)
+        outs.append(x[chosen].sum(0))
+        nested = [chosen, [0] * len(chosen)]
+        outs.append(x[nested[0]][:, :1].sum() + x[0, nested[1]].sum())
+    return torch.stack([o.sum() for o in outs])
+
+
+@settings(max_examples=20, deadline=None)
+@given(picks=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), min_size=1, max_size=6))
+def test_indexing_lists_changed_afterwards_keep_their_positions(picks):
+    xs = [torch.randn(5, 3) for _ in picks]
+    with torch.no_grad():
+        got = _gathers_growing_rows.map(xs, picks)
+        want = [_gathers_growing_rows.eager(x, p) for x, p in zip(xs, picks)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
