@@ -748,6 +748,18 @@ static PyObject *lazy_range(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
 
 static PyObject *freeze_fn;         /* graph.freeze */
 static PyObject *freeze_kwargs_fn;  /* graph.freeze_kwargs */
+static PyObject *copy_lists_fn;  /* graph.copy_lists */
+
+/* Whether ``x`` is a list, or a tuple holding one: an argument the instance may change
+ * after the call, which the node must not see (graph.copy_lists) */
+static inline int holds_list(PyObject *x) {
+    if (PyList_CheckExact(x)) return 1;
+    if (PyTuple_CheckExact(x)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(x); i++)
+            if (PyList_CheckExact(PyTuple_GET_ITEM(x, i))) return 1;
+    }
+    return 0;
+}
 static PyObject *infer_fn;          /* graph.infer */
 static PyObject *wrap_outputs_fn;   /* graph.wrap_outputs */
 static PyObject *s_sig_info;
@@ -777,6 +789,8 @@ static PyObject *record_node(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     PyObject *inputs = PyList_New(0), *parts = NULL, *sig = NULL, *sig_info = NULL,
              *info = NULL, *out = NULL;
     NodeObject *nd = NULL;
+    PyObject *copied = NULL;  /* (args, kwargs) with their lists copied, where any */
+    int lists = 0;
     if (inputs == NULL) return NULL;
     parts = PyTuple_New(nargs);
     if (parts == NULL) goto done;
@@ -790,6 +804,7 @@ static PyObject *record_node(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
             part = x;
             Py_INCREF(part);
         } else {
+            lists |= holds_list(x);
             part = PyObject_CallFunctionObjArgs(freeze_fn, x, inputs, NULL);
             if (part == NULL) goto done;
         }
@@ -797,6 +812,17 @@ static PyObject *record_node(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     }
     int has_kwargs = kwargs != Py_None && PyObject_IsTrue(kwargs);
     if (has_kwargs < 0) goto done;
+    if (has_kwargs && PyDict_Check(kwargs)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(kwargs, &pos, &k, &v)) lists |= holds_list(v);
+    }
+    if (lists) {  /* the node keeps copies: x[chosen], then chosen.append(i) */
+        copied = PyObject_CallFunctionObjArgs(copy_lists_fn, args, kwargs, NULL);
+        if (copied == NULL) goto done;
+        args = PyTuple_GET_ITEM(copied, 0);
+        kwargs = PyTuple_GET_ITEM(copied, 1);
+    }
     if (has_kwargs) {
         PyObject *kw = PyObject_CallFunctionObjArgs(freeze_kwargs_fn, kwargs, inputs, NULL);
         if (kw == NULL) goto done;
@@ -825,6 +851,7 @@ done:
     Py_XDECREF(sig_info);
     Py_XDECREF(sig);
     Py_XDECREF(parts);
+    Py_XDECREF(copied);
     Py_DECREF(inputs);
     return out;
 }
@@ -1978,8 +2005,9 @@ static PyObject *setup_calls(PyObject *mod, PyObject *args) {
 }
 
 static PyObject *setup_record(PyObject *mod, PyObject *args) {
-    PyObject *f, *fk, *inf, *wo;
-    if (!PyArg_ParseTuple(args, "OOOO", &f, &fk, &inf, &wo)) return NULL;
+    PyObject *f, *fk, *inf, *wo, *cl;
+    if (!PyArg_ParseTuple(args, "OOOOO", &f, &fk, &inf, &wo, &cl)) return NULL;
+    Py_INCREF(cl); Py_XSETREF(copy_lists_fn, cl);
     Py_INCREF(f); Py_XSETREF(freeze_fn, f);
     Py_INCREF(fk); Py_XSETREF(freeze_kwargs_fn, fk);
     Py_INCREF(inf); Py_XSETREF(infer_fn, inf);
@@ -2708,7 +2736,7 @@ static PyObject *element_repeats(PyObject *mod, PyObject *const *a, Py_ssize_t n
     PyObject *seen = PyDict_New(), *rep = PyList_New(0), *inverse = PyList_New(m);
     if (seen == NULL || rep == NULL || inverse == NULL) goto fail;
     for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *t = PyList_GET_ITEM(column, i), *nd, *args, *seq, *v, *at;
+        PyObject *t = PyList_GET_ITEM(column, i), *nd, *args, *seq, *v;
         if (!IS_LAZY(t)) goto none;
         nd = ((LazyObject *)t)->node;
         if (nd == NULL || !IS_NODE(nd) || ((NodeObject *)nd)->op != op) goto none;

@@ -552,15 +552,37 @@ def record(op, func, args: tuple, kwargs: dict):
             "live inside the f.map call that made them"
         )
     if rt.tracer is not None:
-        return rt.tracer.record(op, func, args, kwargs)
+        return rt.tracer.record(op, func, *copy_lists(args, kwargs))
     if _native is not None and type(args) is tuple:  # the same steps in C
         return _native.record_node(rt, op, func, args, kwargs)
+    args, kwargs = copy_lists(args, kwargs)
     inputs: list[LazyTensor] = []
     sig = signature(func, args, kwargs, inputs)
     info = rt.sig_info.get(sig)
     if info is None:
         info = rt.sig_info[sig] = infer(op, func, args, kwargs, rt)
     return wrap_outputs(add_node(rt, op, func, args, kwargs, inputs, info, sig), info)
+
+
+def copy_lists(args: tuple, kwargs):
+    """``(args, kwargs)`` with every list in them copied (nested ones too): a node keeps
+    the arguments its batch runs with until the flush, and the instance may change a
+    list it passed in the meantime (``x[chosen]``, then ``chosen.append(i)``; a
+    ``permute(dims)`` list reversed afterwards), which eager has already used."""
+    if any(type(a) is list or type(a) is tuple for a in args):
+        args = tuple([_copied(a) for a in args])
+    if kwargs and any(type(v) is list or type(v) is tuple for v in kwargs.values()):
+        kwargs = {k: _copied(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _copied(a):
+    t = type(a)
+    if t is list:
+        return [_copied(x) for x in a]
+    if t is tuple:
+        return tuple([_copied(x) for x in a])
+    return a
 
 
 def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
@@ -733,7 +755,7 @@ def lint(buckets: dict) -> None:
 _py_add_node = add_node
 if _native is not None:
     _native.setup(Node, LazyTensor, _check_inputs, config, type_key)
-    _native.setup_record(freeze, freeze_kwargs, infer, wrap_outputs)
+    _native.setup_record(freeze, freeze_kwargs, infer, wrap_outputs, copy_lists)
     _native.setup_shortcuts(record)
     has_lazy = _native.has_lazy
     add_node = _native.add_node  # type: ignore[assignment]

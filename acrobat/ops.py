@@ -939,20 +939,7 @@ def _special_getitem(func, args, kwargs):
                 "torch.where(mask, x, 0) or x.masked_fill(mask.logical_not(), 0), or read "
                 "the mask with mask.tolist() and index with the positions"
             )
-    if type(idx) is list or (type(idx) is tuple and list in map(type, idx)):
-        args = (base, _copy_lists(idx))  # (the instance may change its list afterwards)
     return record(GETITEM, func, args, kwargs)
-
-
-def _copy_lists(idx):
-    """An index with its lists copied (nested ones too): the node keeps the positions as
-    they were when the instance indexed, as eager used them (``chosen.append(i)`` after
-    ``x[chosen]``, in a loop, must not change the earlier steps' rows)."""
-    if type(idx) is list:
-        return [_copy_lists(i) for i in idx]
-    if type(idx) is tuple:
-        return tuple(_copy_lists(i) for i in idx)
-    return idx
 
 
 def _basic_index(idx) -> bool:

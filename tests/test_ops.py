@@ -2438,3 +2438,33 @@ def test_indexing_lists_changed_afterwards_keep_their_positions(picks):
         want = [_gathers_growing_rows.eager(x, p) for x, p in zip(xs, picks)]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+_LIST_ARG_OPS = {  # op(x, list) and how the instance changes the list after the call
+    "permute": (lambda x, l: x.reshape(2, 3).permute(l), [1, 0], list.reverse),
+    "repeat": (lambda x, l: x.repeat(l), [2], lambda l: l.__setitem__(0, 3)),
+    "pad": (lambda x, l: F.pad(x, l), [1, 2], lambda l: l.__setitem__(0, 3)),
+    "pad_kw": (lambda x, l: F.pad(x, pad=l), [1, 2], lambda l: l.append(1)),
+    "split": (lambda x, l: torch.split(x, l)[0], [2, 4], list.reverse),
+    "flip": (lambda x, l: x.reshape(2, 3).flip(l), [0], lambda l: l.__setitem__(0, 1)),
+    "sum": (lambda x, l: x.reshape(2, 3).sum(l), [0], lambda l: l.__setitem__(0, 1)),
+    "roll": (lambda x, l: x.roll(l), [1], lambda l: l.__setitem__(0, 2)),
+    "cat": (lambda x, l: torch.cat(l), None, list.reverse),  # a list of lazy parts
+    "tuple_of_lists": (lambda x, l: x.reshape(2, 3)[(l, [0, 0])], [1, 0], list.reverse),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LIST_ARG_OPS))
+def test_list_arguments_changed_after_the_call_keep_their_values(name):
+    op, values, change = _LIST_ARG_OPS[name]
+
+    @acrobat.autobatch
+    def f(x):
+        arg = [x[:2] * 2, x[2:]] if values is None else list(values)
+        y = op(x, arg)
+        change(arg)  # eager has used the list already
+        return y * 1
+
+    xs = [torch.randn(6) for _ in range(3)]
+    with torch.no_grad():
+        check_map(f, xs)
