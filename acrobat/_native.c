@@ -748,7 +748,9 @@ static PyObject *lazy_range(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
 
 static PyObject *freeze_fn;         /* graph.freeze */
 static PyObject *freeze_kwargs_fn;  /* graph.freeze_kwargs */
-static PyObject *copy_lists_fn;  /* graph.copy_lists */
+static PyObject *copy_lists_fn;     /* graph.copy_lists */
+static PyObject *infer_fn;          /* graph.infer */
+static PyObject *wrap_outputs_fn;   /* graph.wrap_outputs */
 
 /* Whether ``x`` is a list, or a tuple holding one: an argument the instance may change
  * after the call, which the node must not see (graph.copy_lists) */
@@ -760,8 +762,6 @@ static inline int holds_list(PyObject *x) {
     }
     return 0;
 }
-static PyObject *infer_fn;          /* graph.infer */
-static PyObject *wrap_outputs_fn;   /* graph.wrap_outputs */
 static PyObject *s_sig_info;
 
 /* The outputs of ``node``: lazy1 for one output, else graph.wrap_outputs. */
@@ -2723,9 +2723,9 @@ none:
 /* element_repeats(column, op) -> (rep, inverse) or None: each element of a loop's
  * sequence must be output ``idx`` of a node of ``op`` (a loop over one sequence of
  * Python ints appending one value a step: scan.Scan.value_map), made from the int at
- * ``idx`` of that node's first argument; ``rep``: the position of the first element of
- * each distinct int, in order, ``inverse``: each element's index into ``rep``
- * (scan.Scan.element_keys) */
+ * ``idx`` of that node's first argument (the tuple scan.Scan.record keeps); ``rep``: the
+ * position of the first element of each distinct int, in order, ``inverse``: each
+ * element's index into ``rep`` (scan.Scan._repeats) */
 static PyObject *element_repeats(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (n != 2 || !PyList_Check(a[0])) {
         PyErr_SetString(PyExc_TypeError, "element_repeats(column: list, op)");
@@ -2748,15 +2748,8 @@ static PyObject *element_repeats(PyObject *mod, PyObject *const *a, Py_ssize_t n
             PyErr_Clear();
             goto none;
         }
-        if (PyList_Check(seq)) {
-            if (idx < 0 || idx >= PyList_GET_SIZE(seq)) goto none;
-            v = PyList_GET_ITEM(seq, idx);
-        } else if (PyTuple_Check(seq)) {
-            if (idx < 0 || idx >= PyTuple_GET_SIZE(seq)) goto none;
-            v = PyTuple_GET_ITEM(seq, idx);
-        } else {
-            goto none;
-        }
+        if (!PyTuple_Check(seq) || idx < 0 || idx >= PyTuple_GET_SIZE(seq)) goto none;
+        v = PyTuple_GET_ITEM(seq, idx);
         if (!PyLong_CheckExact(v)) goto none;  /* (not a bool, not a float: -0.0 == 0.0) */
         PyObject *got = PyDict_GetItemWithError(seen, v);  /* borrowed */
         if (got == NULL) {
