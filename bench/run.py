@@ -26,6 +26,15 @@ the other left in the caches and the allocator (acrobat on DRNN small b64: 14.5 
 loop, 16.8 right after an eager pass, 13.8 with one of its own runs in between), and
 an application calls one system again and again.
 
+A ``probe`` is timed in every round too, in the shuffled order like the systems: one
+fixed two-thread product (:func:`probe`) that does not change with the code under test.
+This VM has slow spells in which two-thread GEMMs slow by up to several times while the
+eager loop's tiny ops and DyNet's one thread do not (TreeLSTM small b8 once measured
+acrobat on its plain code at 4.2-49 ms over ten rounds against 3.4-3.7 alone, eager
+steady at 20): the report gives each configuration's probe median over the run's
+fastest (``machine``, 1.00 = the fastest state seen), so a reader can tell which
+configurations ran in a slow spell. ``--no-probe`` leaves it out.
+
 Writes ``<out>.md`` (also printed) and ``<out>.json``.
 """
 
@@ -88,6 +97,21 @@ class Measurement:
     @property
     def min_ms(self) -> float:
         return min(self.times_ms) if self.times_ms else math.nan
+
+
+#: The probe's product: (rows, K) x (K, N), ~0.4 ms on two threads of this VM.
+PROBE_SHAPE = (128, 512, 512)
+
+
+def probe(seed: int = 0) -> Callable[[], list]:
+    """The probe run: ``torch.addmm`` of fixed random operands (its own, made once), whose
+    time depends on the machine's state only."""
+    rows, k, n = PROBE_SHAPE
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen, device="cpu")
+    w = torch.randn(n, k, generator=gen, device="cpu")
+    b = torch.randn(n, generator=gen, device="cpu")
+    return lambda: [torch.addmm(b, x, w.t())]
 
 
 def acrobat_stats() -> dict | None:
@@ -278,6 +302,9 @@ def bench_case(
                 runs[system] = timed(system, fn)
             except Exception as error:  # one failing system must not stop the benchmark
                 fail(system, error)
+        if args.probe:  # timed in turn with the systems: the machine's state, per round
+            measurements["probe"] = Measurement(name, size, batch, "probe", [])
+            runs["probe"] = timed("probe", probe(args.seed))
         acrobat.fusion.wait_compiled()  # kernels compiled in the background are not timed
         if (
             args.dynet
@@ -329,7 +356,9 @@ def bench_case(
         systems["eager"]()
         want_grads = gradients(task)
     for system, measurement in measurements.items():
-        if measurement.error is None:
+        if system == "probe":  # (its own product, not the task's outputs)
+            measurement.ok, measurement.max_abs_diff = measurement.error is None, 0.0
+        elif measurement.error is None:
             check = outputs_close(outputs[system], reference, atol=args.atol, rtol=args.rtol)
             measurement.ok, measurement.max_abs_diff = check.ok, check.max_abs_diff
             if want_grads is not None and system in systems:
@@ -387,9 +416,17 @@ def summarize(measurements: list[Measurement]) -> list[dict]:
             "dynet_best": dynet_best.system if dynet_best else None,
             "vs_hand": speedup(acro, systems.get("hand")),
             "vs_plain": speedup(acro, systems.get("acrobat-plain")),
+            "probe_ms": _probe_ms(systems.get("probe")),
             "stats": acro.stats if acro else None,
         })  # fmt: skip
+    fastest = min((r["probe_ms"] for r in rows if r["probe_ms"] is not None), default=None)
+    for row in rows:  # the probe's median over the run's fastest: 1.00 = the fastest state
+        row["machine"] = row["probe_ms"] / fastest if fastest and row["probe_ms"] else None
     return rows
+
+
+def _probe_ms(m: Measurement | None) -> float | None:
+    return m.median_ms if m is not None and not m.error and m.times_ms else None
 
 
 def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -416,6 +453,9 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
             error = m.error.splitlines()[0][:80].replace("|", "\\|")
             times.append([*case, "—", "—", "—", "—", f"error: {error}"])
             continue
+        if m.system == "probe":  # (not a system: no speedup, nothing to check)
+            times.append([*case, _num(m.median_ms), _num(m.min_ms), "—", "—", "—"])
+            continue
         gain = speedup(acrobat.get((m.model, m.size, m.batch)), m)
         check = "yes" if m.ok else "**NO**"
         times.append(
@@ -435,7 +475,8 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
              _num(row["vs_eager"], suffix="x"), dynet, _num(row["vs_hand"], suffix="x"),
              _num(row["vs_plain"], suffix="x"),
              *(_num(stats.get(key), 0) for key in ("nodes", "batches", "launches", "gathers")),
-             _num(stats.get("us_per_node")), " / ".join(split) if stats else "—"]
+             _num(stats.get("us_per_node")), " / ".join(split) if stats else "—",
+             _num(row.get("machine"))]
         )  # fmt: skip
 
     lines = [
@@ -475,10 +516,20 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
         *md_table(
             ["model", "size", "batch", "acrobat ms", "vs eager", "vs dynet-best", "vs hand",
              "vs acrobat-plain", "nodes", "batches", "launches", "gathers", "µs/node",
-             "record / schedule / gather / kernel ms"],
+             "record / schedule / gather / kernel ms", "machine"],
             speedups, left=3,
         ),
     ]  # fmt: skip
+    if any(row.get("machine") is not None for row in summary):
+        rows, k, n = PROBE_SHAPE
+        lines += [
+            "",
+            f"machine = the median of the probe (`torch.addmm`, {rows} x {k} -> {n}, on "
+            f"{config['threads']} threads, timed in every round in turn with the systems) "
+            "over its fastest median in this run: 1.00 is the fastest state of the machine "
+            "seen, 1.30 a configuration timed while the same two-thread product took 30% "
+            "longer.",
+        ]
     if not any(row["stats"] for row in summary):
         lines += ["", "(`acrobat.stats()` is not available: no runtime statistics.)"]
     return "\n".join(lines) + "\n"
@@ -530,6 +581,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--atol", type=float, default=1e-4)
     parser.add_argument("--rtol", type=float, default=1e-4)
     parser.add_argument("--no-dynet", dest="dynet", action="store_false", help="skip DyNet")
+    parser.add_argument(
+        "--no-probe", dest="probe", action="store_false",
+        help="skip the probe (a fixed product timed each round: the machine's state)",
+    )  # fmt: skip
     parser.add_argument(
         "--train", action="store_true",
         help="time training steps (forward + backward of the outputs' sum): acrobat and "

@@ -7,6 +7,7 @@ eager stub of acrobat it holds trivially, with the runtime it is the real check.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 
 import pytest
@@ -150,12 +151,21 @@ def test_bench_harness_writes_report(tmp_path, monkeypatch):
     out = tmp_path / "results"
     args = ["--models", "birnn", "--sizes", "small", "--batches", "2", "--reps", "1"]
     measurements = run.main([*args, "--warmup", "0", "--no-dynet", "--out", str(out)])
-    systems = {"acrobat", "acrobat-fused", "acrobat-plain", "eager", "hand"}
+    systems = {"acrobat", "acrobat-fused", "acrobat-plain", "eager", "hand", "probe"}
     assert {m.system for m in measurements} == systems
     assert all(m.ok and m.error is None for m in measurements)
     report = (tmp_path / "results.md").read_text()
     assert "| birnn | small | 2 | acrobat |" in report and "| 100 |" in report
-    assert (tmp_path / "results.json").exists()
+    # the probe's row has its time and nothing to compare; the machine column is 1.00 for
+    # the run's only (so fastest) configuration
+    assert "| birnn | small | 2 | probe |" in report and "| — | — | — |" in report
+    lines = report.splitlines()
+    assert lines[lines.index("## acrobat (blocks) vs the others") + 4].endswith("| 1.00 |")
+    payload = json.loads((tmp_path / "results.json").read_text())
+    assert payload["summary"][0]["machine"] == 1.0 and payload["summary"][0]["probe_ms"] > 0
+    measurements = run.main([*args, "--warmup", "0", "--no-dynet", "--no-probe", "--out", str(out)])
+    assert "probe" not in {m.system for m in measurements}
+    assert "machine =" not in (tmp_path / "results.md").read_text()
 
 
 def test_bench_training_steps_check_gradients(tmp_path, monkeypatch):
@@ -166,7 +176,7 @@ def test_bench_training_steps_check_gradients(tmp_path, monkeypatch):
     out = tmp_path / "train"
     args = ["--models", "treelstm", "--sizes", "small", "--batches", "3", "--reps", "1"]
     measurements = run.main([*args, "--warmup", "0", "--train", "--out", str(out)])
-    assert {m.system for m in measurements} == {"acrobat", "acrobat-plain", "eager"}
+    assert {m.system for m in measurements} == {"acrobat", "acrobat-plain", "eager", "probe"}
     assert all(m.ok and m.error is None for m in measurements)
     assert "Training steps" in (tmp_path / "train.md").read_text()
 
@@ -179,4 +189,4 @@ def test_bench_training_steps_check_gradients(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "gradients", off_by_one_percent)
     measurements = run.main([*args, "--warmup", "0", "--train", "--out", str(out)])
     verdict = {m.system: m.ok for m in measurements}
-    assert verdict == {"acrobat": True, "acrobat-plain": False, "eager": True}
+    assert verdict == {"acrobat": True, "acrobat-plain": False, "eager": True, "probe": True}
