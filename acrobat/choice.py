@@ -1,7 +1,8 @@
 """Online choice among equivalent implementations (after Astra, online and
 work-conserving): for each key (an op's signature and a batch-size bucket) the first calls
-run the candidates in turn on the REAL work, timing each; once every candidate has
-``TRIALS`` samples, the fastest median wins and is used from then on. Every trial computes
+run the candidates in turn on the REAL work, timing each (per row, where the caller
+says how many a call has); once every candidate has ``TRIALS`` samples, the fastest
+median wins and is used from then on. Every trial computes
 the real result, so exploring costs only the slower candidates' extra time.
 
 Decisions live in memory per process; with ``config.CHOICE_CACHE`` set to a file path they
@@ -48,8 +49,17 @@ class Chooser:
         self._loaded_from: str | None = None
         self.saved: dict = {}
 
-    def run(self, key, variants: dict[str, Callable], device: torch.device | None = None):
-        """Run the chosen (or next trial) variant for ``key``; returns its result."""
+    def run(
+        self,
+        key,
+        variants: dict[str, Callable],
+        device: torch.device | None = None,
+        work: int | None = None,
+    ):
+        """Run the chosen (or next trial) variant for ``key``; returns its result.
+        ``work``: the size of this call within its key's bucket (a GEMM's rows): trials
+        are compared per unit of it. A bucket spans up to 2x in rows (65-128), and raw
+        times let a variant win because its trials met the bucket's smaller batches."""
         name = self.decided.get(key)
         if name is None and config.CHOICE_CACHE and _stable(key):
             saved = self.lookup_saved(key, device)
@@ -72,7 +82,8 @@ class Chooser:
         out = variants[name]()
         if sync:
             torch.cuda.synchronize(device)
-        entry[1].append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        entry[1].append(elapsed / work if work else elapsed)
         if all(len(times) >= self.trials for _, times in samples.values()):
             best = min(samples, key=lambda v: statistics.median(samples[v][1]))
             self.decided[key] = best

@@ -252,7 +252,7 @@ def choose(trace, n: int, fused, unfused, device):
     if config.KERNEL_BACKEND != "online":
         return fused()
     key = ("fusion", id(trace), choice.bucket(n))
-    return choice.CHOOSER.run(key, {"fused": fused, "torch": unfused}, device)
+    return choice.CHOOSER.run(key, {"fused": fused, "torch": unfused}, device, work=n)
 
 
 def reads_in_place(device) -> bool:

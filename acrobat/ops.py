@@ -138,7 +138,9 @@ def batched_linear(x, w, b=None):
         rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
         grad = gemm.records(x, w, b)  # (then the kernel's backward too: its own choice)
         key = ("linear", choice.bucket(rows), w.shape, b is None, torch.get_num_threads(), grad)
-        return _gemm_chosen(key, lambda: gemm.run_linear(x, w, b), lambda: F.linear(x, w, b))
+        return _gemm_chosen(
+            key, lambda: gemm.run_linear(x, w, b), lambda: F.linear(x, w, b), rows
+        )
     return F.linear(x, w, b)
 
 
@@ -148,7 +150,12 @@ def batched_addmm(y, x, w):
     if config.FAST_GEMM and gemm.usable_addmm(y, x, w, grad_ok=True):
         grad = gemm.records(x, w, y)
         key = ("addmm", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads(), grad)
-        return _gemm_chosen(key, lambda: gemm.run_addmm(y, x, w), lambda: torch.addmm(y, x, w.t()))
+        return _gemm_chosen(
+            key,
+            lambda: gemm.run_addmm(y, x, w),
+            lambda: torch.addmm(y, x, w.t()),
+            x.shape[0],
+        )
     return torch.addmm(y, x, w.t())
 
 
@@ -165,7 +172,10 @@ def batched_linear_tanh(x, w, b=None):
         rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
         key = ("linear_tanh", choice.bucket(rows), w.shape, b is None, torch.get_num_threads())
         return _gemm_chosen(
-            key, lambda: gemm.run_linear_tanh(x, w, b), lambda: unary.tanh(F.linear(x, w, b))
+            key,
+            lambda: gemm.run_linear_tanh(x, w, b),
+            lambda: unary.tanh(F.linear(x, w, b)),
+            rows,
         )
     return batched_tanh(batched_linear(x, w, b))
 
@@ -178,6 +188,7 @@ def batched_addmm_tanh(y, x, w):
             key,
             lambda: gemm.run_addmm_tanh(y, x, w),
             lambda: unary.tanh(torch.addmm(y, x, w.t())),
+            x.shape[0],
         )
     return batched_tanh(batched_addmm(y, x, w))
 
@@ -211,12 +222,13 @@ def batched_lookup_linear(idx, table, w, b, start, stop, rest, options=None):
     return batched_addmm(entry[2].index_select(0, idx), rest, left)
 
 
-def _gemm_chosen(key, kernel, torch_gemm):
-    """``kernel()`` or ``torch_gemm()``, as decided for ``key``; the next trial until then."""
+def _gemm_chosen(key, kernel, torch_gemm, rows: int):
+    """``kernel()`` or ``torch_gemm()``, as decided for ``key``; the next trial until then
+    (trials timed per row: ``rows`` of this call)."""
     name = _GEMM_DECIDED.get(key)
     if name is not None:
         return kernel() if name == "kernel" else torch_gemm()
-    out = choice.CHOOSER.run(key, {"kernel": kernel, "torch": torch_gemm})
+    out = choice.CHOOSER.run(key, {"kernel": kernel, "torch": torch_gemm}, work=rows)
     decided = choice.CHOOSER.decided.get(key)
     if decided is not None:
         _GEMM_DECIDED[key] = decided
@@ -484,6 +496,7 @@ def matmul_rule(node, xs, n):
                     B.device,
                     lambda: torch.matmul(A.unsqueeze(1), B).squeeze(1),
                     lambda: (A.unsqueeze(-1) * B).sum(-2),
+                    work=n,
                 ),
             )
         if an == 2 and bn == 1:
@@ -497,6 +510,7 @@ def matmul_rule(node, xs, n):
                     # transposed view is 2-5x faster than either above on CPU (64 x 64
                     # matrices, 64 rows: 15 us against 28 and 74)
                     lambda: torch.bmm(B.unsqueeze(1), A.transpose(1, 2)).squeeze(1),
+                    work=n,
                 ),
             )
         if an == 1 and bn == 1:
@@ -504,13 +518,13 @@ def matmul_rule(node, xs, n):
     return vmap_rule(node, xs, n)
 
 
-def _choose_mv(key, device, bmm, mulsum, transposed=None):
+def _choose_mv(key, device, bmm, mulsum, transposed=None, work=None):
     if torch.is_grad_enabled():
         return bmm()  # one variant under autograd: the choice is about inference speed
     variants = {"bmm": bmm, "mulsum": mulsum}
     if transposed is not None:
         variants["bmm_t"] = transposed
-    return choice.CHOOSER.run(key, variants, device)
+    return choice.CHOOSER.run(key, variants, device, work=work)
 
 
 def linear_operands(node):

@@ -307,6 +307,7 @@ class _Product(torch.autograd.Function):
             gx = choice.CHOOSER.run(
                 ("linear_grad_x", rows, w.shape, threads),
                 {"kernel": lambda: _run(g, transposed(w), None, 0), "torch": lambda: g @ w},
+                work=x.shape[0],
             )
         if need_w:  # grad.T @ x: a product over the rows
             gw = choice.CHOOSER.run(
@@ -315,6 +316,7 @@ class _Product(torch.autograd.Function):
                     "kernel": lambda: _run(g.t().contiguous(), x.t().contiguous(), None, 0),
                     "torch": lambda: g.t() @ x,
                 },
+                work=x.shape[0],
             )
         return gx, gw, gc, None
 

@@ -75,3 +75,28 @@ def test_every_variant_is_correct():
             for g, m, v in zip(got, ms, vs):
                 torch.testing.assert_close(g, m @ v)
     assert any(k[0] == "mv" and k[1] == (5, 3) for k in choice.CHOOSER.decided)
+
+
+def test_trials_compare_time_per_row_within_a_bucket(monkeypatch):
+    """A bucket spans up to 2x in rows (65-128): trials taken in turn can meet different
+    batch sizes, so raw times would let the slower variant win on the smaller batches.
+    With ``work`` (a GEMM's rows) each trial counts per row. Fake clock: variant "a"
+    costs 1.0 per row, "b" 0.8; the calls alternate 65 and 128 rows, so "a"'s trials all
+    meet 65 rows and "b"'s 128 (raw: a 65 < b 102.4)."""
+    clock = [0.0]
+    monkeypatch.setattr(choice.time, "perf_counter", lambda: clock[0])
+
+    def variant(per_row):
+        def run():
+            clock[0] += per_row * rows[0]
+            return per_row
+
+        return run
+
+    for work, want in ((False, "a"), (True, "b")):
+        c = choice.Chooser(trials=3, warmup=0)
+        for i in range(6):
+            rows = [65 if i % 2 == 0 else 128]
+            c.run(("linear", 128), {"a": variant(1.0), "b": variant(0.8)},
+                  work=rows[0] if work else None)  # fmt: skip
+        assert c.decided[("linear", 128)] == want
