@@ -1,9 +1,9 @@
 """Online choice among equivalent implementations (after Astra, online and
 work-conserving): for each key (an op's signature and a batch-size bucket) the first calls
-run the candidates in turn on the REAL work, timing each (per row, where the caller
-says how many a call has); once every candidate has ``TRIALS`` samples, the fastest
-median wins and is used from then on. Every trial computes
-the real result, so exploring costs only the slower candidates' extra time.
+run the candidates in turn on the REAL work, timing each (per row, where the caller says
+how many a call has); once every candidate has ``TRIALS`` samples, the fastest median
+wins and is used from then on. Every trial computes the real result, so exploring costs
+only the slower candidates' extra time.
 
 Decisions live in memory per process; with ``config.CHOICE_CACHE`` set to a file path they
 are also saved and reloaded, keyed by device, torch version and the key (only keys made of

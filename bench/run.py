@@ -27,7 +27,8 @@ loop, 16.8 right after an eager pass, 13.8 with one of its own runs in between),
 an application calls one system again and again.
 
 A ``probe`` is timed in every round too, in the shuffled order like the systems: one
-fixed two-thread product (:func:`probe`) that does not change with the code under test.
+fixed product (:func:`probe`, on torch's threads) that does not change with the code
+under test.
 This VM has slow spells in which two-thread GEMMs slow by up to several times while the
 eager loop's tiny ops and DyNet's one thread do not (TreeLSTM small b8 once measured
 acrobat on its plain code at 4.2-49 ms over ten rounds against 3.4-3.7 alone, eager
@@ -527,8 +528,7 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
             f"machine = the median of the probe (`torch.addmm`, {rows} x {k} -> {n}, on "
             f"{config['threads']} threads, timed in every round in turn with the systems) "
             "over its fastest median in this run: 1.00 is the fastest state of the machine "
-            "seen, 1.30 a configuration timed while the same two-thread product took 30% "
-            "longer.",
+            "seen, 1.30 a configuration timed while the same product took 30% longer.",
         ]
     if not any(row["stats"] for row in summary):
         lines += ["", "(`acrobat.stats()` is not available: no runtime statistics.)"]
