@@ -135,7 +135,7 @@ def batched_linear(x, w, b=None):
     weight shape, bias, threads) by timing both on the first real calls
     (``choice.CHOOSER``). Rows: of every leading dimension (a batch of sequences)."""
     if config.FAST_GEMM and gemm.usable_linear(x, w, b, grad_ok=True):
-        rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
+        rows = _gemm_rows(x)
         grad = gemm.records(x, w, b)  # (then the kernel's backward too: its own choice)
         key = ("linear", choice.bucket(rows), w.shape, b is None, torch.get_num_threads(), grad)
         return _gemm_chosen(
@@ -169,7 +169,7 @@ def batched_linear_tanh(x, w, b=None):
     GEMM and the ``tanh`` apart, chosen online like :func:`batched_linear`. Where autograd
     records, the two ops (each with its backward)."""
     if config.FAST_GEMM and config.FAST_TANH and gemm.usable_linear(x, w, b):
-        rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
+        rows = _gemm_rows(x)
         key = ("linear_tanh", choice.bucket(rows), w.shape, b is None, torch.get_num_threads())
         return _gemm_chosen(
             key,
@@ -220,6 +220,11 @@ def batched_lookup_linear(idx, table, w, b, start, stop, rest, options=None):
         if len(_LOOKUP_TABLES) > 64:
             _LOOKUP_TABLES.popitem(last=False)
     return batched_addmm(entry[2].index_select(0, idx), rest, left)
+
+
+def _gemm_rows(x) -> int:
+    """The rows of a GEMM over ``x``: of every leading dimension (a batch of sequences)."""
+    return x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
 
 
 def _gemm_chosen(key, kernel, torch_gemm, rows: int):
