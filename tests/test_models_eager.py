@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 
 import pytest
@@ -190,3 +191,21 @@ def test_bench_training_steps_check_gradients(tmp_path, monkeypatch):
     measurements = run.main([*args, "--warmup", "0", "--train", "--out", str(out)])
     verdict = {m.system: m.ok for m in measurements}
     assert verdict == {"acrobat": True, "acrobat-plain": False, "eager": True, "probe": True}
+
+
+def test_bench_history_index_matches_the_kept_runs():
+    """bench/history/README.md's index rows are what bench.history_index computes from the
+    kept reports (every column but the commit's date, which needs git history)."""
+    from bench import history_index
+
+    path = os.path.join(history_index.HISTORY, "README.md")
+    with open(path) as f:
+        lines = [line.strip() for line in f if line.startswith("| `RESULTS")]
+    table = {line.split(" | ")[0]: line for line in lines}
+    kept = sorted(f for f in os.listdir(history_index.HISTORY) if f.startswith("RESULTS_"))
+    assert sorted(name.strip("| `") for name in table) == kept
+    for name in kept:
+        got = history_index.row(os.path.join(history_index.HISTORY, name)).split(" | ")
+        want = table[f"| `{name}`"].split(" | ")
+        del got[2], want[2]
+        assert got == want, name
