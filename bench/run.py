@@ -36,7 +36,10 @@ steady at 20): the report gives each configuration's probe median over the run's
 fastest (``machine``, 1.00 = the fastest state seen), so a reader can tell which
 configurations ran in a slow spell. ``--no-probe`` leaves it out.
 
-Writes ``<out>.md`` (also printed) and ``<out>.json``.
+Writes ``<out>.md`` (also printed) and ``<out>.json``; the report ends with the geometric
+means of acrobat's systems over DyNet's best, eager and hand. ``--merge A.json B.json``
+runs nothing and writes one report from several runs' records (a device's runs, each cut
+to fit one call).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ import torch
 import acrobat
 from bench.dynet_models import STRATEGIES
 from bench.dynet_models import available as dynet_available
+from bench.history_index import speedups as geomean_speedups
 from bench.registry import MODELS
 from models.common import Task, flatten, outputs_close, run_eager
 
@@ -426,6 +430,21 @@ def summarize(measurements: list[Measurement]) -> list[dict]:
     return rows
 
 
+def geomeans(measurements: list[Measurement]) -> dict[str, tuple[int, dict]]:
+    """``{system: (configurations, {"dynet"|"eager"|"hand": geometric-mean speedup})}`` for
+    acrobat's systems, from the correct, error-free measurements only."""
+    rows: dict[tuple, dict[str, float]] = {}
+    for m in measurements:
+        if m.error is None and m.ok and m.times_ms:
+            rows.setdefault((m.model, m.size, m.batch), {})[m.system] = m.median_ms
+    means = {}
+    for system in ("acrobat", "acrobat-plain", "acrobat-fused"):
+        count = sum(system in times for times in rows.values())
+        if count:
+            means[system] = (count, geomean_speedups(rows, system))
+    return means
+
+
 def _probe_ms(m: Measurement | None) -> float | None:
     return m.median_ms if m is not None and not m.error and m.times_ms else None
 
@@ -499,6 +518,12 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
             if config.get("train")
             else ""
         )
+        + (
+            f"Merged from {len(config['merged'])} runs ({', '.join(config['merged'])}), each "
+            "in its own process; the machine column compares their probes. "
+            if config.get("merged")
+            else ""
+        )
         + "Correct: every output "
         f"within atol {config['atol']:g} + rtol {config['rtol']:g} of eager.",
         "",
@@ -521,6 +546,23 @@ def markdown(measurements: list[Measurement], summary: list[dict], config: dict)
             speedups, left=3,
         ),
     ]  # fmt: skip
+    means = geomeans(measurements)
+    if means:
+        lines += [
+            "",
+            "## Geometric means",
+            "",
+            "Over the configurations where both systems ran without error and agreed "
+            "with eager (the speedup: the other system's median / this one's).",
+            "",
+            *md_table(
+                ["system", "configurations", "vs dynet-best", "vs eager", "vs hand"],
+                [[system, str(count), *(_num(over.get(ref), suffix="x")
+                                        for ref in ("dynet", "eager", "hand"))]
+                 for system, (count, over) in means.items()],
+                left=1,
+            ),
+        ]  # fmt: skip
     if any(row.get("machine") is not None for row in summary):
         rows, k, n = PROBE_SHAPE
         lines += [
@@ -593,6 +635,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", default=None, help="output path without suffix (bench/results/latest)"
     )
+    parser.add_argument(
+        "--merge", nargs="+", metavar="JSON", default=None,
+        help="run nothing: one report at --out from these runs' JSON records (later "
+        "runs replace a configuration's system measured earlier)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="smoke test: small, batch 8, 3 reps")
     parser.add_argument("--verbose", action="store_true", help="print tracebacks of errors")
     args = parser.parse_args(argv)
@@ -612,6 +659,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[Measurement]:
     args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device != "cpu":
@@ -643,13 +692,14 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
             measurements += bench_case(modules[name], name, size, batch, args)
         except Exception as error:  # e.g. make_task failing for one size
             log(f"  skipped: {type(error).__name__}: {error}")
-        write_results(measurements, args, modules, final=False)  # (a cut-off run keeps these)
-    return write_results(measurements, args, modules, final=True)
+        # (a cut-off run keeps these)
+        write_results(measurements, run_config(args, modules), args.out, final=False)
+    return write_results(measurements, run_config(args, modules), args.out, final=True)
 
 
-def write_results(measurements: list[Measurement], args, modules: dict, final: bool):
-    """The report (markdown, printed when ``final``) and the JSON records at ``args.out``."""
-    config = {
+def run_config(args, modules: dict) -> dict:
+    """What the report's header says about this run: its options, versions and machine."""
+    return {
         "models": list(modules), "sizes": args.sizes, "batches": args.batches,
         "reps": args.reps, "warmup": args.warmup, "settle": args.settle, "seed": args.seed,
         "train": args.train,
@@ -659,11 +709,15 @@ def write_results(measurements: list[Measurement], args, modules: dict, final: b
         "record_path": "C" if acrobat.tensor._native is not None else "Python",
         "malloc_held": acrobat.memory.held(), "device": _device_name(args.device),
     }  # fmt: skip
+
+
+def write_results(measurements: list[Measurement], config: dict, out: str, final: bool):
+    """The report (markdown, printed when ``final``) and the JSON records at ``out``."""
     summary = summarize(measurements)
     report = markdown(measurements, summary, config)
     if final:
         print(report)
-    md_path, json_path = Path(f"{args.out}.md"), Path(f"{args.out}.json")
+    md_path, json_path = Path(f"{out}.md"), Path(f"{out}.json")
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(report)
     records = [{**asdict(m), "median_ms": m.median_ms, "min_ms": m.min_ms} for m in measurements]
@@ -672,6 +726,26 @@ def write_results(measurements: list[Measurement], args, modules: dict, final: b
     if final:
         log(f"wrote {md_path} and {json_path}")
     return measurements
+
+
+def merge(paths: list[str], out: str) -> list[Measurement]:
+    """One report from the JSON records of several runs (e.g. a device's runs, each cut to
+    fit one call): a configuration and system measured again replaces the earlier one;
+    the header is the first run's, its models, sizes and batches the union."""
+    measurements: dict[tuple, Measurement] = {}
+    config: dict = {}
+    for path in paths:
+        payload = json.loads(Path(path).read_text())
+        if not config:
+            config = dict(payload["config"])
+        for key in ("models", "sizes", "batches"):
+            config[key] = list(dict.fromkeys([*config[key], *payload["config"][key]]))
+        fields = set(Measurement.__dataclass_fields__)
+        for record in payload["results"]:
+            m = Measurement(**{k: v for k, v in record.items() if k in fields})
+            measurements[(m.model, m.size, m.batch, m.system)] = m
+    config["merged"] = [Path(path).name for path in paths]
+    return write_results(list(measurements.values()), config, out, final=True)
 
 
 def _device_name(device: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import re
 
@@ -164,9 +165,59 @@ def test_bench_harness_writes_report(tmp_path, monkeypatch):
     assert lines[lines.index("## acrobat (blocks) vs the others") + 4].endswith("| 1.00 |")
     payload = json.loads((tmp_path / "results.json").read_text())
     assert payload["summary"][0]["machine"] == 1.0 and payload["summary"][0]["probe_ms"] > 0
+    # the geometric means: with one configuration, each is that configuration's ratio
+    means = dict(run.geomeans(measurements))
+    times = {m.system: m.median_ms for m in measurements}
+    count, over = means["acrobat-plain"]
+    assert count == 1 and over["eager"] == pytest.approx(times["eager"] / times["acrobat-plain"])
+    assert over["hand"] == pytest.approx(times["hand"] / times["acrobat-plain"])
+    assert over["dynet"] is None and "## Geometric means" in report
     measurements = run.main([*args, "--warmup", "0", "--no-dynet", "--no-probe", "--out", str(out)])
     assert "probe" not in {m.system for m in measurements}
     assert "machine =" not in (tmp_path / "results.md").read_text()
+
+
+def test_bench_merge_joins_runs_later_replacing_earlier(tmp_path):
+    """``--merge`` writes one report from several runs' JSON records: their configurations
+    joined, a configuration's system measured again replaced by the later run's."""
+    from bench import run
+
+    def record(model, system, times, batch=2):
+        return {"model": model, "size": "small", "batch": batch, "system": system,
+                "times_ms": times, "max_abs_diff": 0.0, "ok": True, "error": None,
+                "stats": None}  # fmt: skip
+
+    config = {
+        "models": ["birnn"], "sizes": ["small"], "batches": [2], "reps": 1, "warmup": 0,
+        "settle": 0, "seed": 0, "train": False, "atol": 1e-4, "rtol": 1e-4, "threads": 2,
+        "torch": "x", "python": "3", "machine": "m", "record_path": "C",
+        "malloc_held": False, "device": "cpu",
+    }  # fmt: skip
+    first = {"config": config, "results": [
+        record("birnn", "acrobat-plain", [4.0]), record("birnn", "eager", [8.0]),
+        record("birnn", "hand", [2.0]),
+    ]}  # fmt: skip
+    second = {"config": {**config, "models": ["drnn"]}, "results": [
+        record("drnn", "acrobat-plain", [1.0]), record("drnn", "eager", [2.0]),
+        record("birnn", "acrobat-plain", [2.0]),  # measured again: replaces the 4.0
+    ]}  # fmt: skip
+    paths = []
+    for name, payload in (("a.json", first), ("b.json", second)):
+        (tmp_path / name).write_text(json.dumps(payload))
+        paths.append(str(tmp_path / name))
+    out = tmp_path / "merged"
+    measurements = run.main(["--merge", *paths, "--out", str(out)])
+    assert len(measurements) == 5
+    plain = {m.model: m.median_ms for m in measurements if m.system == "acrobat-plain"}
+    assert plain == {"birnn": 2.0, "drnn": 1.0}
+    count, over = run.geomeans(measurements)["acrobat-plain"]
+    assert count == 2 and over["eager"] == pytest.approx(math.sqrt(4.0 * 2.0))
+    assert over["hand"] == pytest.approx(1.0)  # birnn only: 2.0 / 2.0
+    report = (tmp_path / "merged.md").read_text()
+    assert "Merged from 2 runs (a.json, b.json)" in report
+    assert json.loads((tmp_path / "merged.json").read_text())["config"]["models"] == [
+        "birnn", "drnn"
+    ]
 
 
 def test_bench_training_steps_check_gradients(tmp_path, monkeypatch):
