@@ -7,12 +7,16 @@ against the eager loop's first.
 
     python -m bench.ab --flag INDEX_RING --values 0,1 --models treelstm,stackrnn \\
         --sizes small --batches 64 --device cuda
+
+``--flag MODULE:NAME`` sets a module's attribute instead (a kernel module's switch, e.g.
+``acrobat_kernels.elementwise:DRIVER_LAUNCH``).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import random
 import statistics
@@ -32,6 +36,24 @@ def _value(text: str):
         return text  # a string flag (KERNEL_BACKEND=numba)
 
 
+@contextlib.contextmanager
+def flag(name: str, value):
+    """``acrobat.config.override(name=value)``, or for ``MODULE:NAME`` that attribute of
+    that module set for the duration."""
+    if ":" not in name:
+        with acrobat.config.override(**{name: value}):
+            yield
+        return
+    path, attr = name.split(":")
+    target = importlib.import_module(path)
+    old = getattr(target, attr)
+    setattr(target, attr, value)
+    try:
+        yield
+    finally:
+        setattr(target, attr, old)
+
+
 def ab_case(module, size: str, batch: int, args) -> dict:
     task = module.make_task(size, batch, blocks=args.blocks)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
@@ -39,7 +61,7 @@ def ab_case(module, size: str, batch: int, args) -> dict:
         reference = run_eager(task)
 
     def run(value):
-        with acrobat.config.override(**{args.flag: value}):
+        with flag(args.flag, value):
             start = time.perf_counter()
             outs = task.fn.map(task.inputs, **task.kwargs)
             sync()
@@ -74,7 +96,9 @@ def ab_case(module, size: str, batch: int, args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     csv = lambda text: [item for item in text.split(",") if item]
-    parser.add_argument("--flag", required=True, help="an acrobat.config name")
+    parser.add_argument(
+        "--flag", required=True, help="an acrobat.config name, or MODULE:NAME"
+    )
     parser.add_argument("--values", type=lambda t: [_value(v) for v in csv(t)], default=[0, 1])
     parser.add_argument("--models", type=csv, default=list(MODELS))
     parser.add_argument("--sizes", type=csv, default=["small"])
@@ -84,7 +108,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", action="store_true", help="the models with @block cells")
     parser.add_argument("--device", default="cpu", help="torch's default device (cuda)")
     args = parser.parse_args(argv)
-    if not hasattr(acrobat.config, args.flag):
+    if ":" in args.flag:
+        path, _, attr = args.flag.partition(":")
+        if not hasattr(importlib.import_module(path), attr):
+            parser.error(f"{path} has no attribute {attr}")
+    elif not hasattr(acrobat.config, args.flag):
         parser.error(f"acrobat.config has no flag {args.flag}")
     if args.device != "cpu":
         torch.set_default_device(args.device)

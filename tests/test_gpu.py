@@ -133,16 +133,26 @@ def test_models_on_cuda_batch_64(name, default_device):
 @needs_cuda
 @pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
 @pytest.mark.parametrize("name", ["treelstm", "nestedrnn"])  # (blocks with a fused tail)
-def test_generated_cuda_kernels_in_models(name, default_device, monkeypatch):
+@pytest.mark.parametrize("blocks", [False, True], ids=["plain", "blocks"])
+@pytest.mark.parametrize("backend", ["auto", "cuda"])  # ("auto", the default: the kernel)
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "cupy"])
+def test_generated_cuda_kernels_in_models(
+    name, blocks, backend, driver, default_device, monkeypatch
+):
+    """Fused regions run as generated CUDA kernels reading their operands in place, by
+    default and when asked for, launched through the driver or through cupy."""
     from acrobat_kernels import elementwise
 
     if elementwise._cupy() is None:
         pytest.skip("needs cupy")
+    if driver:  # (where it cannot, the launch falls back to cupy: that must not hide here)
+        assert elementwise._driver_launcher(elementwise.lstm_cell_tail(), torch.device("cuda", 0))
+    monkeypatch.setattr(elementwise, "DRIVER_LAUNCH", driver)
     calls = []
-    real = elementwise._BACKENDS["cuda"]
-    monkeypatch.setitem(elementwise._BACKENDS, "cuda", lambda *a: calls.append(1) or real(*a))
-    task = _task(name, 8, True)
-    with acrobat.config.override(KERNEL_BACKEND="cuda"):
+    real = elementwise._launch_cuda
+    monkeypatch.setattr(elementwise, "_launch_cuda", lambda *a: calls.append(1) or real(*a))
+    task = _task(name, 8, blocks)
+    with acrobat.config.override(KERNEL_BACKEND=backend):
         outs, refs = _map_and_eager(task)
     check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
     assert check, check.message

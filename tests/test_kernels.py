@@ -464,7 +464,11 @@ def _cuda_usable() -> bool:
     [lstm_cell_tail("float32"), all_ops_program("float32"), all_ops_program("float64"), *POOL[1:]],
     ids=str,
 )
-def test_cuda_matches_torch(program):
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "cupy"])
+def test_cuda_matches_torch(program, driver, monkeypatch):
+    monkeypatch.setattr(ew, "DRIVER_LAUNCH", driver)
+    if driver:
+        assert ew._driver_launcher(program, torch.device("cuda", 0)) is not None
     gen = torch.Generator().manual_seed(6)
     dtype = ew._DTYPES[program.dtype]
     n, F = 33, 70
@@ -475,12 +479,33 @@ def test_cuda_matches_torch(program):
         sources.append((buf, idx))
     shared = [torch.randn(F, generator=gen, dtype=dtype).cuda() for _ in range(program.n_shared)]
     check_backend(program, n, F, sources, shared, backend="cuda")
+    # run_built: the same launch without run()'s checks (its callers build the operands)
+    got = ew.run_built(program, n, F, sources, shared, backend="auto")
+    want = run(program, n, F, sources, shared, backend="torch")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
 
 
 @pytest.mark.skipif(_cuda_usable(), reason="a CUDA device and cupy are present")
 def test_cuda_backend_without_gpu_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"needs cupy .* and a CUDA device"):
         run(lstm_cell_tail(), 2, 3, [(torch.zeros(2, 3), None)] * 5, backend="cuda")
+
+
+def test_run_built_is_run_off_the_gpu():
+    """``run_built`` (fused regions' entry, unchecked on a GPU) is ``run`` elsewhere: the
+    same results, and the same errors for what the program cannot take."""
+    gen = torch.Generator().manual_seed(3)
+    program, n, F = lstm_cell_tail(), 6, 5
+    sources = [(torch.randn(9, F, generator=gen), torch.randint(0, 9, (n,), generator=gen))
+               for _ in range(program.n_inputs)]  # fmt: skip
+    for backend in ("auto", "torch"):
+        got = ew.run_built(program, n, F, sources, [], backend=backend)
+        for g, w in zip(got, run(program, n, F, sources, [], backend="torch")):
+            torch.testing.assert_close(g, w, **TOL)
+    doubles = [(buf.double(), idx) for buf, idx in sources]
+    with pytest.raises(ValueError, match=r"buf has dtype torch\.float64"):
+        ew.run_built(program, n, F, doubles, [], backend="auto")
 
 
 # ---- errors ---------------------------------------------------------------------------

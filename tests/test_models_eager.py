@@ -260,3 +260,23 @@ def test_bench_history_index_matches_the_kept_runs():
         want = table[f"| `{name}`"].split(" | ")
         del got[2], want[2]
         assert got == want, name
+
+
+def test_bench_ab_sets_and_restores_config_flags_and_module_switches(capsys):
+    """bench.ab's flag(): an acrobat.config flag or a MODULE:NAME attribute, set for the
+    duration and restored after; a run prints one line per case with both values."""
+    import acrobat
+    from acrobat_kernels import elementwise
+    from bench import ab
+
+    before = elementwise.DRIVER_LAUNCH
+    with ab.flag("acrobat_kernels.elementwise:DRIVER_LAUNCH", not before):
+        assert elementwise.DRIVER_LAUNCH is (not before)
+    assert elementwise.DRIVER_LAUNCH is before
+    with ab.flag("VERIFY", False):
+        assert acrobat.config.VERIFY is False
+    assert acrobat.config.VERIFY is True  # (conftest's)
+    ab.main(["--flag", "acrobat_kernels.elementwise:DRIVER_LAUNCH", "--values", "0,1",
+             "--models", "birnn", "--batches", "2", "--reps", "1", "--warmup", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "birnn small b2: 0: " in out and "| 1: " in out
