@@ -64,7 +64,10 @@ CHOICE_CACHE: str = os.environ.get("ACROBAT_CHOICE_CACHE", "")
 #: CPU a block's elementwise region (an LSTM cell's gates and state update) runs as one
 #: numba kernel inside the block's generated code (Trace.run_fused), once the kernel is
 #: compiled (1-2 s in the background, per-op torch meanwhile; then numba's disk cache);
-#: on a GPU op by op (the CUDA kernel measured level with torch's ops on the H100).
+#: on a GPU op by op: the CUDA kernel, launched through the driver and reading its
+#: operands in place, measured level with torch's ops (H200, plain code, small, 9
+#: alternating rounds, python -m bench.ab --flag KERNEL_BACKEND --values off,auto: TreeLSTM
+#: b64 1.09x, b8 0.92x, the other models 0.97-1.01x).
 #: Measured on this 2-core CPU, in-process A/B against "off" (plain code): TreeLSTM
 #: 1.07-1.13x at b8, 1.04-1.11x at b64, the other models level (few or no regions); an
 #: LSTM written inline in a loop (its steps run the region fused, Trace.step_runner)

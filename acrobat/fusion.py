@@ -236,14 +236,13 @@ def use_fused(trace, device) -> bool:
     """Whether this call runs the fused region (or, with "online", may: the variant is
     then chosen online). "auto": on the CPU once its numba kernel is compiled (1-2 s, in
     the background, the per-op program running meanwhile; then numba's disk cache), on a
-    CUDA device where cupy is installed (NVRTC compiles the kernel at its first call,
-    then cupy's disk cache), not on other devices."""
+    GPU op by op (the CUDA kernel measured level there: config.KERNEL_BACKEND)."""
     backend = config.KERNEL_BACKEND
     if trace.fusion is None or backend == "off" or torch.is_grad_enabled():
         return False
     cpu = device is None or device.type == "cpu"
     if backend == "auto" and not cpu:
-        return _cuda_kernels(device)
+        return False
     if backend in ("auto", "online") and cpu:
         return kernel_ready(trace.fusion.program)
     return True
@@ -263,18 +262,9 @@ def reads_in_place(device) -> bool:
     on the CPU the region runs inside the block's generated code, its operands gathered
     (Trace.run_fused)."""
     backend = config.KERNEL_BACKEND
-    if backend == "off" or torch.is_grad_enabled():
+    if backend in ("off", "auto") or torch.is_grad_enabled():
         return False
-    if backend == "auto":
-        return _cuda_kernels(device)
     return device.type != "cpu"
-
-
-def _cuda_kernels(device) -> bool:
-    """Whether "auto" runs fused regions on ``device`` as generated CUDA kernels."""
-    from acrobat_kernels import elementwise
-
-    return device.type == "cuda" and elementwise._cupy() is not None
 
 
 _READY: dict = {}  # program -> True (compiled) | False (compiling) | None (failed)

@@ -134,13 +134,10 @@ def test_models_on_cuda_batch_64(name, default_device):
 @pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
 @pytest.mark.parametrize("name", ["treelstm", "nestedrnn"])  # (blocks with a fused tail)
 @pytest.mark.parametrize("blocks", [False, True], ids=["plain", "blocks"])
-@pytest.mark.parametrize("backend", ["auto", "cuda"])  # ("auto", the default: the kernel)
 @pytest.mark.parametrize("driver", [True, False], ids=["driver", "cupy"])
-def test_generated_cuda_kernels_in_models(
-    name, blocks, backend, driver, default_device, monkeypatch
-):
-    """Fused regions run as generated CUDA kernels reading their operands in place, by
-    default and when asked for, launched through the driver or through cupy."""
+def test_generated_cuda_kernels_in_models(name, blocks, driver, default_device, monkeypatch):
+    """Fused regions run as generated CUDA kernels reading their operands in place when
+    asked for, launched through the driver or through cupy."""
     from acrobat_kernels import elementwise
 
     if elementwise._cupy() is None:
@@ -152,7 +149,7 @@ def test_generated_cuda_kernels_in_models(
     real = elementwise._launch_cuda
     monkeypatch.setattr(elementwise, "_launch_cuda", lambda *a: calls.append(1) or real(*a))
     task = _task(name, 8, blocks)
-    with acrobat.config.override(KERNEL_BACKEND=backend):
+    with acrobat.config.override(KERNEL_BACKEND="cuda"):
         outs, refs = _map_and_eager(task)
     check = outputs_close(outs, refs, atol=1e-4, rtol=1e-4)
     assert check, check.message
