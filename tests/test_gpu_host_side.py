@@ -190,6 +190,23 @@ def test_demanded_rows_reach_each_fiber_from_whole_outputs_or_their_rows(outputs
             blocked.append(NS(waiting=NS(node=nodes[key], idx=1), host=None, want=buf[row]))
     order = data.draw(st.permutations(range(len(blocked))))
     blocked = [blocked[i] for i in order]  # (fibers of several outputs interleaved)
-    fibers._copy_demanded(blocked, torch.device("cuda"))
+    host_rows = data.draw(st.booleans(), label="HOST_ROWS")
+    old, fibers.HOST_ROWS = fibers.HOST_ROWS, host_rows
+    try:
+        fibers._copy_demanded(blocked, torch.device("cuda"))
+    finally:
+        fibers.HOST_ROWS = old
     for fb in blocked:
-        assert torch.equal(fb.host, fb.want)
+        # small rows of an output copied whole: converted once, each read a list's row
+        converted = host_rows and fb.want.numel() <= fibers._PY_ROWS_MAX and (
+            fb.waiting.node.outs[1].nbytes <= fibers._WHOLE_BYTES
+            or 2 * sum(f.waiting.node.outs[1] is fb.waiting.node.outs[1] for f in blocked)
+            >= fb.waiting.node.outs[1].shape[0]
+        )
+        assert (type(fb.host) is fibers.HostRow) == converted
+        got = fb.host.tensor() if converted else fb.host
+        assert torch.equal(got, fb.want)
+        value = fibers._host_list(fb.host)  # what t.tolist() returns
+        assert value == fb.want.tolist()
+        if converted:  # (a list of its own: the caller may mutate it)
+            assert value is not fb.host.value and value == fb.host.value
