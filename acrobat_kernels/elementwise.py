@@ -1162,7 +1162,8 @@ def run(
 def run_built(program: Program, n: int, F: int, sources, shared, backend: str = "auto"):
     """:func:`run` for a caller that builds its arguments (acrobat's fused regions): 2-D
     ``buf``s of rows of length ``F``, each ``idx`` None or a contiguous int64 tensor of
-    length ``n`` on its ``buf``'s device, ``shared`` as :func:`run` takes them. On a CUDA
+    length ``n`` on its ``buf``'s device, ``shared`` as :func:`run` takes them, no result
+    needing a gradient (fused regions run without autograd). On a CUDA
     device with ``"auto"`` or ``"cuda"`` it launches the kernel without :func:`run`'s
     checks (~8 µs of CPU a call with five operands, where a launch costs ~5); anything
     else (another device or backend, a dtype other than the program's) goes to
