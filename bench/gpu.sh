@@ -7,7 +7,9 @@
 # Writes OUTDIR/env.txt (devices, versions), OUTDIR/tests.txt (tests/test_gpu.py and the
 # CUDA kernel tests of tests/test_kernels.py, run on the device) and OUTDIR/gpu.{md,json}
 # (python -m bench.run --device cuda; its results are rewritten after each case, so a
-# run cut off at BENCH_SECONDS keeps the cases it finished; 0: no benchmark).
+# run cut off at BENCH_SECONDS keeps the cases it finished; 0: no benchmark). Cases left
+# for another call (e.g. --sizes large there) join this run's with
+# python -m bench.run --merge OUTDIR/gpu.json OTHER.json --out MERGED.
 set -u
 out=${1:?usage: bash bench/gpu.sh OUTDIR [BENCH_SECONDS] [BENCH ARGS...]}
 seconds=${2:-300}
