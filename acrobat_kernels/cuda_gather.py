@@ -45,7 +45,7 @@ _THREADS = 256
 _MAX_BLOCKS = 4096
 
 _module: Any = None  # cupy.RawModule, compiled on first use
-_launchers: dict = {}  # device index -> (words, bytes) cuda_launch.Launcher, or None
+_launchers: dict = {}  # ("gather", device index) -> (words, bytes) Launchers, or None
 
 #: Launch through the driver (acrobat_kernels/cuda_launch.py) where it can; else cupy's.
 DRIVER_LAUNCH = True
@@ -66,16 +66,14 @@ def _kernels():
 def _driver_launchers(device: torch.device):
     """The two kernels' driver launchers for ``device`` where it is the thread's current
     device (the driver launches in the current context), else None."""
-    index = device.index
-    if index is None or index != torch.cuda.current_device():  # (the driver's context)
-        return None
-    found = _launchers.get(index, False)
-    if found is False:
-        u64, i64 = ctypes.c_uint64, ctypes.c_int64
-        with elementwise._cupy().cuda.Device(index):
-            pair = [cuda_launch.launcher(f, [u64, u64, i64, i64]) for f in _kernels()]
-        found = _launchers[index] = tuple(pair) if None not in pair else None
-    return found
+    return cuda_launch.for_current_device(_launchers, "gather", device, _build_launchers)
+
+
+def _build_launchers(index: int):
+    u64, i64 = ctypes.c_uint64, ctypes.c_int64
+    with elementwise._cupy().cuda.Device(index):
+        pair = [cuda_launch.launcher(f, [u64, u64, i64, i64]) for f in _kernels()]
+    return tuple(pair) if None not in pair else None
 
 
 def gather_rows(

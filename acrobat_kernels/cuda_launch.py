@@ -84,3 +84,18 @@ def launcher(function, arg_types: list) -> Launcher | None:
         return Launcher(function, arg_types)
     except (OSError, AttributeError, TypeError):
         return None
+
+
+def for_current_device(cache: dict, key, device: torch.device, build, *args):
+    """``build(index, *args)``'s launcher(s) for ``key`` on ``device``, made once and kept in
+    ``cache``, where ``device`` is the thread's current device (the driver launches in
+    the current context), else None. ``build`` compiles and loads in that device's
+    context; a None it returns is kept too (no driver: the caller launches through cupy)."""
+    index = device.index
+    if index is None or index != torch.cuda.current_device():
+        return None
+    found = cache.get((key, index), False)
+    if found is False:
+        found = cache[(key, index)] = build(index, *args)
+    return found
+

@@ -975,18 +975,22 @@ def _cuda_kernel(p: Program):
 def _driver_launcher(p: Program, device: torch.device):
     """``p``'s kernel's driver launcher for ``device`` where it is the thread's current
     device (the driver launches in the current context), else None."""
-    index = device.index
-    if index is None or index != torch.cuda.current_device():
-        return None
-    key = (p, index)
-    found = _cuda_launchers.get(key, False)
-    if found is False:
-        u64, i64 = ctypes.c_uint64, ctypes.c_int64
-        types = [i64, i64] + [u64, u64, i64, i64] * p.n_inputs + [u64, i64] * p.n_shared
-        types += [u64] * len(p.outputs)
-        with _cupy().cuda.Device(index):  # (compiled and loaded for this device)
-            found = _cuda_launchers[key] = cuda_launch.launcher(_cuda_kernel(p).kernel, types)
-    return found
+    return cuda_launch.for_current_device(_cuda_launchers, p, device, _build_launcher, p)
+
+
+def _build_launcher(index: int, p: Program):
+    types = [_CTYPES[kind] for kind in _arg_kinds(p)]
+    with _cupy().cuda.Device(index):  # (compiled and loaded for this device)
+        return cuda_launch.launcher(_cuda_kernel(p).kernel, types)
+
+
+def _arg_kinds(p: Program) -> str:
+    """The kernel's parameters (cuda_source's order): ``u`` an address, ``i`` an int64."""
+    return "ii" + "uuii" * p.n_inputs + "ui" * p.n_shared + "u" * len(p.outputs)
+
+
+_CTYPES = {"u": ctypes.c_uint64, "i": ctypes.c_int64}  # (the driver's argument block)
+_NP_TYPES = {"u": np.uint64, "i": np.int64}  # (cupy's)
 
 
 def _run_cuda(p: Program, n: int, F: int, sources, shared) -> list[torch.Tensor]:
@@ -1018,11 +1022,9 @@ def _launch_cuda(p: Program, n: int, F: int, sources, shared, device) -> list[to
         fast(blocks, _CUDA_THREADS, cuda_launch.raw_stream(device), *args)
         return outs
     kernel = _cuda_kernel(p)
-    u64, i64 = np.uint64, np.int64
-    types: list[Any] = [i64, i64] + [u64, u64, i64, i64] * p.n_inputs
-    types += [u64, i64] * p.n_shared + [u64] * len(outs)
+    typed = tuple(_NP_TYPES[kind](a) for kind, a in zip(_arg_kinds(p), args))
     with _cupy().cuda.Device(device.index), cupy_stream(device):
-        kernel((blocks,), (_CUDA_THREADS,), tuple(t(a) for t, a in zip(types, args)))
+        kernel((blocks,), (_CUDA_THREADS,), typed)
     return outs
 
 

@@ -99,6 +99,28 @@ def test_launcher_is_none_without_a_driver():
         cuda_launch._driver = old
 
 
+def test_launchers_are_built_once_per_key_and_current_device(monkeypatch):
+    """cuda_launch.for_current_device: built once per (key, device) in that device's turn,
+    None (kept, not rebuilt) where the build found no driver, and nothing for a device
+    that is not the thread's current one (the driver launches in the current context)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    built: list = []
+
+    def build(index, tag):
+        built.append((index, tag))
+        return None if tag == "none" else f"launcher {tag}@{index}"
+
+    cache: dict = {}
+    get = cuda_launch.for_current_device
+    assert get(cache, "a", torch.device("cuda", 1), build, "a") == "launcher a@1"
+    assert get(cache, "a", torch.device("cuda", 1), build, "a") == "launcher a@1"
+    assert get(cache, "none", torch.device("cuda", 1), build, "none") is None
+    assert get(cache, "none", torch.device("cuda", 1), build, "none") is None
+    assert get(cache, "a", torch.device("cuda", 0), build, "a") is None  # not current
+    assert get(cache, "a", torch.device("cuda"), build, "a") is None  # (no index)
+    assert built == [(1, "a"), (1, "none")]
+
+
 def _cpu_ring(size: int) -> tensor.IndexRing:
     """An IndexRing over CPU tensors whose copies torch does (the path without cupy)."""
     ring = object.__new__(tensor.IndexRing)
