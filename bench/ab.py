@@ -36,16 +36,24 @@ def _value(text: str):
         return text  # a string flag (KERNEL_BACKEND=numba)
 
 
+def _target(name: str):
+    """(the object holding flag ``name``, its attribute): acrobat.config's, or for
+    ``MODULE:NAME`` that module's."""
+    if ":" not in name:
+        return acrobat.config, name
+    path, _, attr = name.partition(":")
+    return importlib.import_module(path), attr
+
+
 @contextlib.contextmanager
 def flag(name: str, value):
     """``acrobat.config.override(name=value)``, or for ``MODULE:NAME`` that attribute of
     that module set for the duration."""
-    if ":" not in name:
-        with acrobat.config.override(**{name: value}):
+    target, attr = _target(name)
+    if target is acrobat.config:  # (override checks the name is a flag)
+        with acrobat.config.override(**{attr: value}):
             yield
         return
-    path, attr = name.split(":")
-    target = importlib.import_module(path)
     old = getattr(target, attr)
     setattr(target, attr, value)
     try:
@@ -108,12 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", action="store_true", help="the models with @block cells")
     parser.add_argument("--device", default="cpu", help="torch's default device (cuda)")
     args = parser.parse_args(argv)
-    if ":" in args.flag:
-        path, _, attr = args.flag.partition(":")
-        if not hasattr(importlib.import_module(path), attr):
-            parser.error(f"{path} has no attribute {attr}")
-    elif not hasattr(acrobat.config, args.flag):
-        parser.error(f"acrobat.config has no flag {args.flag}")
+    target, attr = _target(args.flag)
+    if not hasattr(target, attr):
+        parser.error(f"{target.__name__} has no flag {attr}")
     if args.device != "cpu":
         torch.set_default_device(args.device)
     print(f"{args.flag}: {args.values}, device {args.device}, {args.reps} rounds; median ms "

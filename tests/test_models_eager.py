@@ -280,3 +280,8 @@ def test_bench_ab_sets_and_restores_config_flags_and_module_switches(capsys):
              "--models", "birnn", "--batches", "2", "--reps", "1", "--warmup", "1"])  # fmt: skip
     out = capsys.readouterr().out
     assert "birnn small b2: 0: " in out and "| 1: " in out
+    for name, said in [("NO_SUCH", "acrobat.config has no flag NO_SUCH"),
+                       ("acrobat.fibers:NO_SUCH", "acrobat.fibers has no flag NO_SUCH")]:
+        with pytest.raises(SystemExit):
+            ab.main(["--flag", name])
+        assert said in capsys.readouterr().err
