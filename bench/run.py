@@ -684,6 +684,7 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     cases = [
         (name, size, batch) for name in modules for size in args.sizes for batch in args.batches
     ]
+    config = run_config(args, modules)
     progress = tqdm(cases, desc="bench", unit="case") if tqdm is not None else cases
     measurements: list[Measurement] = []
     for name, size, batch in progress:
@@ -692,9 +693,8 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
             measurements += bench_case(modules[name], name, size, batch, args)
         except Exception as error:  # e.g. make_task failing for one size
             log(f"  skipped: {type(error).__name__}: {error}")
-        # (a cut-off run keeps these)
-        write_results(measurements, run_config(args, modules), args.out, final=False)
-    return write_results(measurements, run_config(args, modules), args.out, final=True)
+        write_results(measurements, config, args.out, final=False)  # (a cut-off run keeps these)
+    return write_results(measurements, config, args.out, final=True)
 
 
 def run_config(args, modules: dict) -> dict:
@@ -734,13 +734,13 @@ def merge(paths: list[str], out: str) -> list[Measurement]:
     the header is the first run's, its models, sizes and batches the union."""
     measurements: dict[tuple, Measurement] = {}
     config: dict = {}
+    fields = set(Measurement.__dataclass_fields__)
     for path in paths:
         payload = json.loads(Path(path).read_text())
         if not config:
             config = dict(payload["config"])
         for key in ("models", "sizes", "batches"):
             config[key] = list(dict.fromkeys([*config[key], *payload["config"][key]]))
-        fields = set(Measurement.__dataclass_fields__)
         for record in payload["results"]:
             m = Measurement(**{k: v for k, v in record.items() if k in fields})
             measurements[(m.model, m.size, m.batch, m.system)] = m
