@@ -51,26 +51,32 @@ def _call_int(typingctx, address):
     return types.int64(address), codegen
 
 
-def _row_share(rows, thread_fn, team_fn):  # pragma: no cover - compiled by numba
-    """``(r0, r1)``: the rows of a row-split kernel that the calling thread of torch's
-    OpenMP team takes (``thread_fn``, ``team_fn``: the addresses of
-    ``omp_get_thread_num`` and ``omp_get_num_threads``), in whole blocks of the product
+def _share(rows, me, parts):  # pragma: no cover - compiled by numba
+    """``(r0, r1)``: the rows thread ``me`` of ``parts`` takes, in whole blocks of the product
     loop (eight rows; four for fewer than 16, so that 8 to 15 rows still split); ``r0 ==
     r1`` for a thread left without rows."""
-    parts = _call_int(team_fn)
     block = 8 if rows >= 16 else 4
     per = ((rows + parts - 1) // parts + block - 1) // block * block
-    r0 = min(_call_int(thread_fn) * per, rows)
+    r0 = min(me * per, rows)
     return r0, min(r0 + per, rows)
+
+
+share = diskcache.compiled(lambda cache: njit(cache=cache), _share)
+
+
+def _row_share(rows, thread_fn, team_fn):  # pragma: no cover - compiled by numba
+    """:func:`_share` for the calling thread of torch's OpenMP team (``thread_fn``,
+    ``team_fn``: the addresses of ``omp_get_thread_num`` and ``omp_get_num_threads``)."""
+    return share(rows, _call_int(thread_fn), _call_int(team_fn))
 
 
 row_share = diskcache.compiled(lambda cache: njit(cache=cache), _row_share)
 
 
-def _linear_loop(xa, wa, ws, ca, c_rows, oa, m, k, n, os):  # pragma: no cover - numba
-    # out = x @ W.T (+ c); out's (and a per-row addend's) rows are ``os`` apart: a
-    # thread's block of columns
-    x = carray(_as_f32(xa), (m, k))
+def _linear_loop(xa, wa, ws, ca, c_rows, oa, m, k, n, os, xs):  # pragma: no cover - numba
+    # out = x @ W.T (+ c) over the first k columns of x, whose rows are ``xs`` apart; out's
+    # (and a per-row addend's) rows are ``os`` apart: a thread's block of columns
+    x = carray(_as_f32(xa), (m, xs))
     w = carray(_as_f32(wa), ((n - 1) * ws + k,))  # row j starts at j * ws
     out = carray(_as_f32(oa), (m, os))[:, :n]
     c = carray(_as_f32(ca), (max(c_rows, 1), os))[:, :n]
@@ -85,29 +91,105 @@ def _linear_loop(xa, wa, ws, ca, c_rows, oa, m, k, n, os):  # pragma: no cover -
                 out[r, j] += c[r, j]
 
 
+#: Columns per test of :func:`_width` (a multiple of the vector width: a row cut at a
+#: chunk's edge adds its terms in the lanes the whole row's would).
+ZERO_CHUNK = 32
+
+#: Fewest rows a run at an end of ``x`` has to have to be cut from rows that are not
+#: (one pass of the product loop over ``W``).
+MIN_RUN = 8
+
+
+def _width(x, r, k):  # pragma: no cover - compiled by numba
+    """Columns of row ``r`` of ``x`` up to the end of its last chunk of ZERO_CHUNK that is
+    not all zeros (0: the row is zero). Sums of ``abs``: NaN and infinities count."""
+    end = k
+    while end > 0:
+        start = max(end - ZERO_CHUNK, 0)
+        s = 0.0
+        for t in range(start, end):
+            s += abs(x[r, t])
+        if s != 0.0:
+            return end
+        end = start
+    return 0
+
+
+width = diskcache.compiled(lambda cache: njit(cache=cache), _width)
+
+
+def _zero_runs(xa, m, k):  # pragma: no cover - compiled by numba
+    """``(b, kb, a, ka)``: rows ``0..b-1`` and ``a..m-1`` (b <= a) are runs at the ends of
+    ``x`` whose nonzeros all lie in their first ``kb`` / ``ka`` columns, at most three
+    quarters of ``k`` (a constant zero state gathered with the other rows: DRNN's first
+    sibling's ``h_f = 0``, alone or joined after its ``h_a``); a run is empty where its
+    end row is wide, or where it has fewer than MIN_RUN rows and other rows are wide.
+    One chunk per end where no row is cut."""
+    x = carray(_as_f32(xa), (m, k))
+    limit = (3 * k) // 4
+    a, ka = m, 0
+    while a > 0:
+        w = width(x, a - 1, k)
+        if w > limit:
+            break
+        ka = max(ka, w)
+        a -= 1
+    b, kb = 0, 0
+    while b < a:
+        w = width(x, b, k)
+        if w > limit:
+            break
+        kb = max(kb, w)
+        b += 1
+    if a > 0 and m - a < MIN_RUN:  # a short run beside wide rows: a pass over W more
+        a, ka = m, 0
+    if b < MIN_RUN and b < m:  # (for a few rows) saves less than it costs
+        b, kb = 0, 0
+    return b, kb, a, ka
+
+
+zero_runs = diskcache.compiled(lambda cache: njit(cache=cache), _zero_runs)
+
+
 def _linear_part(params):  # pragma: no cover - compiled by numba
     # gemm.py's parameters: x, W, W's row stride, c, c's rows, out, m, K, N, tanh?,
-    # split by columns?; [14], [15]: the OpenMP queries (parallel.params)
+    # split by columns?, cut zero columns? (W finite); [14], [15]: the OpenMP queries
+    # (parallel.params)
     p = carray(_as_i64(params), (16,))
     m, k, n, c_rows = p[6], p[7], p[8], p[4]
-    if p[10]:  # by columns: this thread's rows of W, every row of x
-        j0, j1 = row_share(n, p[14], p[15])
-        if j1 > j0:
-            ca = p[3] + j0 * 4 if c_rows > 0 else p[3]
-            oa = p[5] + j0 * 4
-            _linear(p[0], p[1] + j0 * p[2] * 4, p[2], ca, c_rows, oa, m, k, j1 - j0, n)
-            if p[9]:  # its tanh, over the thread's columns while they are in its cache
-                for r in range(m):
-                    _squash(oa + r * n * 4, j1 - j0)
-        return
-    r0, r1 = row_share(m, p[14], p[15])  # this thread's rows
-    if r1 > r0:
-        ca = p[3] + r0 * n * 4 if c_rows > 1 else p[3]
-        c_part = r1 - r0 if c_rows > 1 else c_rows
-        oa = p[5] + r0 * n * 4
-        _linear(p[0] + r0 * k * 4, p[1], p[2], ca, c_part, oa, r1 - r0, k, n, n)
-        if p[9]:
-            _squash(oa, (r1 - r0) * n)
+    b, kb, a, ka = 0, k, m, k
+    if p[11]:  # rows whose last columns are zero: multiplied over their other columns
+        b, kb, a, ka = zero_runs(p[0], m, k)
+    me, parts = _call_int(p[14]), _call_int(p[15])
+    turn = 0  # a part's rounded-up larger share of rows: the first thread's, then the last's
+    for seg in range(3):  # rows 0..b-1, b..a-1, a..m-1, each split over the threads
+        s0, s1, kk = (0, b, kb) if seg == 0 else ((b, a, k) if seg == 1 else (a, m, ka))
+        if s1 <= s0:
+            continue
+        who = me if turn % 2 == 0 else parts - 1 - me
+        turn += 1
+        xa = p[0] + s0 * k * 4
+        ca = p[3] + s0 * n * 4 if c_rows > 1 else p[3]
+        c_part = s1 - s0 if c_rows > 1 else c_rows
+        if p[10]:  # by columns: this thread's rows of W (the same in every part), all of x
+            j0, j1 = share(n, me, parts)
+            if j1 > j0:
+                cj = ca + j0 * 4 if c_rows > 0 else ca
+                oa = p[5] + (s0 * n + j0) * 4
+                _linear(xa, p[1] + j0 * p[2] * 4, p[2], cj, c_part, oa, s1 - s0, kk, j1 - j0,
+                        n, k)  # fmt: skip
+                if p[9]:  # its tanh, over the thread's columns while they are in its cache
+                    for r in range(s1 - s0):
+                        _squash(oa + r * n * 4, j1 - j0)
+            continue
+        r0, r1 = share(s1 - s0, who, parts)  # this thread's rows
+        if r1 > r0:
+            cr = ca + r0 * n * 4 if c_rows > 1 else ca
+            c_part = r1 - r0 if c_rows > 1 else c_rows
+            oa = p[5] + (s0 + r0) * n * 4
+            _linear(xa + r0 * k * 4, p[1], p[2], cr, c_part, oa, r1 - r0, kk, n, n, k)
+            if p[9]:
+                _squash(oa, (r1 - r0) * n)
 
 
 def _elman_loop(  # pragma: no cover - compiled by numba
@@ -198,7 +280,7 @@ def linear_kernels() -> tuple:
         from acrobat_kernels import gemm, unary
 
         _product, _squash = gemm.rows_product(), unary.tanh_in_place()
-        _linear = _jit(_linear_loop, 10)
+        _linear = _jit(_linear_loop, 11)
         _linear_kernels = (_linear, _entry(_linear_part))
     return _linear_kernels
 

@@ -303,3 +303,115 @@ def test_every_row_count_makes_its_rows_and_no_others(rows):
     gemm.rows_product()(x.numpy(), w.reshape(-1).numpy(), k, out.numpy(), rows, k, n)
     torch.testing.assert_close(out[:rows], x @ w.T, atol=1e-5, rtol=1e-5)
     assert bool((out[rows:] == 7.0).all())
+
+
+def _zero_ends(x, head, tail, keep_head, keep_tail):
+    """``x`` with rows ``0..head-1`` zero past column ``keep_head`` and the last ``tail`` rows
+    zero past ``keep_tail`` (a zero state gathered beside real ones, or joined after them)."""
+    x = x.clone()
+    if head:
+        x[:head, keep_head:] = 0
+    if tail:
+        x[x.shape[0] - tail :, keep_tail:] = 0
+    return x
+
+
+def test_zero_runs_finds_the_rows_ending_in_zeros_at_either_end():
+    from acrobat_kernels import loops
+
+    runs = loops.zero_runs
+    x = torch.randn(10, 128)
+    assert runs(x.data_ptr(), 10, 128) == (0, 0, 10, 0)  # no row ends in zeros
+    x = torch.randn(30, 128)
+    assert runs(x.data_ptr(), 30, 128) == (0, 0, 30, 0)  # no row ends in zeros
+    z = _zero_ends(x, 8, 9, 64, 0)
+    assert runs(z.data_ptr(), 30, 128) == (8, 64, 21, 0)
+    z = _zero_ends(x, 0, 10, 0, 40)  # cut at a chunk's edge: its chunk counts whole
+    assert runs(z.data_ptr(), 30, 128) == (0, 0, 20, 64)
+    z = _zero_ends(x, 0, 10, 0, 100)  # past three quarters of the columns: not cut
+    assert runs(z.data_ptr(), 30, 128) == (0, 0, 30, 0)
+    z = _zero_ends(x, 7, 7, 0, 0)  # runs of fewer than MIN_RUN rows beside wide ones
+    assert loops.MIN_RUN == 8 and runs(z.data_ptr(), 30, 128) == (0, 0, 30, 0)
+    z = torch.zeros(12, 128)
+    z[3, 127] = float("nan")  # a NaN is not zero
+    assert runs(z.data_ptr(), 12, 128) == (0, 0, 4, 0)
+    z[3, 127], z[3, 5] = 0.0, float("nan")  # in the first chunk: the row keeps 32 columns
+    assert runs(z.data_ptr(), 12, 128) == (0, 0, 0, 32)
+    assert runs(z.data_ptr(), 3, 128) == (0, 0, 0, 0)  # a whole batch: any size
+
+
+@pytest.mark.skipif(not parallel.available(), reason="torch's OpenMP runtime is not libgomp")
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 150),
+    k=st.integers(1, 300),
+    n=st.integers(1, 70),
+    head=st.integers(0, 150),
+    tail=st.integers(0, 150),
+    keep=st.tuples(st.floats(0, 1), st.floats(0, 1)),
+    c=st.sampled_from(["bias", "addend", "none"]),
+    act=st.booleans(),
+    by=st.sampled_from(["rows", "columns"]),
+    seed=st.integers(0, 1000),
+)
+def test_rows_ending_in_zeros_are_cut_and_match_the_whole_product(
+    rows, k, n, head, tail, keep, c, act, by, seed
+):
+    """Split over the threads, rows at either end whose last columns are zero are
+    multiplied over their other columns only (CUT_ZEROS): the same result as the uncut
+    product up to the grouping of rows, and as torch's; a zero row gives the bias or the
+    addend (+0.0) exactly."""
+    gen = torch.Generator().manual_seed(seed)
+    head, tail = min(head, rows), min(tail, rows - min(head, rows))
+    x = _zero_ends(
+        torch.randn(rows, k, generator=gen), head, tail, int(keep[0] * k), int(keep[1] * k)
+    )
+    w = torch.randn(n, k + 1, generator=gen)[:, 1:]
+    cv = {"bias": torch.randn(n, generator=gen), "addend": torch.randn(rows, n, generator=gen)}
+    cv["none"] = None
+    c_rows = {"bias": 1, "addend": rows, "none": 0}[c]
+    threads, old = torch.get_num_threads(), (gemm.PARALLEL_WORK, gemm.COLUMNS_BELOW)
+    gemm.PARALLEL_WORK, gemm.COLUMNS_BELOW = 0, (1 << 30 if by == "columns" else 0)
+    torch.set_num_threads(2)
+    try:
+        got = gemm._run(x, w, cv[c], c_rows, act=int(act))
+        gemm.CUT_ZEROS = False
+        whole = gemm._run(x, w, cv[c], c_rows, act=int(act))
+    finally:
+        torch.set_num_threads(threads)
+        gemm.PARALLEL_WORK, gemm.COLUMNS_BELOW = old
+        gemm.CUT_ZEROS = True
+    want = x.double() @ w.double().t()
+    if cv[c] is not None:
+        want = want + cv[c].double()
+    if act:
+        want = torch.tanh(want)
+    tol = dict(rtol=1e-5, atol=1e-5 * k)
+    torch.testing.assert_close(got, whole, **tol)
+    torch.testing.assert_close(got.double(), want, **tol)
+    zero = (x == 0).all(1)
+    if zero.any() and cv[c] is not None:
+        base = cv[c].expand(rows, n)[zero] + 0.0
+        from acrobat_kernels import unary
+
+        assert torch.equal(got[zero], unary._forward(base) if act else base)
+
+
+def test_zero_rows_times_an_infinite_weight_give_nan_as_in_torch(monkeypatch):
+    """Rows are cut only where W is all finite (0 * inf is NaN), checked again after an
+    in-place change of W."""
+    monkeypatch.setattr(gemm, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(gemm, "COLUMNS_BELOW", 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(40, 64)
+        x[20:] = 0
+        w, b = torch.randn(16, 64), torch.randn(16)
+        assert torch.equal(gemm.run_linear(x, w, b)[20:], b.expand(20, 16) + 0.0)
+        with torch.no_grad():
+            w[3, 60] = float("inf")
+        got, want = gemm.run_linear(x, w, b), F.linear(x, w, b)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got.isnan(), want.isnan()) and got[20:, 3].isnan().all()
