@@ -70,7 +70,6 @@ _SAFE_BUILTINS = {
     "min",
     "max",
     "abs",
-    "isinstance",
     "getattr",
     "zip",
     "reversed",
@@ -696,6 +695,11 @@ _LOOKUP_PLACEHOLDER = _REGION_BASE * 2  # the call's constant: regions use k + 3
 # torch.zeros(n) / torch.ones(n) outside runs -> ops.factory_call (read when outlining)
 FACTORY_CALLS = True
 _FACTORY_PLACEHOLDER = _REGION_BASE * 1
+# isinstance(x, torch.Tensor) / torch.is_tensor(x) -> a check that counts a LazyTensor as
+# the tensor it stands for (read when outlining)
+TYPE_CHECKS = True
+_ISINSTANCE_PLACEHOLDER = -_REGION_BASE * 1
+_IS_TENSOR_PLACEHOLDER = -_REGION_BASE * 2
 _SIZE_FACTORIES = {"zeros", "ones"}  # torch.<name>(size) with one positional size
 
 
@@ -1008,11 +1012,17 @@ def _outline(fn) -> Outlined | None:
     rewriter = _Rewriter(fn, set(code.co_varnames))
     rewriter.rewrite(node)
     lookups = _rewrite_lookups(node) if LOOKUP_CALLS or FACTORY_CALLS else 0
-    if not rewriter.regions and not lookups:
+    checks = _rewrite_type_checks(node) if TYPE_CHECKS else 0
+    if not rewriter.regions and not lookups and not checks:
         return None
     body = [*imports, node, *(r.definition for r in rewriter.regions)]
     codes = _functions(_compiled(body, code, flags))
-    dispatchers: dict = {_LOOKUP_PLACEHOLDER: lookup_call, _FACTORY_PLACEHOLDER: factory_call}
+    dispatchers: dict = {
+        _LOOKUP_PLACEHOLDER: lookup_call,
+        _FACTORY_PLACEHOLDER: factory_call,
+        _ISINSTANCE_PLACEHOLDER: lazy_isinstance,
+        _IS_TENSOR_PLACEHOLDER: lazy_is_tensor,
+    }
     regions = []
     for r in rewriter.regions:
         lines = f"line {r.first}" if r.first == r.last else f"lines {r.first}-{r.last}"
@@ -1111,6 +1121,77 @@ def _rewrite_lookups(node: ast.FunctionDef) -> int:
     lookups = _Lookups()
     node.body = [lookups.visit(stmt) for stmt in node.body]
     return lookups.count
+
+
+class _TypeChecks(ast.NodeTransformer):
+    """``isinstance(x, T)`` -> ``<lazy_isinstance>(isinstance, x, T)`` and
+    ``torch.is_tensor(x)`` -> ``<lazy_is_tensor>(torch.is_tensor, x)`` (see
+    _rewrite_type_checks)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            return node
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "isinstance" and len(node.args) == 2:
+            placeholder = _ISINSTANCE_PLACEHOLDER
+        elif _torch_attr(f) == "is_tensor" and len(node.args) == 1:
+            placeholder = _IS_TENSOR_PLACEHOLDER
+        else:
+            return node
+        self.count += 1
+        call = ast.Call(func=ast.Constant(placeholder), args=[f, *node.args], keywords=[])
+        return _located(call, node)
+
+    def _scope(self, node):  # another code object: its constants are not the function's
+        return node
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
+    visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+
+
+def _rewrite_type_checks(node: ast.FunctionDef) -> int:
+    """Rewrite ``isinstance(x, T)`` and ``torch.is_tensor(x)`` in ``node``'s own code (not in
+    comprehensions, whose code objects keep their constants) to calls of
+    :func:`lazy_isinstance` / :func:`lazy_is_tensor`, given the callee as written (so a
+    shadowed ``isinstance`` is still the one called). Returns how many were rewritten."""
+    checks = _TypeChecks()
+    node.body = [checks.visit(stmt) for stmt in node.body]
+    return checks.count
+
+
+_IS_TENSOR = torch.is_tensor
+
+
+def _names_tensor(classes) -> bool:
+    """Whether an ``isinstance`` class argument admits a plain ``torch.Tensor``."""
+    if type(classes) is tuple:
+        return any(_names_tensor(c) for c in classes)
+    if isinstance(classes, types.UnionType):  # torch.Tensor | None
+        return any(_names_tensor(c) for c in classes.__args__)
+    return isinstance(classes, type) and issubclass(torch.Tensor, classes)
+
+
+def lazy_isinstance(check, obj, classes) -> bool:
+    """``check(obj, classes)``, where ``check`` is the builtin ``isinstance`` and ``obj`` a
+    LazyTensor: True also where ``classes`` admits a ``torch.Tensor``, as it would for the
+    tensor the lazy one stands for in eager code (a tree's leaves told from its lists by
+    ``isinstance(t, torch.Tensor)``). A LazyTensor is not a ``torch.Tensor`` subclass, so
+    the builtin alone says False; analysis rewrites the calls in the functions it
+    outlines (TYPE_CHECKS)."""
+    if type(obj) is graph.LazyTensor and check is isinstance:
+        return isinstance(obj, classes) or _names_tensor(classes)
+    return check(obj, classes)
+
+
+def lazy_is_tensor(check, obj) -> bool:
+    """``check(obj)``, where ``check`` is ``torch.is_tensor``: True for a LazyTensor too."""
+    if type(obj) is graph.LazyTensor and check is _IS_TENSOR:
+        return True
+    return check(obj)
 
 
 def _recompilable(fn, node: ast.FunctionDef) -> tuple[list, int] | None:
