@@ -685,6 +685,10 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
 
 MIN_REGION_OPS = 2  # tensor calls a run needs to be worth a block (one op is one node anyway)
 SPLIT_DEMANDS = True  # x = int(<tensor work>): the work may join a run (read when outlining)
+SPLIT_RETURNS = True  # return <tensor work>: the work may join a run (read when outlining)
+# statements reading a local only ever bound to a list/tuple/dict/set display or
+# comprehension stay out of runs (a run given one runs op by op: read when outlining)
+SPLIT_CONTAINERS = True
 _REGION_BASE = 1e-300  # region k's call is a placeholder constant _REGION_BASE * (k + 3)
 _DEMANDS = {"int", "float", "bool", "complex"}  # builtins that read a tensor's value
 _DEMAND_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"}
@@ -1302,6 +1306,8 @@ class _Rewriter:
         self.scannable = False  # no ``del`` anywhere: a bound name stays bound
         self.root: ast.FunctionDef | None = None
         self.values = 0  # value reads split off their expressions (_split_demands)
+        self.returns = 0  # returned expressions split off their return (_split_demands)
+        self.containers: set[str] = set()  # locals only ever bound to list/tuple/dict/set
 
     def rewrite(self, node, bound: frozenset = frozenset()) -> None:
         """Rewrite the statement lists under ``node``; ``bound``: local names certainly
@@ -1310,6 +1316,7 @@ class _Rewriter:
             self.loads = _load_counts(node.body)
             self.root = node
             self.scannable = not any(isinstance(sub, ast.Delete) for sub in ast.walk(node))
+            self.containers = _container_names(node) if SPLIT_CONTAINERS else set()
             a = node.args
             bound = frozenset(
                 p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if p
@@ -1336,8 +1343,13 @@ class _Rewriter:
         bound = set(inherited)
         stmts = self._split_demands(stmts)
         for stmt in stmts + [None]:
+            if run and isinstance(stmt, ast.Return):
+                stmt, k = self._split_return(stmt, run)  # its tensor work may end the run
+                ops += k
             mapped = self._comprehension(stmt, bound) if stmt is not None else None
             k = self._ops(stmt) if stmt is not None and mapped is None else -1
+            if k >= 0 and self.containers and _loads(self.fn, stmt.value) & self.containers:
+                k = -1  # a run given a list runs as written: leave the statement out of it
             if k >= 0:
                 run.append(stmt)
                 ops += k
@@ -1361,6 +1373,24 @@ class _Rewriter:
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 bound |= _assigned_names(stmt)
         return out
+
+    def _split_return(self, stmt: ast.Return, run: list) -> tuple[ast.Return, int]:
+        """``return <expr>`` after a run, where ``<expr>`` is an outlinable right-hand side
+        with tensor calls: ``_acrobat_return_k = <expr>`` appended to ``run`` and
+        ``return _acrobat_return_k`` returned (a tree cell's last line, ``return
+        torch.tanh(mix(...))``, joins the block of the lines before it). Alone, a
+        returned expression stays as written (an embedding lookup keeps its fast path)."""
+        if not SPLIT_RETURNS or stmt.value is None:
+            return stmt, 0
+        name = f"_acrobat_return_{self.returns}"
+        assign = _located(ast.Assign(targets=[ast.Name(name, ast.Store())], value=stmt.value), stmt)
+        k = self._ops(assign)
+        if k <= 0 or (self.containers and _loads(self.fn, assign.value) & self.containers):
+            return stmt, 0
+        self.returns += 1
+        self.local.add(name)
+        run.append(assign)
+        return _located(ast.Return(value=ast.Name(name, ast.Load())), stmt), k
 
     def _split_demands(self, stmts: list) -> list:
         """``x = int(<expr>)`` (or float/bool, ``<expr>.item()``/``.tolist()``) as
@@ -1802,6 +1832,72 @@ def _load_counts(stmts: list) -> dict[str, int]:
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
                 counts[sub.id] = counts.get(sub.id, 0) + 1
     return counts
+
+
+_DISPLAYS = (ast.List, ast.ListComp, ast.Tuple, ast.Dict, ast.DictComp, ast.Set, ast.SetComp)
+
+
+def _container_names(fn: ast.FunctionDef) -> set[str]:
+    """Local names every binding of which (in ``fn``'s own code) assigns a list, tuple,
+    dict or set display or comprehension: ``kids = [encode(c) for c in tree]``. A run of
+    assignments given such a value runs op by op (RegionBlock: its structure would key
+    the trace), so statements reading one are left out of runs and the rest can still
+    be one."""
+    found: dict[str, bool] = {}
+    params = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+    for p in [*params, fn.args.vararg, fn.args.kwarg]:
+        if p is not None:
+            found[p.arg] = False  # (a parameter may be anything)
+    stack: list[ast.AST] = list(fn.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, _DISPLAYS[1:2] + _DISPLAYS[4:5] + _DISPLAYS[6:] + (ast.GeneratorExp,)):
+            continue  # another scope: its loop names are its own
+        display = None
+        if isinstance(node, ast.Assign):
+            display = isinstance(node.value, _DISPLAYS)
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            display = isinstance(node, ast.AnnAssign) and isinstance(node.value, _DISPLAYS)
+            targets = [node.target]
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.NamedExpr)):
+            targets = [getattr(node, "target", None)] + [
+                i.optional_vars for i in getattr(node, "items", ())
+            ]
+            display = False
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                found[(alias.asname or alias.name).split(".")[0]] = False
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            found[node.name] = False
+        if display is not None:
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = found.get(target.id, True) and display
+                elif target is not None:  # unpacked: what each name gets is unknown
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Name):
+                            found[sub.id] = False
+        stack.extend(ast.iter_child_nodes(node))
+    return {name for name, only in found.items() if only}
+
+
+def _loads(fn, expr) -> set[str]:
+    """The names ``expr`` reads (comprehension variables included), but inside
+    ``torch.tensor(...)``: a run's call evaluates those (_FactoryHoister), so a list made
+    a tensor there (a parser's ``torch.tensor(mask)``) is not given to the run."""
+    names: set[str] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call) and _torch_factory(fn, node):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        stack.extend(ast.iter_child_nodes(node))
+    return names
 
 
 def _comprehension_names(value) -> set:

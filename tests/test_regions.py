@@ -396,10 +396,11 @@ def embed_all(ids, h):
 def test_factories_over_comprehension_variables_stay_inside():
     ids = [[1, 2, 3], [4], [5, 6, 7, 8]]
     hs = [torch.randn(DIM) for _ in ids]
-    # the comprehension is a scan over the ids (acrobat/scan.py), the sum a region
-    scan, region = analysis.outline(embed_all.fn).regions
+    # the comprehension is a scan over the ids (acrobat/scan.py); the sum reads its list
+    # (SPLIT_CONTAINERS: given the list, a run would run op by op) and the tanh after it
+    # is one op: no run
+    (scan,) = analysis.outline(embed_all.fn).regions
     assert isinstance(scan, analysis.ScanBlock) and scan.values == (0,)
-    assert type(region) is analysis.RegionBlock
     _map_matches_eager(embed_all, ids, hs)
 
 
@@ -702,3 +703,74 @@ def test_run_arguments_become_the_tensors_torch_makes(values, n):
         want = [f.eager(x, v, n) for x, v in zip(xs, values)]
     assert_close_tree([t for t, _ in got], [t for t, _ in want], atol=0, rtol=0)
     assert_close_tree([y for _, y in got], [y for _, y in want])
+
+
+mix = nn.Linear(2 * DIM, DIM)
+query = nn.Linear(DIM, DIM)
+
+
+def attend(tree):
+    """Attention over a node's children: the children's states come back in a list
+    (a container, which a run would have to take whole), the work after it and the
+    returned expression are straight-line."""
+    if isinstance(tree, int):
+        return torch.tanh(leaf_lin(emb(torch.tensor(tree)))[:DIM])
+    kids = [attend(c) for c in tree]
+    k = torch.stack(kids)
+    q = query(k.mean(0))
+    a = torch.softmax(k @ q, 0)
+    pooled = (a.unsqueeze(1) * k).sum(0)
+    return torch.tanh(mix(torch.cat([pooled, k.max(0).values])))
+
+
+@acrobat.autobatch
+def attend_tree(tree):
+    return attend(tree)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), batch=st.integers(1, 6))
+def test_work_after_a_list_and_a_returned_expression_join_one_run(seed, batch):
+    """``k = torch.stack(kids)`` reads a list: left out of the run (given the list, the
+    run would have run op by op); the three assignments after it and the returned
+    expression (split off its ``return``) are one region: per internal node, a stack and
+    one block node. The leaf's lone ``return`` stays as written (its lookup's fast path)."""
+    rng = random.Random(seed)
+    trees = [random_tree(rng, 3) for _ in range(batch)]
+    stats = _map_matches_eager(attend_tree, trees)
+    internal = sum(tree_nodes(t) - _leaves(t) for t in trees)
+    blocks = {n: v[1] for n, v in stats.by_op.items() if n.startswith("block:attend")}
+    assert list(blocks.values()) == ([internal] if internal else []), blocks
+    lines, start = inspect.getsourcelines(attend)
+    q = start + next(i for i, line in enumerate(lines) if "q = query" in line)
+    assert not internal or [f"lines {q}-{q + 3}" in n for n in blocks] == [True]  # to return
+    assert stats.by_op.get("stack", (0, 0))[1] == internal
+
+
+def _leaves(tree) -> int:
+    return 1 if isinstance(tree, int) else _leaves(tree[0]) + _leaves(tree[1])
+
+
+def test_container_names_are_locals_only_ever_bound_to_displays():
+    import ast
+    import textwrap
+
+    src = textwrap.dedent(
+        """
+        def f(xs, t):
+            kids = [g(c) for c in t]
+            pair = (1, 2)
+            table = {}
+            table = {1: 2}
+            maybe = []
+            maybe = xs
+            a, b = [1, 2]
+            xs = [1]
+            for item in xs:
+                loop = [item]
+            inner = [y for y in xs]
+            return kids
+        """
+    )
+    fn = ast.parse(src).body[0]
+    assert analysis._container_names(fn) == {"kids", "pair", "table", "loop", "inner"}
