@@ -1042,14 +1042,28 @@ def _outline(fn) -> Outlined | None:
             dispatcher = RegionBlock(region_fn, r.tensor_args)
         dispatchers[r.placeholder] = dispatcher
         regions.append(dispatcher)
-    main = codes[node.name]
-    consts = tuple(dispatchers.get(c, c) if type(c) is float else c for c in main.co_consts)
+    main = _dispatched(codes[node.name], dispatchers)
     # (co_firstlineno stays the recompiled def's: line numbers are stored relative to it,
     # so the original's, a decorator's line, moved every reported line up by one)
-    new = main.replace(co_consts=consts, co_name=code.co_name, co_qualname=code.co_qualname)
+    new = main.replace(co_name=code.co_name, co_qualname=code.co_qualname)
     if new.co_freevars:  # pragma: no cover - no nested scopes, so none
         return None
     return Outlined(new, regions)
+
+
+def _dispatched(code: types.CodeType, dispatchers: dict) -> types.CodeType:
+    """``code`` with each placeholder constant replaced by its dispatcher, in the code of
+    its comprehensions too (their own code objects, among its constants: the type checks
+    are rewritten inside them)."""
+    consts = tuple(
+        dispatchers.get(c, c)
+        if type(c) is float
+        else _dispatched(c, dispatchers)
+        if type(c) is types.CodeType
+        else c
+        for c in code.co_consts
+    )
+    return code.replace(co_consts=consts)
 
 
 class _Lookups(ast.NodeTransformer):
@@ -1150,18 +1164,17 @@ class _TypeChecks(ast.NodeTransformer):
         call = ast.Call(func=ast.Constant(placeholder), args=[f, *node.args], keywords=[])
         return _located(call, node)
 
-    def _scope(self, node):  # another code object: its constants are not the function's
+    def _scope(self, node):  # (comprehensions are visited: _dispatched reaches them)
         return node
 
-    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
     visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
 
 
 def _rewrite_type_checks(node: ast.FunctionDef) -> int:
-    """Rewrite ``isinstance(x, T)`` and ``torch.is_tensor(x)`` in ``node``'s own code (not in
-    comprehensions, whose code objects keep their constants) to calls of
-    :func:`lazy_isinstance` / :func:`lazy_is_tensor`, given the callee as written (so a
-    shadowed ``isinstance`` is still the one called). Returns how many were rewritten."""
+    """Rewrite ``isinstance(x, T)`` and ``torch.is_tensor(x)`` in ``node``'s own code and
+    its comprehensions to calls of :func:`lazy_isinstance` / :func:`lazy_is_tensor`,
+    given the callee as written (so a shadowed ``isinstance`` is still the one called).
+    Returns how many were rewritten."""
     checks = _TypeChecks()
     node.body = [checks.visit(stmt) for stmt in node.body]
     return checks.count

@@ -49,6 +49,20 @@ def encode_is_tensor(t, model: Net):
     return torch.stack(kids).sum(0)
 
 
+@acrobat.autobatch
+def encode_comprehension(t, model: Net):
+    """The checks inside comprehensions (code objects of their own)."""
+    leaves = [torch.relu(model.leaf(c)) for c in t if isinstance(c, torch.Tensor)]
+    inner = [encode_comprehension(c, model) for c in t if not torch.is_tensor(c)]
+    return torch.stack(leaves + inner).sum(0)
+
+
+def _nested(depth: int, gen: torch.Generator) -> list:
+    """A tree whose root is a list (encode_comprehension takes lists)."""
+    kids = [_tree(depth - 1, gen) for _ in range(int(torch.randint(1, 4, (1,), generator=gen)))]
+    return [k if torch.is_tensor(k) else _nested(depth - 1, gen) if depth > 1 else k for k in kids]
+
+
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), batch=st.integers(1, 6))
 def test_trees_with_tensor_leaves_map_as_eager(seed, batch):
@@ -56,6 +70,9 @@ def test_trees_with_tensor_leaves_map_as_eager(seed, batch):
     trees = [_tree(3, gen) for _ in range(batch)]
     model = Net()
     with torch.no_grad():
+        lists = [_nested(3, gen) for _ in range(batch)]
+        got = encode_comprehension.map(lists, model=model)
+        assert_close_tree(got, [encode_comprehension.eager(t, model=model) for t in lists])
         for fn in (encode, encode_is_tensor):
             assert_close_tree(fn.map(trees, model=model), [fn.eager(t, model=model) for t in trees])
 
