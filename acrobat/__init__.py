@@ -11,7 +11,13 @@ Write the forward pass for ONE instance in plain PyTorch, decorate it with
 from acrobat import config, fusion
 from acrobat.api import Autobatched, autobatch, concurrent, fork, phase, stats
 from acrobat.block import block
-from acrobat.errors import AcrobatError, LazyValueError, ShapeError, UnsupportedOpError
+from acrobat.errors import (
+    AcrobatError,
+    AcrobatWarning,
+    LazyValueError,
+    ShapeError,
+    UnsupportedOpError,
+)
 from acrobat.fibers import Future
 from acrobat.ops import TABLE as OPS
 from acrobat.stats import Stats
@@ -22,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "OPS",
     "AcrobatError",
+    "AcrobatWarning",
     "Autobatched",
     "Future",
     "LazyTensor",

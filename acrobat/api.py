@@ -6,10 +6,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
+import warnings
 import weakref
 
+import torch
+
 from acrobat import analysis, config, fibers, graph, memory, ops
-from acrobat.errors import AcrobatError
+from acrobat.errors import AcrobatError, AcrobatWarning
 from acrobat.stats import Stats
 
 _LAST_STATS: Stats | None = None
@@ -25,6 +28,7 @@ class Autobatched:
         self._bound: weakref.WeakKeyDictionary | None = None  # object -> bound Autobatched
         # the torch functions with a stand-in that its maps have called (ops.fast_functions)
         self._calls: frozenset = frozenset()
+        self._warned_objects = False  # the unbatched-objects warning, given once
 
     def __get__(self, obj, objtype=None):
         """On a method (``@acrobat.autobatch`` in a class body), ``model.encode`` is the
@@ -98,7 +102,47 @@ class Autobatched:
             if ops.MISSED:  # called without their stand-ins in place: in from the next map
                 self._calls = self._calls | ops.MISSED
                 ops.MISSED.clear()
+        if st.nodes == 0 and not self._warned_objects:
+            where = _tensor_in_objects(columns[k][0] for k in range(len(columns)))
+            if where is not None:
+                self._warned_objects = True
+                warnings.warn(
+                    f"{self.__name__}.map batched nothing: instance 0's tensors are attributes "
+                    f"of objects ({where}), which acrobat does not treat as per-instance "
+                    "inputs, so their ops ran one instance at a time. Pass the tensors in "
+                    "tuples, lists, dicts or namedtuples (or as arguments) to batch them.",
+                    AcrobatWarning,
+                    stacklevel=2,
+                )
         return (results, st) if stats else results
+
+
+def _tensor_in_objects(args, depth: int = 3) -> str | None:
+    """Where a tensor sits in an attribute of a user object among ``args`` (followed
+    through containers and attributes, ``depth`` levels), as ``Type.attribute``; None if
+    none does. Only for the warning above: objects are not walked otherwise."""
+    stack = [(a, depth) for a in args]
+    seen: set[int] = set()
+    while stack:
+        a, left = stack.pop()
+        if id(a) in seen or left < 0 or isinstance(a, (str, bytes, int, float, torch.Tensor)):
+            continue
+        seen.add(id(a))
+        if isinstance(a, (list, tuple)):
+            stack.extend((x, left) for x in a[:16])
+        elif isinstance(a, dict):
+            stack.extend((x, left) for x in list(a.values())[:16])
+        elif isinstance(a, torch.nn.Module) or callable(a):
+            continue
+        else:
+            fields = getattr(a, "__dict__", None)
+            if not isinstance(fields, dict):
+                continue
+            for name, value in list(fields.items())[:32]:
+                if isinstance(value, torch.Tensor):
+                    return f"{type(a).__name__}.{name}"
+                stack.append((value, left - 1))
+    return None
 
 
 def autobatch(fn) -> Autobatched:

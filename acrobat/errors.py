@@ -47,6 +47,10 @@ class AcrobatError(RuntimeError):
     """An error in how acrobat was used (unsupported op, bad shapes, bad map inputs, ...)."""
 
 
+class AcrobatWarning(UserWarning):
+    """Something ran correctly but not batched the way the user likely meant."""
+
+
 class UnsupportedOpError(AcrobatError, NotImplementedError):
     """A torch function acrobat cannot record on lazy tensors."""
 
