@@ -140,7 +140,9 @@ def _tensor_in_objects(args, depth: int = 3) -> str | None:
                 continue
             for name, value in list(fields.items())[:32]:
                 if isinstance(value, torch.Tensor):
-                    return f"{type(a).__name__}.{name}"
+                    if type(value) is not torch.nn.Parameter and not value.requires_grad:
+                        return f"{type(a).__name__}.{name}"  # (instance data, not state)
+                    continue
                 stack.append((value, left - 1))
     return None
 

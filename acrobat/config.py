@@ -113,6 +113,11 @@ RELEVEL: bool = bool(_env_int("ACROBAT_RELEVEL", 1))
 #: empty buffer run with the other instances' steps instead of as a batch of their own.
 MERGE_LIFTED: bool = bool(_env_int("ACROBAT_MERGE_LIFTED", 1))
 
+#: Tensors in the attributes of the user's objects among a map's arguments (a tree of
+#: ``Node``\ s with ``node.x``) read as per-instance inputs in instance code, as tensors in
+#: lists do (acrobat/objects.py). Off: they are real tensors and their ops run eagerly.
+OBJECT_INPUTS: bool = bool(_env_int("ACROBAT_OBJECT_INPUTS", 1))
+
 #: Batched ``tanh`` runs a vectorised numba kernel (acrobat_kernels/unary.py) for float32
 #: CPU tensors of at least 1024 elements: 3-4x faster than ``torch.tanh``, which this
 #: CPU build of torch evaluates one element at a time; within 2 ulp of float64 (torch:

@@ -27,7 +27,7 @@ import torch
 from greenlet import greenlet
 from torch.overrides import TorchFunctionMode
 
-from acrobat import config, graph, ops, tensor
+from acrobat import config, graph, objects, ops, tensor
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
 from acrobat.executor import execute, reset_slots
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
@@ -956,7 +956,8 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     kernels = config.override(**_AUTOCAST_OFF) if rt.autocast else contextlib.nullcontext()
     try:
         kernels.__enter__()
-        _drive(rt, RecordMode(), fn_name)
+        with objects.instance_attributes(rt, arg_tuples):
+            _drive(rt, RecordMode(), fn_name)
         graph.check_hoisted(rt)
         if rt.deferred and _queue_deferred([f.value for f in rt.all_fibers], rt):
             _flush(rt)  # constants returned as they are, all in one batch

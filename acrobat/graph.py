@@ -117,7 +117,7 @@ class Runtime:
         "tracer", "ready", "blocked", "main", "pool", "failed", "all_fibers", "live", "phased",
         "thread", "nodes", "deferred", "py_rows", "shared",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
-        "grad_regions", "grad_resume", "__weakref__",
+        "grad_regions", "grad_resume", "object_inputs", "object_owner", "__weakref__",
     )  # fmt: skip
     _ids = itertools.count(1)
 
@@ -165,6 +165,11 @@ class Runtime:
         # resumes, to put the thread's grad mode back to that fiber's
         self.grad_regions = 0
         self.grad_resume: Any = None
+        # (instance, id(tensor)) -> (tensor, its lazy input), for tensors read from the
+        # attributes of the user's objects (acrobat/objects.py); id(tensor) -> the first
+        # instance that read it
+        self.object_inputs: dict = {}
+        self.object_owner: dict = {}
 
 
 class GradTag:

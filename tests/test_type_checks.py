@@ -4,8 +4,6 @@ are tensors, told from its lists that way, maps as it runs eagerly."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -141,32 +139,3 @@ def test_the_checks_are_off_with_the_flag_and_isinstance_is_no_block_builtin(mon
     with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
         leaves.map(trees, model=model)  # the lazy leaf taken for a list, as before
 
-
-class _Node:
-    def __init__(self, x, kids):
-        self.x, self.kids = x, kids
-
-
-@acrobat.autobatch
-def object_tree(n, model: Net):
-    if not n.kids:
-        return torch.tanh(model.leaf(n.x))
-    return torch.stack([object_tree(k, model) for k in n.kids]).sum(0)
-
-
-def test_tensors_in_user_objects_run_correctly_and_the_map_says_it_batched_nothing():
-    """Tensors held in attributes of the user's own objects are not per-instance inputs
-    (README): their ops run instance by instance, correctly, and the map warns once that
-    it batched nothing, naming the attribute."""
-    gen = torch.Generator().manual_seed(3)
-    leaf = lambda: _Node(torch.randn(H, generator=gen), [])
-    trees = [_Node(None, [leaf(), _Node(None, [leaf(), leaf()])]) for _ in range(3)]
-    model = Net()
-    with torch.no_grad(), pytest.warns(acrobat.AcrobatWarning, match=r"_Node\.x"):
-        got, stats = object_tree.map(trees, model=model, stats=True)
-    assert stats.nodes == 0
-    assert_close_tree(got, [object_tree.eager(t, model=model) for t in trees])
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per function
-        object_tree.map(trees, model=model)
-        encode.map([torch.randn(H)], model=model)  # (batched: never)
