@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from threading import get_ident
 
 import torch
 
@@ -150,6 +151,8 @@ def _lazy_input(value: torch.Tensor):
     rt = graph.RT
     if rt is None or rt.fiber is None or rt.tracer is not None or value.requires_grad:
         return value
+    if rt.thread != get_ident():
+        return value  # another thread reading the object while the map runs
     if not torch._C._is_torch_function_enabled():
         return value  # (acrobat's or torch's own evaluation)
     instance = rt.fiber.instance

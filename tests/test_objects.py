@@ -133,3 +133,22 @@ def test_attribute_writes_and_parameters_stay_as_eager():
 @acrobat.autobatch
 def scaled(s: Sample):
     return s.x * 2 + 1
+
+
+def test_another_thread_reading_an_object_during_a_map_gets_its_real_tensor():
+    import threading
+
+    seen = []
+    sample = Sample(torch.randn(H))
+
+    @acrobat.autobatch
+    def peek(s: Sample):
+        y = s.x + 1  # lazy here
+        worker = threading.Thread(target=lambda: seen.append(type(s.x)))
+        worker.start()
+        worker.join()
+        return y
+
+    got = peek.map([sample])
+    assert seen == [torch.Tensor]
+    assert_close_tree(got, [sample.x + 1])
