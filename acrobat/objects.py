@@ -55,6 +55,9 @@ def tensor_attributes(arg_tuples: list[tuple]) -> set[tuple[type, str]]:
 
 
 def _walk(stack: list, found: set, seen: set, budget: int, objects: int) -> tuple[int, int]:
+    """Walk the values on ``stack`` (containers, and the attributes of objects), adding to
+    ``found`` the (class, attribute) pairs holding instance tensors; returns the budget
+    left and the count of objects with attributes met so far."""
     while stack and budget > 0:
         a = stack.pop()
         t = type(a)
