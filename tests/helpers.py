@@ -74,3 +74,13 @@ def check_grads(f, inputs, module, atol=1e-6, rtol=1e-5, **shared):
     for k in want:
         torch.testing.assert_close(got[k], want[k], atol=atol, rtol=rtol, msg=k)
     return stats
+
+
+class TreeNet(torch.nn.Module):
+    """A leaf layer and a two-child mix of width ``hidden``: the cells of the small tree
+    models the tests write (tests/test_type_checks.py, tests/test_objects.py)."""
+
+    def __init__(self, hidden: int = 8):
+        super().__init__()
+        self.leaf = torch.nn.Linear(hidden, hidden)
+        self.mix = torch.nn.Linear(2 * hidden, hidden)

@@ -12,16 +12,11 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis, config
-from tests.helpers import assert_close_tree
+from tests.helpers import TreeNet, assert_close_tree
 
 H = 8
 
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.leaf = nn.Linear(H, H)
-        self.mix = nn.Linear(2 * H, H)
+Net = TreeNet  # hidden H
 
 
 def _tree(depth: int, gen: torch.Generator):
