@@ -1361,7 +1361,7 @@ class _Rewriter:
                 ops += k
             mapped = self._comprehension(stmt, bound) if stmt is not None else None
             k = self._ops(stmt) if stmt is not None and mapped is None else -1
-            if k >= 0 and self.containers and _loads(self.fn, stmt.value) & self.containers:
+            if k >= 0 and self._reads_container(stmt.value):
                 k = -1  # a run given a list runs as written: leave the statement out of it
             if k >= 0:
                 run.append(stmt)
@@ -1387,6 +1387,10 @@ class _Rewriter:
                 bound |= _assigned_names(stmt)
         return out
 
+    def _reads_container(self, expr) -> bool:
+        """Whether ``expr`` reads one of the function's container locals (SPLIT_CONTAINERS)."""
+        return bool(self.containers) and not self.containers.isdisjoint(_loads(self.fn, expr))
+
     def _split_return(self, stmt: ast.Return, run: list) -> tuple[ast.Return, int]:
         """``return <expr>`` after a run, where ``<expr>`` is an outlinable right-hand side
         with tensor calls: ``_acrobat_return_k = <expr>`` appended to ``run`` and
@@ -1398,7 +1402,7 @@ class _Rewriter:
         name = f"_acrobat_return_{self.returns}"
         assign = _located(ast.Assign(targets=[ast.Name(name, ast.Store())], value=stmt.value), stmt)
         k = self._ops(assign)
-        if k <= 0 or (self.containers and _loads(self.fn, assign.value) & self.containers):
+        if k <= 0 or self._reads_container(assign.value):
             return stmt, 0
         self.returns += 1
         self.local.add(name)
@@ -1866,7 +1870,7 @@ def _container_names(fn: ast.FunctionDef) -> set[str]:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             continue
-        if isinstance(node, _DISPLAYS[1:2] + _DISPLAYS[4:5] + _DISPLAYS[6:] + (ast.GeneratorExp,)):
+        if isinstance(node, _COMPREHENSIONS):
             continue  # another scope: its loop names are its own
         display = None
         if isinstance(node, ast.Assign):

@@ -9,9 +9,7 @@ import types
 import warnings
 import weakref
 
-import torch
-
-from acrobat import analysis, config, fibers, graph, memory, ops
+from acrobat import analysis, config, fibers, graph, memory, objects, ops
 from acrobat.errors import AcrobatError, AcrobatWarning
 from acrobat.stats import Stats
 
@@ -103,8 +101,9 @@ class Autobatched:
                 self._calls = self._calls | ops.MISSED
                 ops.MISSED.clear()
         if st.nodes == 0 and not self._warned_objects:
-            where = _tensor_in_objects(columns[k][0] for k in range(len(columns)))
-            if where is not None:
+            found = objects.attributes_with_tensors([tuple(c[0] for c in columns)])
+            if found:
+                where = ", ".join(sorted(f"{cls.__name__}.{name}" for cls, name in found))
                 self._warned_objects = True
                 warnings.warn(
                     f"{self.__name__}.map batched nothing: instance 0's tensors are attributes "
@@ -115,36 +114,6 @@ class Autobatched:
                     stacklevel=2,
                 )
         return (results, st) if stats else results
-
-
-def _tensor_in_objects(args, depth: int = 3) -> str | None:
-    """Where a tensor sits in an attribute of a user object among ``args`` (followed
-    through containers and attributes, ``depth`` levels), as ``Type.attribute``; None if
-    none does. Only for the warning above: objects are not walked otherwise."""
-    stack = [(a, depth) for a in args]
-    seen: set[int] = set()
-    while stack:
-        a, left = stack.pop()
-        if id(a) in seen or left < 0 or isinstance(a, (str, bytes, int, float, torch.Tensor)):
-            continue
-        seen.add(id(a))
-        if isinstance(a, (list, tuple)):
-            stack.extend((x, left) for x in a[:16])
-        elif isinstance(a, dict):
-            stack.extend((x, left) for x in list(a.values())[:16])
-        elif isinstance(a, torch.nn.Module) or callable(a):
-            continue
-        else:
-            fields = getattr(a, "__dict__", None)
-            if not isinstance(fields, dict):
-                continue
-            for name, value in list(fields.items())[:32]:
-                if isinstance(value, torch.Tensor):
-                    if type(value) is not torch.nn.Parameter and not value.requires_grad:
-                        return f"{type(a).__name__}.{name}"  # (instance data, not state)
-                    continue
-                stack.append((value, left - 1))
-    return None
 
 
 def autobatch(fn) -> Autobatched:

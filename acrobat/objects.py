@@ -16,7 +16,8 @@ instance reads it (shared: the first keeps its input, which is as correct), and 
 outside instance code (acrobat's own, or torch's inside an op). The classes are restored
 when the map returns or raises. Classes that cannot take an attribute (defined in C),
 ``__slots__`` classes and objects past the walk's bounds keep the old behaviour, which
-the map's warning (``api._tensor_in_objects``) names when nothing was batched.
+the map's warning (``api.Autobatched.map``, from the same walk) names when nothing was
+batched.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ _MAX_OBJECTS = 256  # objects walked per map, at most: the classes show up early
 
 
 def tensor_attributes(arg_tuples: list[tuple]) -> set[tuple[type, str]]:
+    """The pairs of :func:`attributes_with_tensors` that can take a descriptor."""
+    found = attributes_with_tensors(arg_tuples)
+    return {(cls, name) for cls, name in found if _patchable(cls, name)}
+
+
+def attributes_with_tensors(arg_tuples: list[tuple]) -> set[tuple[type, str]]:
     """(class, attribute) of the user objects among the instances' arguments whose
     attribute holds a tensor that is not a parameter (nor requires grad), as far as a walk
     of at most _MAX_OBJECTS objects sees. Where instance 0's arguments hold no object
@@ -51,7 +58,7 @@ def tensor_attributes(arg_tuples: list[tuple]) -> set[tuple[type, str]]:
         budget, objects = _walk([args], found, seen, budget, objects)
         if budget <= 0:
             break
-    return {(cls, name) for cls, name in found if _patchable(cls, name)}
+    return found
 
 
 def _walk(stack: list, found: set, seen: set, budget: int, objects: int) -> tuple[int, int]:
