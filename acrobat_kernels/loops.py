@@ -170,11 +170,11 @@ def _linear_part(params):  # pragma: no cover - compiled by numba
         turn += 1
         xa = p[0] + s0 * k * 4
         ca = p[3] + s0 * n * 4 if c_rows > 1 else p[3]
-        c_part = s1 - s0 if c_rows > 1 else c_rows
         if p[10]:  # by columns: this thread's rows of W (the same in every part), all of x
             j0, j1 = share(n, me, parts)
             if j1 > j0:
                 cj = ca + j0 * 4 if c_rows > 0 else ca
+                c_part = s1 - s0 if c_rows > 1 else c_rows
                 oa = p[5] + (s0 * n + j0) * 4
                 _linear(xa, p[1] + j0 * p[2] * 4, p[2], cj, c_part, oa, s1 - s0, kk, j1 - j0,
                         n, k)  # fmt: skip
