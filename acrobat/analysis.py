@@ -686,6 +686,10 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
 MIN_REGION_OPS = 2  # tensor calls a run needs to be worth a block (one op is one node anyway)
 SPLIT_DEMANDS = True  # x = int(<tensor work>): the work may join a run (read when outlining)
 SPLIT_RETURNS = True  # return <tensor work>: the work may join a run (read when outlining)
+# ... and a returned expression alone (no run before it) is a run of its own
+LONE_RETURNS = True
+# a run's reads of ``obj.attr`` where ``obj`` is only read that way are made at its call
+REGION_ATTRIBUTES = True
 # statements reading a local only ever bound to a list/tuple/dict/set display or
 # comprehension stay out of runs (a run given one runs op by op: read when outlining)
 SPLIT_CONTAINERS = True
@@ -1111,6 +1115,18 @@ class _Lookups(ast.NodeTransformer):
     visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
 
 
+def _has_lookup(expr) -> bool:
+    """Whether ``expr`` holds an ``f(torch.tensor(x))`` that _rewrite_lookups would route."""
+    return any(
+        isinstance(sub, ast.Call)
+        and len(sub.args) == 1
+        and isinstance(sub.args[0], ast.Call)
+        and _torch_attr(sub.args[0].func) == "tensor"
+        and _callee(sub.func)
+        for sub in ast.walk(expr)
+    )
+
+
 def _torch_attr(func) -> str | None:
     """``name`` where ``func`` is written ``torch.name``, else None."""
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
@@ -1356,7 +1372,7 @@ class _Rewriter:
         bound = set(inherited)
         stmts = self._split_demands(stmts)
         for stmt in stmts + [None]:
-            if run and isinstance(stmt, ast.Return):
+            if isinstance(stmt, ast.Return) and (run or LONE_RETURNS):
                 stmt, k = self._split_return(stmt, run)  # its tensor work may end the run
                 ops += k
             mapped = self._comprehension(stmt, bound) if stmt is not None else None
@@ -1395,14 +1411,18 @@ class _Rewriter:
         """``return <expr>`` after a run, where ``<expr>`` is an outlinable right-hand side
         with tensor calls: ``_acrobat_return_k = <expr>`` appended to ``run`` and
         ``return _acrobat_return_k`` returned (a tree cell's last line, ``return
-        torch.tanh(mix(...))``, joins the block of the lines before it). Alone, a
-        returned expression stays as written (an embedding lookup keeps its fast path)."""
+        torch.tanh(mix(...))``, joins the block of the lines before it). Alone (``run``
+        empty: a tree cell's branch that only returns, or returns after a loop), it is a
+        run of its own if it makes MIN_REGION_OPS tensor calls (LONE_RETURNS), unless it
+        holds an embedding lookup, which keeps its fast path (``_rewrite_lookups``)."""
         if not SPLIT_RETURNS or stmt.value is None:
             return stmt, 0
         name = f"_acrobat_return_{self.returns}"
         assign = _located(ast.Assign(targets=[ast.Name(name, ast.Store())], value=stmt.value), stmt)
         k = self._ops(assign)
         if k <= 0 or self._reads_container(assign.value):
+            return stmt, 0
+        if not run and (k < MIN_REGION_OPS or _has_lookup(stmt.value)):
             return stmt, 0
         self.returns += 1
         self.local.add(name)
@@ -1671,10 +1691,13 @@ class _Rewriter:
         params: list = []
         assigned: list = []
         hoisted: list = []  # (parameter, expression evaluated at the call)
+        objects = _object_roots(run, self.local) if REGION_ATTRIBUTES else set()
         for stmt in run:
             bound = _comprehension_names(stmt.value)
             keep = set(assigned) | bound  # names the call site cannot evaluate
             stmt.value = _FactoryHoister(self.fn, keep, hoisted).visit(stmt.value)
+            if objects - keep:
+                stmt.value = _AttributeHoister(objects - keep, hoisted).visit(stmt.value)
             for sub in ast.walk(stmt.value):
                 if (
                     isinstance(sub, ast.Name)
@@ -2003,6 +2026,39 @@ class _AttributeHoister(ast.NodeTransformer):
                 self.hoisted.append((name, node))
             return ast.copy_location(ast.Name(name, ast.Load()), node)
         return self.generic_visit(node)
+
+
+_TENSOR_ATTRIBUTES = frozenset(dir(torch.Tensor))
+
+
+def _object_roots(run: list, local: set) -> set:
+    """Locals of ``run`` read only as ``name.attr`` (never called through, ``name.f(...)``,
+    and never an attribute a tensor has, ``x.shape``): likely the user's own objects (a
+    tree node's ``node.x``), whose attributes a region reads at its call instead
+    (REGION_ATTRIBUTES); given the object itself, the region would run as written."""
+    roots: set = set()
+    other: set = set()
+    for stmt in run:
+        attributes = set()
+        for sub in ast.walk(stmt.value):
+            if isinstance(sub, ast.Attribute):
+                attributes.add(id(sub.value))
+                root = sub.value
+                if isinstance(root, ast.Name) and root.id in local:
+                    if isinstance(sub.ctx, ast.Load) and sub.attr not in _TENSOR_ATTRIBUTES:
+                        roots.add(root.id)
+                    else:
+                        other.add(root.id)
+            elif isinstance(sub, ast.Call):
+                func = sub.func
+                while isinstance(func, ast.Attribute):
+                    func = func.value
+                if isinstance(func, ast.Name):
+                    other.add(func.id)  # a call through it: a module, a method
+        for sub in ast.walk(stmt.value):  # read bare: passed on as it is
+            if isinstance(sub, ast.Name) and id(sub) not in attributes:
+                other.add(sub.id)
+    return roots - other
 
 
 _FACTORIES = {"tensor", "as_tensor"}

@@ -774,3 +774,95 @@ def test_container_names_are_locals_only_ever_bound_to_displays():
     )
     fn = ast.parse(src).body[0]
     assert analysis._container_names(fn) == {"kids", "pair", "table", "loop", "inner"}
+
+
+class Obj:
+    """A tree node of the user's own class: its input in an attribute (config.OBJECT_INPUTS)."""
+
+    def __init__(self, x, children):
+        self.x, self.children = x, children
+
+
+obj_leaf = nn.Linear(DIM, DIM)
+obj_mix = nn.Linear(2 * DIM, DIM)
+
+
+def obj_state(node):
+    """A tree cell whose internal branch is a loop around the recursive call: both
+    returns stand alone (no run before them) and read ``node.x``."""
+    if not node.children:
+        return torch.tanh(obj_leaf(node.x))
+    h = torch.zeros(DIM)
+    for c in node.children:
+        h = h + obj_state(c)
+    return torch.tanh(obj_mix(torch.cat([h, node.x])))
+
+
+@acrobat.autobatch
+def obj_encode(node):
+    return obj_state(node)
+
+
+def random_obj(rng: random.Random, height: int) -> Obj:
+    x = torch.randn(DIM, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+    if height == 0 or rng.random() < 0.3:
+        return Obj(x, [])
+    return Obj(x, [random_obj(rng, height - 1) for _ in range(rng.randint(1, 3))])
+
+
+def _obj_counts(node: Obj) -> tuple[int, int]:
+    """(leaves, internal nodes) of an Obj tree."""
+    if not node.children:
+        return 1, 0
+    counts = [_obj_counts(c) for c in node.children]
+    return sum(c[0] for c in counts), 1 + sum(c[1] for c in counts)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), batch=st.integers(1, 6))
+def test_lone_returns_reading_object_attributes_are_blocks(seed, batch):
+    """Each ``return <tensor work>`` standing alone is a run of its own (LONE_RETURNS),
+    and ``node.x`` in it is read at the region's call (REGION_ATTRIBUTES): given the
+    ``Obj`` itself, the region ran as written, op by op. One block node per tree node."""
+    rng = random.Random(seed)
+    trees = [random_obj(rng, 3) for _ in range(batch)]
+    stats = _map_matches_eager(obj_encode, trees)
+    leaves = sum(_obj_counts(t)[0] for t in trees)
+    internal = sum(_obj_counts(t)[1] for t in trees)
+    lines, start = inspect.getsourcelines(obj_state)
+    leaf_line = start + next(i for i, line in enumerate(lines) if "obj_leaf(" in line)
+    mix_line = start + next(i for i, line in enumerate(lines) if "obj_mix(" in line)
+    blocks = {n: v[1] for n, v in stats.by_op.items() if n.startswith("block:obj_state")}
+    assert blocks == {
+        f"block:obj_state (test_regions.py, line {leaf_line})": leaves,
+        **({f"block:obj_state (test_regions.py, line {mix_line})": internal} if internal else {}),
+    }
+    assert "linear" not in stats.by_op and "tanh" not in stats.by_op
+
+
+def test_lone_returns_and_region_attributes_off_record_op_by_op(monkeypatch):
+    rng = random.Random(5)
+    trees = [random_obj(rng, 3) for _ in range(4)]
+    try:
+        for flag in ("LONE_RETURNS", "REGION_ATTRIBUTES"):
+            with monkeypatch.context() as mp:
+                mp.setattr(analysis, flag, False)
+                analysis._OUTLINED.pop(obj_state.__code__, None)
+                stats = _map_matches_eager(obj_encode, trees)
+            assert stats.by_op["linear"][1] == sum(sum(_obj_counts(t)) for t in trees), flag
+    finally:
+        analysis._OUTLINED.pop(obj_state.__code__, None)
+
+
+def test_object_roots_are_locals_read_only_through_attributes():
+    import ast
+
+    run = ast.parse(
+        "a = torch.tanh(model.fc(node.x) + cfg.scale * x.shape[0])\n"
+        "b = other.w + other + tree.left.h * z.T\n"
+        "c = obj.p.q(1) + cell.bias\n"
+    ).body
+    local = {"model", "node", "cfg", "x", "other", "tree", "z", "obj", "cell"}
+    # model: called through; x, z: tensor attributes; other: also read bare; obj: a method
+    assert analysis._object_roots(run, local) == {"node", "cfg", "tree", "cell"}
+    assert analysis._object_roots(run, local - {"cfg"}) == {"node", "tree", "cell"}
