@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from acrobat import config, executor, graph
-from acrobat.block import Block
+from acrobat.block import STANDS_FOR, Block
 from acrobat.errors import LazyValueError
 from acrobat.ops import (
     SCALAR_DTYPES,
@@ -652,6 +652,7 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
             if dispatcher is None:
                 dispatcher = _DISPATCHERS[original] = AutoBlock(fn)
                 dispatcher.trampoline = _trampoline_code(fn, dispatcher)
+                STANDS_FOR[dispatcher.trampoline] = dispatcher.impl
                 _value_params(fn, dispatcher)
             if fn.__defaults__ != dispatcher.impl.__defaults__:
                 dispatcher.impl.__defaults__ = fn.__defaults__
@@ -690,6 +691,8 @@ SPLIT_RETURNS = True  # return <tensor work>: the work may join a run (read when
 LONE_RETURNS = True
 # a run's reads of ``obj.attr`` where ``obj`` is only read that way are made at its call
 REGION_ATTRIBUTES = True
+# operators in a statement with a tensor call count as tensor calls (read when outlining)
+OPERATORS = True
 # statements reading a local only ever bound to a list/tuple/dict/set display or
 # comprehension stay out of runs (a run given one runs op by op: read when outlining)
 SPLIT_CONTAINERS = True
@@ -1115,16 +1118,26 @@ class _Lookups(ast.NodeTransformer):
     visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
 
 
+def _is_lookup(expr) -> bool:
+    """Whether ``expr`` is an ``f(torch.tensor(x))`` that _rewrite_lookups routes (a run of
+    only such statements stays as written: the lookup records one node, as a block the
+    tensor and the call record two)."""
+    if not (isinstance(expr, ast.Call) and not expr.keywords and len(expr.args) == 1):
+        return False
+    inner = expr.args[0]
+    return (
+        isinstance(inner, ast.Call)
+        and not inner.keywords
+        and len(inner.args) == 1
+        and not isinstance(inner.args[0], ast.Starred)
+        and _torch_attr(inner.func) == "tensor"
+        and _callee(expr.func)
+    )
+
+
 def _has_lookup(expr) -> bool:
     """Whether ``expr`` holds an ``f(torch.tensor(x))`` that _rewrite_lookups would route."""
-    return any(
-        isinstance(sub, ast.Call)
-        and len(sub.args) == 1
-        and isinstance(sub.args[0], ast.Call)
-        and _torch_attr(sub.args[0].func) == "tensor"
-        and _callee(sub.func)
-        for sub in ast.walk(expr)
-    )
+    return any(_is_lookup(sub) for sub in ast.walk(expr))
 
 
 def _torch_attr(func) -> str | None:
@@ -1385,7 +1398,8 @@ class _Rewriter:
                 bound |= _assigned_names(stmt)
                 continue
             if run:
-                out.extend(self._close(run) if ops >= MIN_REGION_OPS else run)
+                lookups = LOOKUP_CALLS and all(_is_lookup(s.value) for s in run)
+                out.extend(self._close(run) if ops >= MIN_REGION_OPS and not lookups else run)
             run, ops = [], 0
             if stmt is None:
                 continue
@@ -1736,7 +1750,7 @@ class _Rewriter:
         bound = _comprehension_names(value)
         if bound & self.local:
             return -1  # a comprehension variable shadowing a local: keep it simple
-        ops = 0
+        ops = operators = 0
         for sub in ast.walk(value):
             if isinstance(sub, _FORBIDDEN):
                 return -1
@@ -1751,6 +1765,12 @@ class _Rewriter:
                 if not _call_ok(f, self.local):
                     return -1
                 ops += self._tensor_call(f)
+            elif isinstance(sub, ast.BinOp) or (
+                isinstance(sub, ast.UnaryOp)
+                and not isinstance(sub.op, ast.Not)
+                and not isinstance(sub.operand, ast.Constant)  # (-1: a number)
+            ):
+                operators += 1
             if (
                 isinstance(sub, ast.Name)
                 and isinstance(sub.ctx, ast.Load)
@@ -1759,7 +1779,9 @@ class _Rewriter:
                 and not _global_ok(self.fn, sub.id, self.seen)
             ):
                 return -1
-        return ops
+        # an operator beside a tensor call is likely a tensor op too (o * torch.tanh(c));
+        # alone, operators are as likely index arithmetic (i = 2 * i + 1)
+        return ops + operators if ops and OPERATORS else ops
 
     def _tensor_call(self, f) -> int:
         """1 if the call is likely a tensor op: torch's, a method or module of a local,

@@ -368,6 +368,8 @@ def _dependencies(fn, keep: list) -> tuple | None:
     while todo:
         f, depth = todo.pop()
         code = getattr(f, "__code__", None)
+        f = STANDS_FOR.get(code, f)  # (inside a map: a trampoline for the function)
+        code = getattr(f, "__code__", None)
         scope = getattr(f, "__globals__", None)
         if code is None or scope is None or code in seen:
             continue
@@ -395,6 +397,9 @@ def _dependencies(fn, keep: list) -> tuple | None:
 
 
 _GLOBAL_NAMES: dict = {}  # code object -> the global names it loads
+# trampoline code (analysis.auto_blocks swaps it in while a map runs) -> a function with
+# the code it stands for, whose globals a trace calling it depends on
+STANDS_FOR: dict = {}
 
 
 def _code_names(code) -> frozenset:
@@ -457,7 +462,14 @@ def _flatten_out(value, leaves: list):
         return (t, {k: _flatten_out(v, leaves) for k, v in value.items()})
     if value is None or t in (int, float, bool, str):
         return ("const", value)
-    raise AcrobatError(f"a block returned a {t.__name__}; return tensors or tuples of tensors")
+    if isinstance(value, tuple) and hasattr(t, "n_fields"):  # torch.return_types (max, sort)
+        return (t, [_flatten_out(v, leaves) for v in value])
+    if isinstance(value, tuple) and hasattr(t, "_fields"):  # a namedtuple: built by field
+        return (("fields", t), [_flatten_out(v, leaves) for v in value])
+    raise AcrobatError(
+        f"a block returned a {t.__name__}; return tensors or (named) tuples, lists or "
+        "dicts of them"
+    )
 
 
 def _unflatten(spec, leaves):
@@ -468,7 +480,9 @@ def _unflatten(spec, leaves):
         return spec[1]
     if kind is dict:
         return {k: _unflatten(v, leaves) for k, v in spec[1].items()}
-    return kind(_unflatten(v, leaves) for v in spec[1])
+    if type(kind) is tuple:  # ("fields", namedtuple class)
+        return kind[1](*[_unflatten(v, leaves) for v in spec[1]])
+    return kind([_unflatten(v, leaves) for v in spec[1]])
 
 
 def _finish_call(trace: Trace, node: Node, inputs: list):

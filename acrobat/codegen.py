@@ -670,6 +670,11 @@ def compile_program(
     pairs = joined_linears(placeholders, nodes, uses, claimed) if config.JOIN_LINEARS else {}
     # each linear of a pair runs only when its inputs came apart (the else branch)
     pair_of = {id(lin): pair for pair in pairs.values() for lin in pair[:2]}
+    for add, pair in pairs.items():
+        if add in members:  # the region reads both products: given the joined buffer
+            # (the executor joins for the op-by-op program), the program runs op by op
+            lines.append(f"    if p{pair[3]} is None:")
+            lines.append(f"        return {e.const('unfused', fused[2])}(xs, n)")
     stack_var: dict = {}  # id(group's first node) -> the variable holding its results
     chunked: dict = {}  # id(chunk node) -> (its matrix's variable, columns per chunk)
     for k, nd in enumerate(order):

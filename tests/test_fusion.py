@@ -287,3 +287,42 @@ def test_loop_steps_run_the_fused_region(seed, n):
     for scan in scans:  # the step (the split's rest, or the whole body) ran fused
         step = scan.split.var if scan.split is not None else scan.trace
         assert "numba" in step.compiled_fused
+
+
+w_x = nn.Linear(H, H)
+w_h = nn.Linear(H, H, bias=False)
+
+
+@acrobat.block
+def forget_gate(x, h, c, c_k):
+    """``W x + U h`` (a pair the executor gathers as one buffer ``[x, h]`` for one GEMM)
+    read by the elementwise region: the fused program is given the joined buffer."""
+    f = torch.sigmoid(w_x(x) + w_h(h))
+    return c + f * c_k
+
+
+@acrobat.autobatch
+def forget_chain(x, hs, cs):
+    c = torch.zeros(H)
+    for h, c_k in zip(hs, cs):
+        c = forget_gate(x, h, c, c_k)
+    return c
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 12))
+def test_a_joined_pair_read_by_the_fused_region_matches_eager(seed, n):
+    """The op-by-op program (first map, the kernel compiling) sets the op's joins; the
+    fused program, once compiled, got ``[x, h]`` joined and read None for ``h``'s product
+    (an AcrobatError, "please report this as an acrobat bug"): it runs op by op then."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    xs = [torch.randn(H, generator=gen) for _ in range(n)]
+    hs = [[torch.randn(H, generator=gen) for _ in range(rng.randint(1, 3))] for _ in xs]
+    cs = [[torch.randn(H, generator=gen) for _ in h] for h in hs]
+    with torch.no_grad(), acrobat.config.override(KERNEL_BACKEND="auto"):
+        want = [forget_chain.eager(*args) for args in zip(xs, hs, cs)]
+        for _ in range(2):
+            torch.testing.assert_close(forget_chain.map(xs, hs, cs), want)
+            fusion.wait_compiled()
+    assert any("numba" in trace.compiled_fused for trace in forget_gate.cache.values())

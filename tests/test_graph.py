@@ -48,7 +48,8 @@ def two_directions(xs):
 def test_directions_batch_separately_and_output_phase_is_one_batch():
     rng = random.Random(0)
     seqs = [[torch.randn(6) for _ in range(rng.randint(2, 7))] for _ in range(12)]
-    with acrobat.config.override(AUTO_SCANS=False):  # else each direction: one node
+    # else each direction is one node, each step's line a region
+    with acrobat.config.override(AUTO_SCANS=False, AUTO_REGIONS=False):
         got, stats = two_directions.map(seqs, stats=True)
     for g, s in zip(got, seqs):
         torch.testing.assert_close(g, two_directions.eager(s))
@@ -77,7 +78,8 @@ def test_phase_makes_output_ops_one_batch():
 
     lengths = [1, 3, 5, 2, 4]
     h0s = [torch.randn(4) for _ in lengths]
-    with acrobat.config.override(AUTO_SCANS=False):  # else the loop: one node per instance
+    # else the loop is one node per instance, its line a region
+    with acrobat.config.override(AUTO_SCANS=False, AUTO_REGIONS=False):
         got, stats = f.map(h0s, lengths, stats=True)
     for g, h0, n in zip(got, h0s, lengths):
         for a, e in zip(g, f.eager(h0, n)):

@@ -866,3 +866,67 @@ def test_object_roots_are_locals_read_only_through_attributes():
     # model: called through; x, z: tensor attributes; other: also read bare; obj: a method
     assert analysis._object_roots(run, local) == {"node", "cfg", "tree", "cell"}
     assert analysis._object_roots(run, local - {"cfg"}) == {"node", "tree", "cell"}
+
+
+cs_emb = nn.Embedding(10, DIM)
+cs_iou = nn.Linear(2 * DIM, 3 * DIM)
+cs_f = nn.Linear(2 * DIM, DIM)
+
+
+def child_sum(node):
+    """A child-sum TreeLSTM cell (Tai et al.) over ``Obj`` nodes holding a word id in
+    ``x``, written as a user would: a lone lookup, a sum over a list, a loop of forget
+    gates and ``h = o * torch.tanh(c)`` standing alone before the return."""
+    hs, cs = [], []
+    for kid in node.children:
+        h, c = child_sum(kid)
+        hs.append(h)
+        cs.append(c)
+    x = cs_emb(torch.tensor(node.x))
+    if hs:
+        h_sum = torch.stack(hs).sum(0)
+    else:
+        h_sum = torch.zeros(DIM)
+    i, o, u = cs_iou(torch.cat([x, h_sum])).chunk(3)
+    c = torch.sigmoid(i) * torch.tanh(u)
+    for h_k, c_k in zip(hs, cs):
+        c = c + torch.sigmoid(cs_f(torch.cat([x, h_k]))) * c_k
+    h = o * torch.tanh(c)
+    return h, c
+
+
+@acrobat.autobatch
+def child_sum_encode(node):
+    return child_sum(node)[0]
+
+
+def random_words(rng: random.Random, height: int) -> Obj:
+    if height == 0 or rng.random() < 0.3:
+        return Obj(rng.randrange(10), [])
+    return Obj(rng.randrange(10), [random_words(rng, height - 1) for _ in range(rng.randint(1, 3))])
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), batch=st.integers(1, 6))
+def test_operators_beside_a_tensor_call_and_lone_lookups(seed, batch):
+    """``h = o * torch.tanh(c)`` counts two tensor ops (OPERATORS) and is a block; the lone
+    ``x = cs_emb(torch.tensor(node.x))`` stays an embedding lookup (one node, no data
+    node) rather than a block fed by a tensor."""
+    rng = random.Random(seed)
+    trees = [random_words(rng, 3) for _ in range(batch)]
+    stats = _map_matches_eager(child_sum_encode, trees)
+    nodes = sum(sum(_obj_counts(t)) for t in trees)
+    lines, start = inspect.getsourcelines(child_sum)
+    last = start + lines.index("    h = o * torch.tanh(c)\n")
+    assert stats.by_op[f"block:child_sum (test_regions.py, line {last})"][1] == nodes
+    assert "tanh" not in stats.by_op and "mul" not in stats.by_op
+    assert "tensor" not in stats.by_op  # (the lookup reads the word id itself)
+    assert sum(v[1] for v in stats.by_op.values()) == stats.nodes
+
+
+def test_operators_count_only_beside_a_tensor_call():
+    import ast
+
+    rw = analysis._Rewriter(child_sum, {"a", "b", "c", "i"})
+    ops = [rw._ops(s) for s in ast.parse("a = b * torch.tanh(c)\ni = 2 * i + 1\na = -b").body]
+    assert ops == [2, 0, 0]

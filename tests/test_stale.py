@@ -32,6 +32,14 @@ def uses_globals_in_a_region(x):
     return HEAD(x) * SCALE + h
 
 
+@acrobat.autobatch
+def region_calls_a_cell(x):
+    h = torch.tanh(global_cell(x * 1))  # a region whose trace calls an automatic block
+    if h.sum() > 100:
+        return h
+    return h * 2
+
+
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
@@ -66,7 +74,10 @@ def _check(fn, **shared):
 
 def test_a_rebound_global_is_seen():
     global HEAD, SCALE
-    for fn in (uses_globals, uses_globals_in_a_region):
+    # (region_calls_a_cell: while a map runs, global_cell's code is a trampoline, which
+    # loads no global; the region's trace depended on none of HEAD and SCALE and kept
+    # computing with the old ones, silently)
+    for fn in (uses_globals, uses_globals_in_a_region, region_calls_a_cell):
         _check(fn)
         old = HEAD, SCALE
         try:
