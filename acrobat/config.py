@@ -195,6 +195,13 @@ HOLD_MEMORY: bool = bool(_env_int("ACROBAT_HOLD_MEMORY", 1))
 #: one batch per part count. Read at every call.
 RAGGED: bool = bool(_env_int("ACROBAT_RAGGED", 1))
 
+#: ``x[i]`` of a lazy tensor with a Python int ``i`` that differs from instance to instance
+#: (the score of the chosen token, ``logp[tok]``; a label's log-probability) batches
+#: across the ints: the int is left out of the op's signature and a batch picks each
+#: node's row (``X[arange(n), idx]``; one int for all: the view ``X[:, i]``). Off, each
+#: int value is a signature of its own (a batch per value). Read at every call.
+INT_PICKS: bool = bool(_env_int("ACROBAT_INT_PICKS", 1))
+
 #: A batch of a block whose program draws no random numbers runs once per distinct row of
 #: operands where some of its nodes read exactly the same rows (executor._distinct): the
 #: leaf cells of a batch of trees over the same word (64 SST test trees: 1,144 leaves,

@@ -20,7 +20,7 @@ from acrobat import config
 from acrobat.errors import AcrobatError, UnsupportedOpError
 from acrobat.fusion import reads_in_place
 from acrobat.graph import grad_tag
-from acrobat.ops import DATA_OPS, ROW_VIEWS, TAKE, TENSOR, reshape_rule
+from acrobat.ops import DATA_OPS, PICK, ROW_VIEWS, TAKE, TENSOR, picks, reshape_rule
 from acrobat.rows import rows_of
 from acrobat.scan import looping
 from acrobat.tensor import _native, index_array, index_tensor
@@ -394,6 +394,10 @@ def run_batch(nodes: list, stats) -> None:
     elif op.kind == "sequences":
         _run_sequences(nodes, n, stats, t0)
         return
+    elif op is PICK:  # x[i], each node its own int i
+        x = gather([nd.inputs[0] for nd in nodes], n, stats, (op, 0))
+        t1 = time.perf_counter()
+        outs = (picks(nodes, x),)
     elif op.extra.get("lookup") and _lookup_in_place(nodes, op.extra["lookup"], stats, t0):
         return
     else:

@@ -950,6 +950,10 @@ def _special_getitem(func, args, kwargs):
         return record_data(INPUT, sig, part, shape, dtype)
     if lazy_base and type(idx) is LazyTensor and idx.dtype == torch.bool:
         return _mask_index(base, idx)
+    if lazy_base and type(idx) is int and config.INT_PICKS and base.shape:
+        rt = graph.RT
+        if rt.tracer is None:  # (in a block's trace the int is part of its signature)
+            return _pick(rt, func, base, idx)
     for i in idx if type(idx) is tuple else (idx,):
         if type(i) is LazyTensor and i.dtype == torch.bool:
             raise UnsupportedOpError(
@@ -959,6 +963,42 @@ def _special_getitem(func, args, kwargs):
                 "the mask with mask.tolist() and index with the positions"
             )
     return record(GETITEM, func, args, kwargs)
+
+
+def _pick(rt, func, base, index: int):
+    """``base[index]`` recorded as a PICK node: its signature leaves the int out, so the
+    picks of every instance batch whatever their ints (config.INT_PICKS); the int is
+    checked here, as eager checks it, and the batch reads each node's (executor)."""
+    size = base.shape[0]
+    if not -size <= index < size:
+        inst = rt.fiber.instance if rt.fiber is not None else None
+        raise IndexError(
+            f"index {index} is out of bounds for dimension 0 with size {size} "
+            f"(instance {inst}, at {user_line(4)})"
+        )
+    sig = (PICK, base.key)
+    info = rt.sig_info.get(sig)
+    if info is None:
+        info = rt.sig_info[sig] = graph.infer(PICK, func, (base, 0), {}, rt)
+    node = graph.add_node(rt, PICK, func, (base, index), {}, [base], info, sig)
+    return graph.wrap_outputs(node, info)
+
+
+def pick_rule(node, xs, n):
+    """A batch of picks that share one int (executor._run_pick batches the others)."""
+    return (xs[0][:, node.args[1]],)
+
+
+def picks(nodes: list, x: Tensor) -> Tensor:
+    """Row ``k`` of ``x`` indexed by node ``k``'s int: ``x[:, i]`` (a view) where they all
+    share one, else ``x[arange(n), idx]``."""
+    ints = [nd.args[1] for nd in nodes]
+    first = ints[0]
+    if ints.count(first) == len(ints):
+        return x[:, first]
+    size = x.shape[1]
+    idx = index_tensor([i % size for i in ints], x.device)
+    return x[torch.arange(len(ints), device=x.device), idx]
 
 
 def _basic_index(idx) -> bool:
@@ -1594,6 +1634,14 @@ GETITEM = _add(
         (T.__getitem__,),
         special=_special_getitem,
         doc="basic & advanced indexing; param[int] is a batched row lookup",
+    )
+)
+PICK = _add(
+    Op(
+        "pick",
+        pick_rule,
+        "shape",
+        doc="x[i] with a per-instance Python int i: one batch whatever the ints",
     )
 )
 DROPOUT = TABLE["dropout"]

@@ -102,3 +102,50 @@ def test_a_per_instance_number_is_refused_never_wrong(name):
     got = fine.map(xs, idx)
     for g, x, i in zip(got, xs, idx):
         torch.testing.assert_close(g, x * i + x[i])
+
+
+@acrobat.autobatch
+def greedy_scores(h, w, steps):
+    """A greedy decoder's bookkeeping: each step picks the log-probability of its own
+    argmax, a Python int that differs from instance to instance."""
+    total = []
+    for _ in range(steps):
+        logp = torch.log_softmax(h @ w, -1)
+        tok = int(logp.argmax())
+        total.append(logp[tok])
+        h = torch.tanh(h + w[:, tok])
+    return torch.stack(total).sum()
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 4), st.integers(0, 1000))
+def test_picks_with_per_instance_ints_batch_across_the_ints(n, steps, seed):
+    """``logp[tok]`` with a different ``tok`` per instance: one batch per step
+    (config.INT_PICKS), where the int in the signature made one per distinct value."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(5, 7, generator=gen, requires_grad=True)
+    hs = [torch.randn(5, generator=gen) for _ in range(n)]
+    got, stats = greedy_scores.map(hs, w=w, steps=steps, stats=True)
+    want = [greedy_scores.eager(h, w, steps) for h in hs]
+    torch.testing.assert_close(torch.stack(got), torch.stack(want))
+    assert stats.by_op["pick"] == [steps, n * steps]
+    (g_map,) = torch.autograd.grad(torch.stack(got).sum(), w)
+    (g_eager,) = torch.autograd.grad(torch.stack(want).sum(), w)
+    torch.testing.assert_close(g_map, g_eager)
+    with torch.no_grad(), acrobat.config.override(INT_PICKS=False):
+        _, off = greedy_scores.map(hs, w=w, steps=steps, stats=True)
+    assert "pick" not in off.by_op and off.by_op["getitem"][0] >= steps
+
+
+@acrobat.autobatch
+def pick_at(x, i):
+    return (x * 2)[i]
+
+
+def test_a_pick_out_of_range_names_the_instance():
+    xs = [torch.randn(3) for _ in range(4)]
+    assert [float(v) for v in pick_at.map(xs, [0, -1, 2, -3])] == [
+        float(x[i] * 2) for x, i in zip(xs, [0, -1, 2, -3])
+    ]
+    with pytest.raises(IndexError, match=r"index 3 is out of bounds .* size 3 \(instance 2"):
+        pick_at.map(xs, [0, 1, 3, 0])

@@ -1174,6 +1174,18 @@ add(
 )
 
 
+add(
+    "pick",
+    case(  # x[i] with a Python int per instance, read from a value (config.INT_PICKS)
+        "per-instance ints",
+        lambda x, i: ((x * 1)[int(i)], (x * 2)[-1 - int(i)], (x * 3)[0]),
+        x=X(("a", "a c", "a b c")),
+        i=X("", dtype=torch.long, lo=0, hi="a"),
+        sized=True,
+    ),
+)
+
+
 # operands by keyword (torch.sum(input=x, dim=0)): no rule may assume they are positional
 _KEYWORDS = {
     "sum": lambda x, w: torch.sum(input=x, dim=0),
