@@ -693,6 +693,8 @@ LONE_RETURNS = True
 REGION_ATTRIBUTES = True
 # operators in a statement with a tensor call count as tensor calls (read when outlining)
 OPERATORS = True
+# a run's ``a[i]`` of two locals it does not assign is read at its call (read when outlining)
+REGION_SUBSCRIPTS = True
 # statements reading a local only ever bound to a list/tuple/dict/set display or
 # comprehension stay out of runs (a run given one runs op by op: read when outlining)
 SPLIT_CONTAINERS = True
@@ -1712,6 +1714,8 @@ class _Rewriter:
             stmt.value = _FactoryHoister(self.fn, keep, hoisted).visit(stmt.value)
             if objects - keep:
                 stmt.value = _AttributeHoister(objects - keep, hoisted).visit(stmt.value)
+            if REGION_SUBSCRIPTS:
+                stmt.value = _SubscriptHoister(self.local - keep, hoisted).visit(stmt.value)
             for sub in ast.walk(stmt.value):
                 if (
                     isinstance(sub, ast.Name)
@@ -1949,12 +1953,22 @@ def _container_names(fn: ast.FunctionDef) -> set[str]:
 def _loads(fn, expr) -> set[str]:
     """The names ``expr`` reads (comprehension variables included), but inside
     ``torch.tensor(...)``: a run's call evaluates those (_FactoryHoister), so a list made
-    a tensor there (a parser's ``torch.tensor(mask)``) is not given to the run."""
+    a tensor there (a parser's ``torch.tensor(mask)``) is not given to the run; nor is
+    the container of an item ``xs[i]`` (_SubscriptHoister)."""
     names: set[str] = set()
     stack = [expr]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Call) and _torch_factory(fn, node):
+            continue
+        if (
+            REGION_SUBSCRIPTS
+            and isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and isinstance(node.slice, ast.Name)
+            and isinstance(node.ctx, ast.Load)
+        ):  # (``kept[k]``: read at the call, _SubscriptHoister; the run gets the item)
+            names.add(node.slice.id)
             continue
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             names.add(node.id)
@@ -2081,6 +2095,40 @@ def _object_roots(run: list, local: set) -> set:
             if isinstance(sub, ast.Name) and id(sub) not in attributes:
                 other.add(sub.id)
     return roots - other
+
+
+class _SubscriptHoister(ast.NodeTransformer):
+    """``a[i]`` (a load) of two locals in ``names`` becomes a parameter, evaluated at the
+    call (REGION_SUBSCRIPTS): with ``i`` a Python int that differs from instance to
+    instance (a decoder's ``logp[tok]``), the int would key the region's trace (a batch
+    per value), where the pick at the call batches across the ints (ops.PICK); with ``a``
+    a list or dict of tensors, the region would be given the container."""
+
+    def __init__(self, names: set, hoisted: list):
+        self.names = names
+        self.hoisted = hoisted
+
+    def visit_Subscript(self, node):
+        if (
+            isinstance(node.ctx, ast.Load)
+            and isinstance(node.value, ast.Name)
+            and isinstance(node.slice, ast.Name)
+            and node.value.id in self.names
+            and node.slice.id in self.names
+        ):
+            dump = ast.dump(node)
+            name = next((p for p, expr in self.hoisted if ast.dump(expr) == dump), None)
+            if name is None:
+                name = f"_acrobat_arg{len(self.hoisted)}"
+                self.hoisted.append((name, node))
+            return ast.copy_location(ast.Name(name, ast.Load()), node)
+        return self.generic_visit(node)
+
+    def _scope(self, node):  # (a comprehension's names are its own)
+        return node
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
+    visit_Lambda = _scope
 
 
 _FACTORIES = {"tensor", "as_tensor"}

@@ -429,3 +429,39 @@ def test_grad_mode_regions_on_cuda(default_device):
     got = g.map(xs)
     check = outputs_close(got, [g.eager(x) for x in xs], atol=1e-4, rtol=1e-4)
     assert check, check.message
+
+
+def greedy_total(h, steps, w, u):
+    """A greedy decoder's bookkeeping (module level: its runs are outlined as regions)."""
+    total = torch.zeros(())
+    for _ in range(steps):
+        logp = torch.log_softmax(h @ w, -1)
+        tok = int(logp.argmax())
+        total = total + torch.exp(logp[tok]) * 2.0
+        h = torch.tanh(u(h) + w[:, tok])
+    return total, logp[tok]
+
+
+greedy = acrobat.autobatch(greedy_total)
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_picks_and_regions_of_user_code_on_cuda(default_device):
+    """A greedy decoder's ``logp[tok]`` (a per-instance int: ops.PICK, read at a region's
+    call too) on a GPU: values and gradients as eager's."""
+    w = torch.randn(6, 9).requires_grad_()
+    u = torch.nn.Linear(6, 6)
+    gen = torch.Generator().manual_seed(3)
+    hs = [torch.randn(6, generator=gen, device="cpu").to("cuda") for _ in range(7)]
+    steps = [1, 3, 2, 4, 4, 1, 2]
+    got, stats = greedy.map(hs, steps, stats=True, w=w, u=u)
+    want = [greedy.eager(h, s, w, u) for h, s in zip(hs, steps)]
+    assert all(t.device.type == "cuda" for o in got for t in o)
+    assert "pick" in stats.by_op and any(n.startswith("block:greedy_total") for n in stats.by_op)
+    (gw,) = torch.autograd.grad(sum(o[0] + o[1] for o in got), w)
+    (ew,) = torch.autograd.grad(sum(o[0] + o[1] for o in want), w)
+    for a, b in zip(got, want):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x.detach(), y.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gw, ew, atol=1e-5, rtol=1e-5)

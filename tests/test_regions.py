@@ -930,3 +930,37 @@ def test_operators_count_only_beside_a_tensor_call():
     rw = analysis._Rewriter(child_sum, {"a", "b", "c", "i"})
     ops = [rw._ops(s) for s in ast.parse("a = b * torch.tanh(c)\ni = 2 * i + 1\na = -b").body]
     assert ops == [2, 0, 0]
+
+
+dec_out = nn.Linear(DIM, 7)
+
+
+@acrobat.autobatch
+def decode_scores(h, steps):
+    """A greedy decoder's loop: the run after the value read indexes by the read int."""
+    kept = [h]
+    total = torch.zeros(())
+    for k in range(steps):
+        logp = torch.log_softmax(dec_out(h), -1)
+        tok = int(logp.argmax())
+        total = total + torch.exp(logp[tok]) * 2.0
+        h = torch.tanh(h + kept[k] * 0.5)
+        kept.append(h)
+    return total
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), batch=st.integers(1, 6), steps=st.integers(1, 4))
+def test_subscripts_of_locals_are_read_at_the_region_call(seed, batch, steps):
+    """``logp[tok]`` in a run is read at its call (REGION_SUBSCRIPTS): the int no longer
+    keys the region's trace (a batch per distinct token), and the pick batches across
+    the ints; ``kept[k]`` gives the run a tensor instead of the list."""
+    gen = torch.Generator().manual_seed(seed)
+    hs = [torch.randn(DIM, generator=gen) for _ in range(batch)]
+    stats = _map_matches_eager(decode_scores, hs, [steps] * batch)
+    lines, start = inspect.getsourcelines(decode_scores.fn)
+    line = start + lines.index("        total = total + torch.exp(logp[tok]) * 2.0\n")
+    name = f"block:decode_scores (test_regions.py, lines {line}-{line + 1})"  # with h's
+    assert stats.by_op[name] == [steps, batch * steps]
+    assert stats.by_op["pick"] == [steps, batch * steps]
+    assert not any(n in stats.by_op for n in ("tanh", "add", "mul", "getitem"))
