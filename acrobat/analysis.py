@@ -2055,13 +2055,19 @@ class _AttributeHoister(ast.NodeTransformer):
         while isinstance(root, ast.Attribute):
             root = root.value
         if isinstance(node.ctx, ast.Load) and isinstance(root, ast.Name) and root.id in self.roots:
-            dump = ast.dump(node)
-            name = next((p for p, expr in self.hoisted if ast.dump(expr) == dump), None)
-            if name is None:
-                name = f"_acrobat_arg{len(self.hoisted)}"
-                self.hoisted.append((name, node))
-            return ast.copy_location(ast.Name(name, ast.Load()), node)
+            return _parameter_for(node, self.hoisted)
         return self.generic_visit(node)
+
+
+def _parameter_for(node, hoisted: list) -> ast.Name:
+    """A load of the parameter that passes ``node``'s value, evaluated at the call (one
+    per distinct expression; appended to ``hoisted`` as (parameter, expression))."""
+    dump = ast.dump(node)
+    name = next((p for p, expr in hoisted if ast.dump(expr) == dump), None)
+    if name is None:
+        name = f"_acrobat_arg{len(hoisted)}"
+        hoisted.append((name, node))
+    return ast.copy_location(ast.Name(name, ast.Load()), node)
 
 
 _TENSOR_ATTRIBUTES = frozenset(dir(torch.Tensor))
@@ -2116,12 +2122,7 @@ class _SubscriptHoister(ast.NodeTransformer):
             and node.value.id in self.names
             and node.slice.id in self.names
         ):
-            dump = ast.dump(node)
-            name = next((p for p, expr in self.hoisted if ast.dump(expr) == dump), None)
-            if name is None:
-                name = f"_acrobat_arg{len(self.hoisted)}"
-                self.hoisted.append((name, node))
-            return ast.copy_location(ast.Name(name, ast.Load()), node)
+            return _parameter_for(node, self.hoisted)
         return self.generic_visit(node)
 
     def _scope(self, node):  # (a comprehension's names are its own)
