@@ -779,6 +779,8 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
                 continue
             elif _code_like(a):
                 _remember(known, a)
+            elif _state_tuple(a):  # a namedtuple of tensors (an LSTM's State(h, c)):
+                lazy = True  # keyed by its type and fields, as a block's argument
             else:
                 lazy = False  # a container or object: its structure would key the trace
                 break
@@ -988,6 +990,20 @@ def _remember(known: dict, a) -> None:
     object every map and cheap to check, and would fill the table (and stay alive)."""
     if len(known) < _CODE_LIKE_KEPT and not isinstance(a, torch.Tensor):
         known[id(a)] = a
+
+
+def _state_tuple(a) -> bool:
+    """A namedtuple holding a lazy tensor, its other fields tensors or scalars."""
+    if not (isinstance(a, tuple) and hasattr(type(a), "_fields")):
+        return False
+    lazy = False
+    for v in a:
+        t = type(v)
+        if t is graph.LazyTensor:
+            lazy = True
+        elif not (t in _REGION_ARGS or isinstance(v, torch.Tensor)):
+            return False
+    return lazy
 
 
 def _code_like(a) -> bool:

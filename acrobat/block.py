@@ -297,6 +297,10 @@ def _materialized(xs, n):
     return [x.materialize(n) if type(x) is fusion.Source else x for x in xs]
 
 
+def _namedtuple(a) -> bool:
+    return isinstance(a, tuple) and hasattr(type(a), "_fields")
+
+
 def _key(a, keep: list, inputs: list):
     """Cache key of a block argument. Unlike graph.freeze, objects are keyed by identity
     and kept alive by the cache entry, so an id is never recycled under a live entry."""
@@ -312,6 +316,8 @@ def _key(a, keep: list, inputs: list):
         return (t, tuple(_key(x, keep, inputs) for x in a))
     if t is dict:
         return (t, tuple((k, _key(v, keep, inputs)) for k, v in a.items()))
+    if _namedtuple(a):  # (an LSTM's State(h, c))
+        return (t, tuple(_key(x, keep, inputs) for x in a))
     keep.append(a)
     return ("id", id(a))
 
@@ -464,7 +470,7 @@ def _flatten_out(value, leaves: list):
         return ("const", value)
     if isinstance(value, tuple) and hasattr(t, "n_fields"):  # torch.return_types (max, sort)
         return (t, [_flatten_out(v, leaves) for v in value])
-    if isinstance(value, tuple) and hasattr(t, "_fields"):  # a namedtuple: built by field
+    if _namedtuple(value):  # built by field
         return (("fields", t), [_flatten_out(v, leaves) for v in value])
     raise AcrobatError(
         f"a block returned a {t.__name__}; return tensors or (named) tuples, lists or "
@@ -557,7 +563,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
             if t is LazyTensor:
                 inputs.append(a)
                 parts.append(a.key)
-            elif t is tuple or t is list or t is dict:
+            elif t is tuple or t is list or t is dict or _namedtuple(a):
                 parts.append(_key(a, [], inputs))
             elif t is int or t is str or a is None:
                 parts.append(a)
@@ -665,6 +671,8 @@ def _sub(a, placeholders):
         return ta(_sub(x, placeholders) for x in a)
     if ta is dict:
         return {k: _sub(v, placeholders) for k, v in a.items()}
+    if _namedtuple(a):  # rebuilt by field
+        return ta(*[_sub(x, placeholders) for x in a])
     return a
 
 
@@ -681,7 +689,7 @@ def _note_lift(block: Block, trace: Trace, args: tuple, parts: list, made: dict)
         t = type(a)
         if t is LazyTensor:
             n_inputs += 1
-        elif t is tuple or t is list or t is dict:
+        elif t is tuple or t is list or t is dict or _namedtuple(a):
             return  # a container's lazies: positions would need its walk
         elif id(a) in made:
             with torch._C.DisableTorchFunction():  # (attribute reads dispatch to the mode)
