@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from acrobat import config, executor, graph
-from acrobat.block import STANDS_FOR, Block
+from acrobat.block import STANDS_FOR, Block, is_namedtuple
 from acrobat.errors import LazyValueError
 from acrobat.ops import (
     SCALAR_DTYPES,
@@ -994,7 +994,7 @@ def _remember(known: dict, a) -> None:
 
 def _state_tuple(a) -> bool:
     """A namedtuple holding a lazy tensor, its other fields tensors or scalars."""
-    if not (isinstance(a, tuple) and hasattr(type(a), "_fields")):
+    if not is_namedtuple(a):
         return False
     lazy = False
     for v in a:
@@ -1108,19 +1108,10 @@ class _Lookups(ast.NodeTransformer):
                 func=ast.Constant(_FACTORY_PLACEHOLDER), args=[node.func, node.args[0]], keywords=[]
             )
             return _located(call, node)
-        if not LOOKUP_CALLS or not _callee(node.func):
+        if not LOOKUP_CALLS or not _is_lookup(node):
             return node
         inner = node.args[0]
-        if not (
-            isinstance(inner, ast.Call)
-            and not inner.keywords
-            and len(inner.args) == 1
-            and not isinstance(inner.args[0], ast.Starred)
-            and isinstance(inner.func, ast.Attribute)
-            and inner.func.attr == "tensor"
-            and isinstance(inner.func.value, ast.Name)
-        ):
-            return node
+        assert isinstance(inner, ast.Call)  # (_is_lookup: torch.tensor(x))
         self.count += 1
         call = ast.Call(
             func=ast.Constant(_LOOKUP_PLACEHOLDER),
@@ -1140,7 +1131,13 @@ def _is_lookup(expr) -> bool:
     """Whether ``expr`` is an ``f(torch.tensor(x))`` that _rewrite_lookups routes (a run of
     only such statements stays as written: the lookup records one node, as a block the
     tensor and the call record two)."""
-    if not (isinstance(expr, ast.Call) and not expr.keywords and len(expr.args) == 1):
+    if not (
+        isinstance(expr, ast.Call)
+        and not expr.keywords
+        and len(expr.args) == 1
+        and not isinstance(expr.args[0], ast.Starred)
+        and _callee(expr.func)
+    ):
         return False
     inner = expr.args[0]
     return (
@@ -1148,8 +1145,9 @@ def _is_lookup(expr) -> bool:
         and not inner.keywords
         and len(inner.args) == 1
         and not isinstance(inner.args[0], ast.Starred)
-        and _torch_attr(inner.func) == "tensor"
-        and _callee(expr.func)
+        and isinstance(inner.func, ast.Attribute)
+        and inner.func.attr == "tensor"
+        and isinstance(inner.func.value, ast.Name)
     )
 
 
@@ -1728,8 +1726,9 @@ class _Rewriter:
             bound = _comprehension_names(stmt.value)
             keep = set(assigned) | bound  # names the call site cannot evaluate
             stmt.value = _FactoryHoister(self.fn, keep, hoisted).visit(stmt.value)
-            if objects - keep:
-                stmt.value = _AttributeHoister(objects - keep, hoisted).visit(stmt.value)
+            roots = objects - keep
+            if roots:
+                stmt.value = _AttributeHoister(roots, hoisted).visit(stmt.value)
             if REGION_SUBSCRIPTS:
                 stmt.value = _SubscriptHoister(self.local - keep, hoisted).visit(stmt.value)
             for sub in ast.walk(stmt.value):
@@ -1977,13 +1976,8 @@ def _loads(fn, expr) -> set[str]:
         node = stack.pop()
         if isinstance(node, ast.Call) and _torch_factory(fn, node):
             continue
-        if (
-            REGION_SUBSCRIPTS
-            and isinstance(node, ast.Subscript)
-            and isinstance(node.value, ast.Name)
-            and isinstance(node.slice, ast.Name)
-            and isinstance(node.ctx, ast.Load)
-        ):  # (``kept[k]``: read at the call, _SubscriptHoister; the run gets the item)
+        if REGION_SUBSCRIPTS and _name_item(node):
+            # (``kept[k]``: read at the call, _SubscriptHoister; the run gets the item)
             names.add(node.slice.id)
             continue
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
@@ -2119,6 +2113,16 @@ def _object_roots(run: list, local: set) -> set:
     return roots - other
 
 
+def _name_item(node) -> bool:
+    """Whether ``node`` is a load ``a[i]`` of two names."""
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.ctx, ast.Load)
+        and isinstance(node.value, ast.Name)
+        and isinstance(node.slice, ast.Name)
+    )
+
+
 class _SubscriptHoister(ast.NodeTransformer):
     """``a[i]`` (a load) of two locals in ``names`` becomes a parameter, evaluated at the
     call (REGION_SUBSCRIPTS): with ``i`` a Python int that differs from instance to
@@ -2131,13 +2135,7 @@ class _SubscriptHoister(ast.NodeTransformer):
         self.hoisted = hoisted
 
     def visit_Subscript(self, node):
-        if (
-            isinstance(node.ctx, ast.Load)
-            and isinstance(node.value, ast.Name)
-            and isinstance(node.slice, ast.Name)
-            and node.value.id in self.names
-            and node.slice.id in self.names
-        ):
+        if _name_item(node) and node.value.id in self.names and node.slice.id in self.names:
             return _parameter_for(node, self.hoisted)
         return self.generic_visit(node)
 

@@ -297,7 +297,7 @@ def _materialized(xs, n):
     return [x.materialize(n) if type(x) is fusion.Source else x for x in xs]
 
 
-def _namedtuple(a) -> bool:
+def is_namedtuple(a) -> bool:
     return isinstance(a, tuple) and hasattr(type(a), "_fields")
 
 
@@ -316,7 +316,7 @@ def _key(a, keep: list, inputs: list):
         return (t, tuple(_key(x, keep, inputs) for x in a))
     if t is dict:
         return (t, tuple((k, _key(v, keep, inputs)) for k, v in a.items()))
-    if _namedtuple(a):  # (an LSTM's State(h, c))
+    if is_namedtuple(a):  # (an LSTM's State(h, c))
         return (t, tuple(_key(x, keep, inputs) for x in a))
     keep.append(a)
     return ("id", id(a))
@@ -373,8 +373,7 @@ def _dependencies(fn, keep: list) -> tuple | None:
     todo = [(fn, 0)]
     while todo:
         f, depth = todo.pop()
-        code = getattr(f, "__code__", None)
-        f = STANDS_FOR.get(code, f)  # (inside a map: a trampoline for the function)
+        f = STANDS_FOR.get(getattr(f, "__code__", None), f)  # (in a map: a trampoline's)
         code = getattr(f, "__code__", None)
         scope = getattr(f, "__globals__", None)
         if code is None or scope is None or code in seen:
@@ -470,7 +469,7 @@ def _flatten_out(value, leaves: list):
         return ("const", value)
     if isinstance(value, tuple) and hasattr(t, "n_fields"):  # torch.return_types (max, sort)
         return (t, [_flatten_out(v, leaves) for v in value])
-    if _namedtuple(value):  # built by field
+    if is_namedtuple(value):  # built by field
         return (("fields", t), [_flatten_out(v, leaves) for v in value])
     raise AcrobatError(
         f"a block returned a {t.__name__}; return tensors or (named) tuples, lists or "
@@ -563,7 +562,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
             if t is LazyTensor:
                 inputs.append(a)
                 parts.append(a.key)
-            elif t is tuple or t is list or t is dict or _namedtuple(a):
+            elif t is tuple or t is list or t is dict or is_namedtuple(a):
                 parts.append(_key(a, [], inputs))
             elif t is int or t is str or a is None:
                 parts.append(a)
@@ -671,7 +670,7 @@ def _sub(a, placeholders):
         return ta(_sub(x, placeholders) for x in a)
     if ta is dict:
         return {k: _sub(v, placeholders) for k, v in a.items()}
-    if _namedtuple(a):  # rebuilt by field
+    if is_namedtuple(a):  # rebuilt by field
         return ta(*[_sub(x, placeholders) for x in a])
     return a
 
@@ -689,7 +688,7 @@ def _note_lift(block: Block, trace: Trace, args: tuple, parts: list, made: dict)
         t = type(a)
         if t is LazyTensor:
             n_inputs += 1
-        elif t is tuple or t is list or t is dict or _namedtuple(a):
+        elif t is tuple or t is list or t is dict or is_namedtuple(a):
             return  # a container's lazies: positions would need its walk
         elif id(a) in made:
             with torch._C.DisableTorchFunction():  # (attribute reads dispatch to the mode)

@@ -914,15 +914,21 @@ def _special_take(base, index):
         rt.take_tables[id(base)] = table
         rt.hoist_keepalive.append(base)  # its id keys the signature
     size, row_shape, dtype, sig = table
+    _check_index(rt, index, size)
+    node_out = record_data(TAKE, sig, index % size, row_shape, dtype)
+    node_out.node.args = (base,)
+    return node_out
+
+
+def _check_index(rt, index: int, size: int) -> None:
+    """Raise eager's IndexError for a Python int out of a dimension 0 of ``size``, naming
+    the instance and the user's line."""
     if not -size <= index < size:
         inst = rt.fiber.instance if rt.fiber is not None else None
         raise IndexError(
             f"index {index} is out of bounds for dimension 0 with size {size} "
-            f"(instance {inst}, at {user_line(4)})"
+            f"(instance {inst}, at {user_line(3)})"
         )
-    node_out = record_data(TAKE, sig, index % size, row_shape, dtype)
-    node_out.node.args = (base,)
-    return node_out
 
 
 def take_rule(nodes):
@@ -969,13 +975,7 @@ def _pick(rt, func, base, index: int):
     """``base[index]`` recorded as a PICK node: its signature leaves the int out, so the
     picks of every instance batch whatever their ints (config.INT_PICKS); the int is
     checked here, as eager checks it, and the batch reads each node's (executor)."""
-    size = base.shape[0]
-    if not -size <= index < size:
-        inst = rt.fiber.instance if rt.fiber is not None else None
-        raise IndexError(
-            f"index {index} is out of bounds for dimension 0 with size {size} "
-            f"(instance {inst}, at {user_line(4)})"
-        )
+    _check_index(rt, index, base.shape[0])
     sig = (PICK, base.key)
     info = rt.sig_info.get(sig)
     if info is None:
