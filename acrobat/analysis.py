@@ -480,6 +480,7 @@ class AutoBlock(_native.AutoBase if _native is not None else object):  # type: i
         # rewritten function that takes torch.tensor(p) for p
         self.values: tuple[int, ...] = ()
         self.value_block: Block | None = None
+        self.failed_kinds: set[tuple] = set()  # the values' types the value block failed
 
     def _call(self, *args, **kwargs):
         rt = graph.RT
@@ -507,14 +508,20 @@ class AutoBlock(_native.AutoBase if _native is not None else object):  # type: i
         its body needs the numbers themselves, the plain block's call from now on. (The
         C call slot comes here when the value block's trace is not a hit.)"""
         assert self.value_block is not None
+        kinds = tuple([type(args[i]) for i in self.values])
+        if kinds in self.failed_kinds:
+            return self._block_call(args, {})
         try:
             return self.value_block(*call_args)
         except Exception:
             if graph.RT.tracer is not None:  # pragma: no cover - the tracer resets itself
                 raise
-            # the body needs the number itself (torch.arange(torch.tensor(n))): from now
-            # on its torch.tensor is a constant of the block's trace again
-            self.values = ()
+            if all(kind is int for kind in kinds):
+                # the body needs the number itself (torch.arange(torch.tensor(n))): from
+                # now on its torch.tensor is a constant of the block's trace again
+                self.values = ()
+            else:  # a float where the body indexes: those calls only (ints still batch)
+                self.failed_kinds.add(kinds)
         return self._block_call(args, {})
 
     def _block_call(self, args, kwargs):
@@ -693,8 +700,12 @@ LONE_RETURNS = True
 REGION_ATTRIBUTES = True
 # operators in a statement with a tensor call count as tensor calls (read when outlining)
 OPERATORS = True
-# a run's ``a[i]`` of two locals it does not assign is read at its call (read when outlining)
+# a run's ``a[i]`` of two locals it does not assign is read at its call (read when outlining),
+# and so is ``obj.w[i]`` / ``obj.w[:, i]`` (a lookup into a module's weight by an int)
 REGION_SUBSCRIPTS = True
+# a number a straight-line body (or a loop's body) uses as an index, ``W[i]`` or ``W[:, i]``,
+# is taken as a 0-d tensor like one it reads as ``torch.tensor(i)`` (read when outlining)
+INDEX_VALUES = True
 # statements reading a local only ever bound to a list/tuple/dict/set display or
 # comprehension stay out of runs (a run given one runs op by op: read when outlining)
 SPLIT_CONTAINERS = True
@@ -1726,11 +1737,11 @@ class _Rewriter:
             bound = _comprehension_names(stmt.value)
             keep = set(assigned) | bound  # names the call site cannot evaluate
             stmt.value = _FactoryHoister(self.fn, keep, hoisted).visit(stmt.value)
+            if REGION_SUBSCRIPTS:  # (first: ``obj.w[i]`` is read whole at the call)
+                stmt.value = _SubscriptHoister(self.local - keep, hoisted).visit(stmt.value)
             roots = objects - keep
             if roots:
                 stmt.value = _AttributeHoister(roots, hoisted).visit(stmt.value)
-            if REGION_SUBSCRIPTS:
-                stmt.value = _SubscriptHoister(self.local - keep, hoisted).visit(stmt.value)
             for sub in ast.walk(stmt.value):
                 if (
                     isinstance(sub, ast.Name)
@@ -2010,7 +2021,9 @@ def _torch_factory(fn, call) -> bool:
 
 class _ValueUnwrapper(ast.NodeTransformer):
     """``torch.tensor(name)`` (``torch`` the module, no other argument) becomes ``name``;
-    ``count`` says how many were."""
+    ``count`` says how many were, and how many times ``name`` indexes something else
+    (INDEX_VALUES: ``W[name]``, ``W[:, name]``, :func:`_index_use`), which a 0-d int64
+    tensor in its place does alike (left as written)."""
 
     def __init__(self, fn, name: str):
         self.fn = fn
@@ -2028,6 +2041,34 @@ class _ValueUnwrapper(ast.NodeTransformer):
             self.count += 1
             return ast.copy_location(ast.Name(self.name, ast.Load()), node)
         return self.generic_visit(node)
+
+    def visit_Subscript(self, node):
+        if INDEX_VALUES and _index_use(node, self.name):
+            self.count += 1
+            node.value = self.visit(node.value)
+            return node
+        return self.generic_visit(node)
+
+
+def _index_use(node: ast.Subscript, name: str) -> bool:
+    """Whether ``node`` is a load ``E[name]`` or ``E[<slices>, name, <slices>]`` with
+    ``name`` read nowhere else in it (not in ``E``, not in a slice's bounds): an index
+    that a 0-d int64 tensor gives the same rows as the Python int (a copy, not a view)."""
+    if not isinstance(node.ctx, ast.Load) or name in _names(node.value):
+        return False
+    index = node.slice
+    if isinstance(index, ast.Name):
+        return index.id == name
+    if not isinstance(index, ast.Tuple):
+        return False
+    names = [e for e in index.elts if isinstance(e, ast.Name)]
+    slices = [e for e in index.elts if isinstance(e, ast.Slice)]
+    return (
+        len(names) == 1
+        and names[0].id == name
+        and len(names) + len(slices) == len(index.elts)
+        and not any(name in _names(e) for e in slices)
+    )
 
 
 class _Renamer(ast.NodeTransformer):
@@ -2137,6 +2178,8 @@ class _SubscriptHoister(ast.NodeTransformer):
     def visit_Subscript(self, node):
         if _name_item(node) and node.value.id in self.names and node.slice.id in self.names:
             return _parameter_for(node, self.hoisted)
+        if _weight_item(node, self.names):
+            return _parameter_for(node, self.hoisted)
         return self.generic_visit(node)
 
     def _scope(self, node):  # (a comprehension's names are its own)
@@ -2144,6 +2187,37 @@ class _SubscriptHoister(ast.NodeTransformer):
 
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
     visit_Lambda = _scope
+
+
+def _weight_item(node, names: set) -> bool:
+    """Whether ``node`` is a load ``obj.w[i]`` or ``obj.w[:, i]`` (an attribute chain
+    rooted at a name of ``names``, indexed by a name of ``names`` and slices whose bounds
+    read only those and constants): read at the call, a Python int ``i`` makes a row
+    lookup there (ops.TAKE, batched across the ints) instead of keying the trace."""
+    if not isinstance(node, ast.Subscript) or not isinstance(node.ctx, ast.Load):
+        return False
+    root = node.value
+    if not isinstance(root, ast.Attribute):
+        return False
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if not isinstance(root, ast.Name) or root.id not in names:
+        return False
+    index = node.slice
+    entries = index.elts if isinstance(index, ast.Tuple) else [index]
+    items = [e for e in entries if isinstance(e, ast.Name)]
+    if len(items) != 1 or items[0].id not in names:
+        return False
+    for e in entries:
+        if isinstance(e, ast.Slice):
+            for sub in ast.walk(e):
+                if isinstance(sub, ast.Name) and sub.id not in names:
+                    return False
+                if not isinstance(sub, (ast.Slice, ast.Name, ast.Constant, ast.Load)):
+                    return False
+        elif e is not items[0]:
+            return False
+    return True
 
 
 _FACTORIES = {"tensor", "as_tensor"}

@@ -639,8 +639,8 @@ def _take_in_place(nodes: list, n: int, stats, t0: float) -> bool:
     batch's output is the table itself and each node's row is its index, so a consumer
     gathers straight from the table (one copy instead of two: MV-RNN's word matrices).
     Tables too tall for a slot's row field take the copying rule."""
-    table = nodes[0].args[0]
-    if table.shape[0] > _ROW_MASK:
+    table, spec = nodes[0].args
+    if spec is not None or table.shape[0] > _ROW_MASK:  # (W[:, i]: a strided view)
         return False
     t1 = time.perf_counter()
     _in_place_rows(nodes, (table,), [nd.data for nd in nodes], stats, t0, t1)

@@ -685,11 +685,29 @@ def getitem_rule(node, xs, n):
         return (xs[0][(slice(None), *idx_t)],)
     if not _is_lazy(base) and len(idx_t) == 1 and _is_lazy(idx_t[0]):
         return (base[xs[0]],)
+    lazy_at = _lone_lazy_index(base, idx_t)
+    if lazy_at is not None:  # W[:, i]: the batch's indices at d, their dims moved first
+        index = idx_t[:lazy_at] + (xs[0],) + idx_t[lazy_at + 1 :]
+        return (base[index].movedim(lazy_at, 0),)
     if _is_lazy(base) and len(idx_t) == 1 and _is_lazy(idx_t[0]) and idx_t[0].dtype != torch.bool:
         I = xs[1]
         rows = torch.arange(n, device=I.device).reshape(n, *(1,) * (I.ndim - 1))
         return (xs[0][rows, I],)
     return vmap_rule(node, xs, n)
+
+
+def _lone_lazy_index(base, idx: tuple) -> int | None:
+    """The position of the one lazy index tensor in ``idx`` indexing a real ``base``,
+    every other entry a slice (then the per-instance dims replace dimension d); else None."""
+    if _is_lazy(base):
+        return None
+    at = None
+    for d, i in enumerate(idx):
+        if _is_lazy(i) and i.dtype != torch.bool and at is None:
+            at = d
+        elif type(i) is not slice:
+            return None
+    return at
 
 
 def _basic_or_adjacent(idx):
@@ -903,21 +921,59 @@ def _special_embedding(func, args, kwargs):
     return graph.hoist(func, args, kwargs)
 
 
-def _special_take(base, index):
+def _special_take(base, index, along=None):
     """param[i] with a Python int i inside an instance: an embedding-style row lookup,
-    batched into one index_select over all instances (the int is instance data)."""
+    batched into one index_select over all instances (the int is instance data).
+    ``along``: ``(d, idx)`` for ``param[:, i]`` and the like (``idx`` the whole index,
+    the int at position ``d``, every other entry a slice, :func:`_int_axis`): a lookup
+    along dimension ``d`` of ``param[slices]``, batched over a moved-dimension view."""
     rt = graph.RT
-    table = rt.take_tables.get(id(base))
+    if along is None:
+        key = id(base)
+    else:  # (the int itself left out: every instance's lookup batches)
+        d, idx = along
+        key = (id(base), d, _slices_key(idx[:d]), _slices_key(idx[d + 1 :]))
+    table = rt.take_tables.get(key)
     if table is None:  # once per table and map: tensor attributes dispatch to the mode
         with _NO_MODE():
-            table = (base.shape[0], base.shape[1:], base.dtype, (TAKE, id(base)))
-        rt.take_tables[id(base)] = table
+            if along is None:
+                size, row_shape, spec = base.shape[0], base.shape[1:], None
+            else:
+                spec = (d, idx[:d] + (slice(None),) + idx[d + 1 :])
+                view = base[spec[1]]
+                size, row_shape = view.shape[d], view.shape[:d] + view.shape[d + 1 :]
+            table = (size, row_shape, base.dtype, (TAKE, key), spec)
+        rt.take_tables[key] = table
         rt.hoist_keepalive.append(base)  # its id keys the signature
-    size, row_shape, dtype, sig = table
+    size, row_shape, dtype, sig, spec = table
     _check_index(rt, index, size)
     node_out = record_data(TAKE, sig, index % size, row_shape, dtype)
-    node_out.node.args = (base,)
+    node_out.node.args = (base, spec)
     return node_out
+
+
+def _int_axis(idx: tuple, ndim: int) -> int | None:
+    """The position of the one Python int in an index tuple whose other entries are all
+    slices of ints (``W[:, i]``, ``W[1:, i, :]``), within ``ndim`` dimensions; else None."""
+    if len(idx) > ndim:
+        return None
+    axis = None
+    for d, i in enumerate(idx):
+        t = type(i)
+        if t is int:
+            if axis is not None:
+                return None
+            axis = d
+        elif t is not slice or not all(
+            v is None or type(v) is int for v in (i.start, i.stop, i.step)
+        ):
+            return None
+    return axis
+
+
+def _slices_key(idx: tuple) -> tuple:
+    """A hashable key of a tuple of slices (slices hash from Python 3.12 on)."""
+    return tuple((i.start, i.stop, i.step) for i in idx)
 
 
 def _check_index(rt, index: int, size: int) -> None:
@@ -932,9 +988,12 @@ def _check_index(rt, index: int, size: int) -> None:
 
 
 def take_rule(nodes):
-    base = nodes[0].args[0]
-    idx = index_tensor([nd.data for nd in nodes], base.device)
-    return (base.index_select(0, idx),)
+    base, spec = nodes[0].args
+    if spec is not None:  # along dimension d of base[slices] (_special_take's ``along``)
+        d, idx = spec
+        base = base[idx].movedim(d, 0)
+    index = index_tensor([nd.data for nd in nodes], base.device)
+    return (base.index_select(0, index),)
 
 
 def _special_getitem(func, args, kwargs):
@@ -942,8 +1001,13 @@ def _special_getitem(func, args, kwargs):
     lazy_base = type(base) is LazyTensor
     if not lazy_base and not has_lazy(idx):
         rt = graph.RT
-        if type(idx) is int and rt.tracer is None and base.ndim >= 1 and base.dtype != torch.bool:
-            return _special_take(base, idx)
+        if rt.tracer is None and base.ndim >= 1 and base.dtype != torch.bool:
+            if type(idx) is int:
+                return _special_take(base, idx)
+            if type(idx) is tuple:
+                axis = _int_axis(idx, base.ndim)
+                if axis is not None:
+                    return _special_take(base, idx[axis], (axis, idx))
         return graph.hoist(func, args, kwargs)
     if lazy_base and base.node.op is INPUT and _basic_index(idx) and graph.RT.tracer is None:
         # a row (or slice) of a per-instance argument: the argument is a real tensor, so

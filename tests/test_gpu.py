@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import acrobat
 from models.common import flatten, outputs_close, run_eager
+from tests.helpers import check_grads
 
 ALL = ["treelstm", "mvrnn", "birnn", "nestedrnn", "drnn", "berxit", "stackrnn"]
 PURE = ["treelstm", "mvrnn", "birnn", "nestedrnn"]  # no value reads: complete on meta
@@ -465,3 +466,24 @@ def test_picks_and_regions_of_user_code_on_cuda(default_device):
         for x, y in zip(a, b):
             torch.testing.assert_close(x.detach(), y.detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gw, ew, atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+@pytest.mark.parametrize("style", ["method", "loop", "branchy"])
+def test_token_lookups_of_user_code_on_cuda(default_device, style):
+    """``W[:, tok]`` / ``self.W[tok]`` by a per-instance int (a take along a dim, a value
+    parameter, a scan's numbers, a region's call) on a GPU: values and gradients as eager's."""
+    from tests.test_weight_lookups import Reader, read
+
+    torch.manual_seed(5)
+    model = Reader(style)
+    sentences = [[1, 2, 3], [4], [5, 0, 7, 8], [2, 2]]
+    with torch.no_grad():
+        got, stats = read.map(sentences, model=model, stats=True)
+        want = [read.eager(s, model=model) for s in sentences]
+    assert all(g.device.type == "cuda" for g in got)
+    assert any(n.startswith(("block:", "scan:")) for n in stats.by_op)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    check_grads(read, sentences, model, atol=1e-5, model=model)
