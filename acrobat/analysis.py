@@ -391,7 +391,95 @@ def _reachable(
             elif isinstance(obj, dict):
                 stack.extend(v for v in obj.values() if callable(v))
         stack = [m for m in _methods(classes, names) if id(m) not in seen]
+        if not stack and classes and CONTROL_CALLERS:
+            stack = _demote_callers(found, control, classes)
     return list(found.values()), list(control.values())
+
+
+def _demote_callers(found: dict, control: dict, classes: tuple) -> list:
+    """Move from ``found`` to ``control`` each straight-line function that calls a method
+    of ``classes`` with control flow (``self.encode(tree)`` in a ``forward`` whose own
+    lines are straight): traced as a block, its call would run the method inside the
+    trace (a tree's recursion keyed by the tree, a trace per call: run as written, op by
+    op); as a function with control flow, its lines become regions and the method's own
+    runs are outlined. Returns the demoted functions (their references are searched)."""
+    methods = {id(v) for cls in classes for klass in cls.__mro__ for v in vars(klass).values()}
+    demoted: list = []
+    while True:
+        flow = {fn.__name__ for fn in control.values() if id(fn) in methods}
+        moved = [fn for fn in found.values() if not flow.isdisjoint(_method_calls(fn))]
+        if not moved:
+            return demoted
+        for fn in moved:
+            del found[id(fn)]
+            control[id(fn)] = fn
+        demoted.extend(moved)
+
+
+_METHOD_CALLS: dict[types.CodeType, frozenset] = {}
+
+
+def _method_calls(fn) -> frozenset:
+    """The attribute names ``fn``'s code calls as methods (``x.name(...)``; cached)."""
+    calls = _METHOD_CALLS.get(fn.__code__)
+    if calls is None:
+        node = _function_ast(fn)
+        calls = _METHOD_CALLS[fn.__code__] = frozenset(
+            ()
+            if node is None
+            else (
+                sub.func.attr
+                for sub in ast.walk(node)
+                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+            )
+        )
+    return calls
+
+
+_CONTROL = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.IfExp, ast.Match)
+_FLOW: dict[types.CodeType, bool] = {}
+
+
+def has_control_flow(fn) -> bool:
+    """Whether ``fn``'s source branches or loops (or calls itself by name; cached per code
+    object). False where its source cannot be read."""
+    flow = _FLOW.get(fn.__code__)
+    if flow is None:
+        node = _function_ast(fn)
+        flow = node is not None and any(
+            isinstance(sub, _CONTROL)
+            or (isinstance(sub, ast.Call) and getattr(sub.func, "id", None) == fn.__name__)
+            for sub in ast.walk(node)
+        )
+        _FLOW[fn.__code__] = flow
+    return flow
+
+
+def _control_methods(fn) -> set[str]:
+    """The names of the methods with control flow of the user class ``fn`` is a method of
+    (found by its qualified name among its module's globals), ``fn``'s own name among
+    them if it has control flow; empty for a function that is no method."""
+    path = fn.__qualname__.split(".")[:-1]
+    if not path or "<locals>" in path:
+        return {fn.__name__} if has_control_flow(fn) and _takes_self(fn) else set()
+    owner: Any = fn.__globals__.get(path[0])
+    for name in path[1:]:
+        owner = getattr(owner, name, None)
+    if not isinstance(owner, type):
+        return set()
+    names = set()
+    for klass in owner.__mro__:
+        if not _user_object(klass):
+            break
+        for name, value in vars(klass).items():
+            if isinstance(value, types.FunctionType) and has_control_flow(value):
+                names.add(name)
+    return names
+
+
+def _takes_self(fn) -> bool:
+    code = fn.__code__
+    return code.co_argcount > 0 and code.co_varnames[0] == "self"
 
 
 def _code_names(code: types.CodeType) -> Iterator[str]:
@@ -706,6 +794,9 @@ REGION_SUBSCRIPTS = True
 # a number a straight-line body (or a loop's body) uses as an index, ``W[i]`` or ``W[:, i]``,
 # is taken as a 0-d tensor like one it reads as ``torch.tensor(i)`` (read when outlining)
 INDEX_VALUES = True
+# a straight-line function calling a method with control flow (``forward`` calling
+# ``self.encode(tree)``) is searched and outlined as one with control flow, not a block
+CONTROL_CALLERS = True
 # statements reading a local only ever bound to a list/tuple/dict/set display or
 # comprehension stay out of runs (a run given one runs op by op: read when outlining)
 SPLIT_CONTAINERS = True
@@ -1377,6 +1468,7 @@ class _Rewriter:
         self.values = 0  # value reads split off their expressions (_split_demands)
         self.returns = 0  # returned expressions split off their return (_split_demands)
         self.containers: set[str] = set()  # locals only ever bound to list/tuple/dict/set
+        self.control_methods: set[str] | None = None  # (_control_methods, when first asked)
 
     def rewrite(self, node, bound: frozenset = frozenset()) -> None:
         """Rewrite the statement lists under ``node``; ``bound``: local names certainly
@@ -1792,7 +1884,7 @@ class _Rewriter:
                     return -1
                 if isinstance(f, ast.Attribute) and f.attr in _DEMAND_METHODS:
                     return -1
-                if not _call_ok(f, self.local):
+                if not _call_ok(f, self.local) or (CONTROL_CALLERS and self._control_call(f)):
                     return -1
                 ops += self._tensor_call(f)
             elif isinstance(sub, ast.BinOp) or (
@@ -1812,6 +1904,22 @@ class _Rewriter:
         # an operator beside a tensor call is likely a tensor op too (o * torch.tanh(c));
         # alone, operators are as likely index arithmetic (i = 2 * i + 1)
         return ops + operators if ops and OPERATORS else ops
+
+    def _control_call(self, f) -> bool:
+        """Whether the call is of a function with control flow: a global one, or a method
+        of the function's own class by name (``self.encode(tree)``, the function itself
+        included). Left out of runs: a region would run it inside its trace, given the
+        objects it recurses over (a trace per call: the region as written)."""
+        if isinstance(f, ast.Name):
+            if f.id in self.local:
+                return False
+            value = self.fn.__globals__.get(f.id)
+            return isinstance(value, types.FunctionType) and has_control_flow(value)
+        if isinstance(f, ast.Attribute):
+            if self.control_methods is None:
+                self.control_methods = _control_methods(self.fn)
+            return f.attr in self.control_methods
+        return False
 
     def _tensor_call(self, f) -> int:
         """1 if the call is likely a tensor op: torch's, a method or module of a local,
