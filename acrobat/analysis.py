@@ -460,7 +460,7 @@ def _control_methods(fn) -> set[str]:
     (found by its qualified name among its module's globals), ``fn``'s own name among
     them if it has control flow; empty for a function that is no method."""
     path = fn.__qualname__.split(".")[:-1]
-    if not path or "<locals>" in path:
+    if not path or "<locals>" in path:  # (a class defined in a function: itself only)
         return {fn.__name__} if has_control_flow(fn) and _takes_self(fn) else set()
     owner: Any = fn.__globals__.get(path[0])
     for name in path[1:]:
@@ -1020,6 +1020,10 @@ class ScanBlock(_native.ScanBase if _native is not None else object):  # type: i
                     executor.constant(rt, v) if i < k and id(v) in made else v
                     for i, v in enumerate(values)
                 )
+            if not all(isinstance(v, _TENSORS) for v in values[:k]):
+                # a container state (a dict of tensors): its items come in through the
+                # body's region of each step (read at its call), the loop as written
+                return None
             if not _all_lazy(values[:k]):
                 # a state that starts as another real tensor: the first step alone
                 values = (*self._finish(1, seqs, lists, values), *values[k:])
@@ -1075,6 +1079,7 @@ else:
 
 
 _KEY = operator.attrgetter("key")
+_TENSORS = (graph.LazyTensor, torch.Tensor)
 
 
 def _all_lazy(values: tuple) -> bool:
@@ -1911,8 +1916,12 @@ class _Rewriter:
         included). Left out of runs: a region would run it inside its trace, given the
         objects it recurses over (a trace per call: the region as written)."""
         if isinstance(f, ast.Name):
-            if f.id in self.local:
-                return False
+            if f.id in self.local:  # ``self(child)``: the module's own forward, recursing
+                if f.id != "self" or not _takes_self(self.fn):
+                    return False
+                if self.control_methods is None:
+                    self.control_methods = _control_methods(self.fn)
+                return "forward" in self.control_methods
             value = self.fn.__globals__.get(f.id)
             return isinstance(value, types.FunctionType) and has_control_flow(value)
         if isinstance(f, ast.Attribute):
@@ -2097,7 +2106,8 @@ def _loads(fn, expr) -> set[str]:
             continue
         if REGION_SUBSCRIPTS and _name_item(node):
             # (``kept[k]``: read at the call, _SubscriptHoister; the run gets the item)
-            names.add(node.slice.id)
+            if isinstance(node.slice, ast.Name):
+                names.add(node.slice.id)
             continue
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             names.add(node.id)
@@ -2263,12 +2273,19 @@ def _object_roots(run: list, local: set) -> set:
 
 
 def _name_item(node) -> bool:
-    """Whether ``node`` is a load ``a[i]`` of two names."""
+    """Whether ``node`` is a load ``a[i]`` of two names, or ``a["h"]`` / ``a[0]`` (a name
+    and a constant key: a dict or list state's item)."""
     return (
         isinstance(node, ast.Subscript)
         and isinstance(node.ctx, ast.Load)
         and isinstance(node.value, ast.Name)
-        and isinstance(node.slice, ast.Name)
+        and (
+            isinstance(node.slice, ast.Name)
+            or (
+                isinstance(node.slice, ast.Constant)
+                and type(node.slice.value) in (str, int)
+            )
+        )
     )
 
 
@@ -2284,7 +2301,11 @@ class _SubscriptHoister(ast.NodeTransformer):
         self.hoisted = hoisted
 
     def visit_Subscript(self, node):
-        if _name_item(node) and node.value.id in self.names and node.slice.id in self.names:
+        if (
+            _name_item(node)
+            and node.value.id in self.names
+            and (isinstance(node.slice, ast.Constant) or node.slice.id in self.names)
+        ):
             return _parameter_for(node, self.hoisted)
         if _weight_item(node, self.names):
             return _parameter_for(node, self.hoisted)

@@ -95,3 +95,79 @@ def test_a_recursive_encoder_called_from_straight_lines_batches_its_cells(forest
     assert sum(n for _, n in cells.values()) == mixes + len(forest), stats.by_op
     assert "linear" not in stats.by_op and "cat" not in stats.by_op
     check_grads(f, forest, model, atol=1e-5, model=model)
+
+
+class MeanOfKids(nn.Module):
+    """A tree module recursing through ``self(child)`` inside a comprehension."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.comb = nn.Linear(2 * DIM, DIM)
+
+    def forward(self, node):
+        x = self.emb(torch.tensor(node.word))
+        if not node.kids:
+            return torch.relu(x)
+        m = torch.stack([self(k) for k in node.kids]).mean(0)
+        return torch.relu(self.comb(torch.cat([x, m])))
+
+
+@acrobat.autobatch
+def mean_of_kids(tree, model):
+    return model(tree)
+
+
+@settings(max_examples=15, deadline=None)
+@given(forest=st.lists(trees(4), min_size=1, max_size=6))
+def test_a_module_recursing_through_self_call_batches_its_cells(forest):
+    """``self(child)`` is the module's forward, with control flow: its statement stays out
+    of the run after it (which was given the tree and ran op by op, slower than eager)."""
+    torch.manual_seed(0)
+    model = MeanOfKids()
+    with torch.no_grad():
+        stats = check_map(mean_of_kids, forest, model=model)
+    cells = [n for k, (_, n) in stats.by_op.items() if k.startswith("block:")]
+    assert sum(cells) == sum(map(_internal, forest)), stats.by_op
+    assert "linear" not in stats.by_op and "cat" not in stats.by_op
+    check_grads(mean_of_kids, forest, model, atol=1e-5, model=model)
+
+
+class DictState(nn.Module):
+    """A recurrence whose state is a dict of tensors, rebuilt at each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.wx = nn.Linear(DIM, DIM)
+        self.wh = nn.Linear(DIM, DIM)
+
+    def forward(self, xs):
+        st = {"h": torch.zeros(DIM), "c": torch.zeros(DIM)}
+        for x in xs:
+            st = {"h": torch.tanh(self.wx(x) + self.wh(st["h"])), "c": st["c"] * 0.5 + st["h"]}
+        return st["h"] * st["c"]
+
+
+@acrobat.autobatch
+def run_dict_state(xs, model):
+    return model(xs)
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=6), seed=st.integers(0, 999))
+def test_a_dict_state_loop_is_a_region_per_step(lengths, seed):
+    """``st["h"]`` (a dict item by a constant key) is read at the region's call, and the
+    loop, whose state is a dict (not a tensor), is left to run its body's region per step
+    instead of being one scan that ran every step op by op: one node per step."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [[torch.randn(DIM, generator=gen) for _ in range(n)] for n in lengths]
+    torch.manual_seed(seed)
+    model = DictState()
+    with torch.no_grad():
+        stats = check_map(run_dict_state, seqs, model=model)
+    cells = [c for k, c in stats.by_op.items() if k.startswith("block:")]
+    # (the first step, given the zeros state, has no lazy argument but the element)
+    assert cells and cells[0][1] == sum(lengths), stats.by_op
+    assert cells[0][0] == max(lengths)
+    assert "linear" not in stats.by_op and "tanh" not in stats.by_op
+    check_grads(run_dict_state, seqs, model, atol=1e-5, model=model)
