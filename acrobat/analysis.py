@@ -1572,7 +1572,9 @@ class _Rewriter:
         ``_acrobat_value_k = <expr>; x = int(_acrobat_value_k)`` where the expression is
         an outlinable right-hand side with tensor calls: the value read ends a run, the
         tensor work before it can join one (a parser's ``int(torch.argmax(scores +
-        torch.tensor(mask)))``: one block node instead of an add and an argmax)."""
+        torch.tensor(mask)))``: one block node instead of an add and an argmax). Likewise
+        an ``if`` whose test reads one (an early exit's ``if torch.sigmoid(stop(h)).item()
+        > 0.6:``)."""
         if not SPLIT_DEMANDS:
             return stmts
         out = []
@@ -1981,10 +1983,23 @@ def _append(stmt) -> tuple[str, ast.expr] | None:
 
 def _demanded(stmt, local: set):
     """(E, put) when ``stmt`` is ``target = int(E)`` (float, bool; the builtin) or
-    ``target = E.item()`` / ``E.tolist()``: ``put(expr)`` makes ``expr`` the operand."""
+    ``target = E.item()`` / ``E.tolist()``, or an ``if`` testing such a read (``if
+    E.item() > 0.5:``, ``if not bool(E):``): ``put(expr)`` makes ``expr`` the operand."""
+    if isinstance(stmt, ast.If):
+        test = stmt.test
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            test = test.left  # (evaluated first: E before the comparator, as written)
+        elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test = test.operand
+        return _demand_call(test, local)
     if not isinstance(stmt, ast.Assign) or not all(_plain_target(t, set()) for t in stmt.targets):
         return None
-    call = stmt.value
+    return _demand_call(stmt.value, local)
+
+
+def _demand_call(call, local: set):
+    """(E, put) when ``call`` is ``int(E)`` / ``float(E)`` / ``bool(E)`` (the builtins),
+    ``E.item()`` or ``E.tolist()``."""
     if not isinstance(call, ast.Call) or call.keywords:
         return None
     f = call.func

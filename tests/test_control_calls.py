@@ -171,3 +171,41 @@ def test_a_dict_state_loop_is_a_region_per_step(lengths, seed):
     assert cells[0][0] == max(lengths)
     assert "linear" not in stats.by_op and "tanh" not in stats.by_op
     check_grads(run_dict_state, seqs, model, atol=1e-5, model=model)
+
+
+class EarlyExit(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wx = nn.Linear(DIM, DIM)
+        self.wh = nn.Linear(DIM, DIM)
+        self.stop = nn.Linear(DIM, 1)
+
+    def forward(self, xs):
+        h = torch.zeros(DIM)
+        for x in xs:
+            h = torch.tanh(self.wx(x) + self.wh(h))
+            if torch.sigmoid(self.stop(h)).item() > 0.55:
+                break
+        return h
+
+
+@acrobat.autobatch
+def run_early_exit(xs, model):
+    return model(xs)
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths=st.lists(st.integers(1, 8), min_size=1, max_size=6), seed=st.integers(0, 999))
+def test_an_if_reading_a_value_splits_its_tensor_work_into_the_run(lengths, seed):
+    """``if torch.sigmoid(stop(h)).item() > 0.55:``: the tensor work of the test joins the
+    run before it (SPLIT_DEMANDS), one node per step where it was three."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [[torch.randn(DIM, generator=gen) for _ in range(n)] for n in lengths]
+    torch.manual_seed(seed)
+    model = EarlyExit()
+    with torch.no_grad():
+        stats = check_map(run_early_exit, seqs, model=model)
+    cells = [c for k, c in stats.by_op.items() if k.startswith("block:")]
+    assert len(cells) == 1 and stats.suspensions == cells[0][1], stats.by_op
+    assert not any(op in stats.by_op for op in ("linear", "sigmoid", "tanh"))
+    check_grads(run_early_exit, seqs, model, atol=1e-5, model=model)
