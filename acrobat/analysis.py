@@ -238,6 +238,12 @@ def _check(fn, seen: set) -> bool:
             return False
         if isinstance(sub, ast.Call) and not _call_ok(sub.func, local):
             return False
+        if (
+            isinstance(sub, ast.Call)
+            and isinstance(sub.func, ast.Attribute)
+            and sub.func.attr in _DEMAND_METHODS
+        ):
+            return False  # reads a value (``.tolist()``): a trace would fail; outlined instead
     return True
 
 
@@ -619,8 +625,14 @@ class AutoBlock(_native.AutoBase if _native is not None else object):  # type: i
         except LazyValueError:
             if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
                 raise
-            # reads a value, or computes nothing per-instance: per-op recording from now on
+            # reads a value, or computes nothing per-instance: as written from now on,
+            # its straight-line runs outlined as regions (``k = int(<tensor work>)``: the
+            # work before the read one node)
             self.disabled = True
+            if AUTO_OUTLINE and not self.impl.__closure__:
+                outlined = outline(self.impl)
+                if outlined is not None:
+                    self.impl.__code__ = outlined.code
             return self.impl(*args, **kwargs)
 
 
@@ -794,6 +806,8 @@ REGION_SUBSCRIPTS = True
 # a number a straight-line body (or a loop's body) uses as an index, ``W[i]`` or ``W[:, i]``,
 # is taken as a 0-d tensor like one it reads as ``torch.tensor(i)`` (read when outlining)
 INDEX_VALUES = True
+# an automatic block whose trace reads a value runs its body outlined (regions) from then on
+AUTO_OUTLINE = True
 # a straight-line function calling a method with control flow (``forward`` calling
 # ``self.encode(tree)``) is searched and outlined as one with control flow, not a block
 CONTROL_CALLERS = True

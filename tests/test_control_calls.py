@@ -209,3 +209,59 @@ def test_an_if_reading_a_value_splits_its_tensor_work_into_the_run(lengths, seed
     assert len(cells) == 1 and stats.suspensions == cells[0][1], stats.by_op
     assert not any(op in stats.by_op for op in ("linear", "sigmoid", "tanh"))
     check_grads(run_early_exit, seqs, model, atol=1e-5, model=model)
+
+
+class TopTwo(nn.Module):
+    """Straight lines that read a value: ``.tolist()`` (seen in the source) and ``int(t)``
+    (a builtin, seen when the trace reads it)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.w = nn.Linear(DIM, DIM)
+        self.s = nn.Linear(DIM, 1)
+
+    def forward(self, xs):
+        if self.how == "tolist":
+            return self.by_tolist(xs)
+        return self.by_int(xs)
+
+    def by_tolist(self, xs):
+        hs = [torch.tanh(self.w(x)) for x in xs]
+        best = torch.topk(torch.cat([self.s(h) for h in hs]), 2).indices.tolist()
+        return hs[best[0]] + hs[best[1]]
+
+    def by_int(self, xs):
+        hs = [torch.tanh(self.w(x)) for x in xs]
+        k = int(torch.argmax(torch.cat([self.s(h) for h in hs])))
+        return torch.relu(hs[k] * 2.0) - hs[0]
+
+
+@acrobat.autobatch
+def top_two(xs, model):
+    return model(xs)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(2, 7), min_size=1, max_size=6),
+    seed=st.integers(0, 999),
+    how=st.sampled_from(["tolist", "int"]),
+)
+def test_straight_lines_that_read_a_value_are_outlined(lengths, seed, how):
+    """A straight-line function that reads a value cannot be one traced block: it ran as
+    written, op by op (slower than the eager loop). ``.tolist()`` / ``.item()`` in its
+    source make it a function with control flow (outlined: the comprehension a scan);
+    a builtin read (``int(t)``) found when its trace fails switches it to its outlined
+    body from then on (analysis.AUTO_OUTLINE)."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [[torch.randn(DIM, generator=gen) for _ in range(n)] for n in lengths]
+    torch.manual_seed(seed)
+    model = TopTwo(how)
+    with torch.no_grad():
+        check_map(top_two, seqs, model=model)  # (the first map finds an int read)
+        stats = check_map(top_two, seqs, model=model)
+    scans = [c for k, c in stats.by_op.items() if k.startswith("scan:")]
+    assert scans and scans[0][1] == len(seqs), stats.by_op
+    assert "tanh" not in stats.by_op
+    check_grads(top_two, seqs, model, atol=1e-5, model=model)
