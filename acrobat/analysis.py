@@ -794,6 +794,7 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
 MIN_REGION_OPS = 2  # tensor calls a run needs to be worth a block (one op is one node anyway)
 SPLIT_DEMANDS = True  # x = int(<tensor work>): the work may join a run (read when outlining)
 SPLIT_RETURNS = True  # return <tensor work>: the work may join a run (read when outlining)
+SPLIT_STORES = True  # obj.h = <tensor work> / d[k] = ...: the work may join a run (likewise)
 # ... and a returned expression alone (no run before it) is a run of its own
 LONE_RETURNS = True
 # a run's reads of ``obj.attr`` where ``obj`` is only read that way are made at its call
@@ -1588,12 +1589,22 @@ class _Rewriter:
         tensor work before it can join one (a parser's ``int(torch.argmax(scores +
         torch.tensor(mask)))``: one block node instead of an add and an argmax). Likewise
         an ``if`` whose test reads one (an early exit's ``if torch.sigmoid(stop(h)).item()
-        > 0.6:``)."""
-        if not SPLIT_DEMANDS:
-            return stmts
+        > 0.6:``), and (SPLIT_STORES) a store of tensor work into an attribute or an item,
+        ``node.h = <expr>`` / ``memo[k] = <expr>``, as ``_acrobat_stored_k = <expr>`` and
+        the store of that name (Python evaluates the value before the target's parts)."""
         out = []
         for stmt in stmts:
-            inner = _demanded(stmt, self.local)
+            if SPLIT_STORES and _stored(stmt):
+                name = f"_acrobat_stored_{self.values}"
+                assign = _located(
+                    ast.Assign(targets=[ast.Name(name, ast.Store())], value=stmt.value), stmt
+                )
+                if self._ops(assign) > 0:
+                    self.values += 1
+                    stmt.value = ast.Name(name, ast.Load())
+                    out += [assign, stmt]
+                    continue
+            inner = _demanded(stmt, self.local) if SPLIT_DEMANDS else None
             if inner is not None:
                 name = f"_acrobat_value_{self.values}"
                 assign = _located(
@@ -1995,6 +2006,15 @@ def _append(stmt) -> tuple[str, ast.expr] | None:
     return None
 
 
+def _stored(stmt) -> bool:
+    """Whether ``stmt`` is ``a.b = <expr>`` or ``a[k] = <expr>`` (one target, a store)."""
+    return (
+        isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], (ast.Attribute, ast.Subscript))
+    )
+
+
 def _demanded(stmt, local: set):
     """(E, put) when ``stmt`` is ``target = int(E)`` (float, bool; the builtin) or
     ``target = E.item()`` / ``E.tolist()``, or an ``if`` testing such a read (``if
@@ -2291,6 +2311,14 @@ def _object_roots(run: list, local: set) -> set:
                         other.add(root.id)
             elif isinstance(sub, ast.Call):
                 func = sub.func
+                if (
+                    isinstance(func, ast.Attribute)
+                    and isinstance(func.value, ast.Attribute)
+                    and isinstance(func.value.value, ast.Name)
+                    and func.value.attr not in _TENSOR_ATTRIBUTES
+                    and func.attr in _TENSOR_ATTRIBUTES
+                ):
+                    continue  # ``node.x.unsqueeze(0)``: a tensor method of the attribute
                 while isinstance(func, ast.Attribute):
                     func = func.value
                 if isinstance(func, ast.Name):

@@ -265,3 +265,82 @@ def test_straight_lines_that_read_a_value_are_outlined(lengths, seed, how):
     assert scans and scans[0][1] == len(seqs), stats.by_op
     assert "tanh" not in stats.by_op
     check_grads(top_two, seqs, model, atol=1e-5, model=model)
+
+
+@dataclass
+class VecNode:
+    x: torch.Tensor
+    kids: list = field(default_factory=list)
+
+
+def vec_trees(gen, depth: int):
+    kids = [] if depth == 0 or torch.rand((), generator=gen) < 0.4 else [0, 1]
+    return VecNode(torch.randn(DIM, generator=gen), [vec_trees(gen, depth - 1) for _ in kids])
+
+
+class GRUTree(nn.Module):
+    """Children summed in a loop, the cell on the node's ``x.unsqueeze(0)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.GRUCell(DIM, DIM)
+
+    def forward(self, node):
+        h = torch.zeros(1, DIM)
+        for k in node.kids:
+            h = h + self(k)
+        return self.cell(node.x.unsqueeze(0), h)
+
+
+class PostOrder(nn.Module):
+    """A tree walked with an explicit stack, states kept in a dict and on the nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.leaf = nn.Linear(DIM, DIM)
+        self.comb = nn.Linear(3 * DIM, DIM)
+
+    def forward(self, root):
+        memo = {}
+        stack = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            if not node.kids:
+                memo[id(node)] = torch.tanh(self.leaf(node.x))
+            elif done:
+                left, right = memo[id(node.kids[0])], memo[id(node.kids[1])]
+                node.h = torch.tanh(self.comb(torch.cat([node.x, left, right])))
+                memo[id(node)] = node.h
+            else:
+                stack.append((node, True))
+                for k in node.kids:
+                    stack.append((k, False))
+        return memo[id(root)]
+
+
+@acrobat.autobatch
+def walk(tree, model):
+    return model(tree)
+
+
+def _nodes(node) -> int:
+    return 1 + sum(_nodes(k) for k in node.kids)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 999), count=st.integers(1, 5), style=st.sampled_from(["gru", "walk"]))
+def test_tree_cells_written_with_stores_and_attribute_methods_are_one_node(seed, count, style):
+    """``memo[k] = <tensor work>`` / ``node.h = <tensor work>`` (SPLIT_STORES: the work joins
+    a run, the store stays) and ``node.x.unsqueeze(0)`` (a tensor method of an attribute:
+    ``node`` stays an object whose attributes are read at the call) made every cell op by
+    op, slower than the eager loop; each cell is one node now."""
+    gen = torch.Generator().manual_seed(seed)
+    forest = [vec_trees(gen, 4) for _ in range(count)]
+    torch.manual_seed(seed)
+    model = GRUTree() if style == "gru" else PostOrder()
+    with torch.no_grad():
+        stats = check_map(walk, forest, model=model)
+    cells = sum(n for k, (_, n) in stats.by_op.items() if k.startswith("block:"))
+    assert cells == sum(map(_nodes, forest)), stats.by_op
+    assert not any(op in stats.by_op for op in ("linear", "rnn_cell", "tanh", "cat"))
+    check_grads(walk, forest, model, atol=1e-5, model=model)

@@ -867,6 +867,10 @@ def test_object_roots_are_locals_read_only_through_attributes():
     # model: called through; x, z: tensor attributes; other: also read bare; obj: a method
     assert analysis._object_roots(run, local) == {"node", "cfg", "tree", "cell"}
     assert analysis._object_roots(run, local - {"cfg"}) == {"node", "tree", "cell"}
+    # a tensor method of an attribute's value (``leaf.x.unsqueeze(0)``) is no call through
+    # the object; another method of it (``obj.p.q(1)`` above) is
+    more = ast.parse("d = leaf.x.unsqueeze(0) + box.v.shape[0] * box.v.q(2)\n").body
+    assert analysis._object_roots(more, {"leaf", "box"}) == {"leaf"}
 
 
 cs_emb = nn.Embedding(10, DIM)
