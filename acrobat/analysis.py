@@ -94,6 +94,10 @@ _MUTATORS = {
     "popitem",
     "sort",
     "reverse",
+    "popleft",
+    "appendleft",
+    "extendleft",
+    "rotate",
 }
 # Random number generators: a trace would replay one draw for every call.
 _RANDOM = {
@@ -1594,14 +1598,15 @@ class _Rewriter:
         the store of that name (Python evaluates the value before the target's parts)."""
         out = []
         for stmt in stmts:
-            if SPLIT_STORES and _stored(stmt):
+            stored = _stored(stmt, self.local) if SPLIT_STORES else None
+            if stored is not None:
                 name = f"_acrobat_stored_{self.values}"
                 assign = _located(
-                    ast.Assign(targets=[ast.Name(name, ast.Store())], value=stmt.value), stmt
+                    ast.Assign(targets=[ast.Name(name, ast.Store())], value=stored[0]), stmt
                 )
                 if self._ops(assign) > 0:
                     self.values += 1
-                    stmt.value = ast.Name(name, ast.Load())
+                    stored[1](ast.Name(name, ast.Load()))
                     out += [assign, stmt]
                     continue
             inner = _demanded(stmt, self.local) if SPLIT_DEMANDS else None
@@ -2006,13 +2011,35 @@ def _append(stmt) -> tuple[str, ast.expr] | None:
     return None
 
 
-def _stored(stmt) -> bool:
-    """Whether ``stmt`` is ``a.b = <expr>`` or ``a[k] = <expr>`` (one target, a store)."""
-    return (
+def _stored(stmt, local: set):
+    """(E, put) when ``stmt`` is ``a.b = E`` or ``a[k] = E`` (one target, a store), or
+    ``xs.append(E)`` (``appendleft``, ``add``: a container local of the function given one
+    value; its method is looked up before E is evaluated, without effect on E): ``put``
+    makes its argument the value."""
+    if (
         isinstance(stmt, ast.Assign)
         and len(stmt.targets) == 1
         and isinstance(stmt.targets[0], (ast.Attribute, ast.Subscript))
-    )
+    ):
+        return stmt.value, lambda e: setattr(stmt, "value", e)
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        f = call.func
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr in _STORING
+            and isinstance(f.value, ast.Name)
+            and f.value.id in local
+            and not f.value.id.startswith("_acrobat_")  # (a comprehension's: as it was)
+            and len(call.args) == 1
+            and not call.keywords
+            and not isinstance(call.args[0], ast.Starred)
+        ):
+            return call.args[0], lambda e: call.args.__setitem__(0, e)
+    return None
+
+
+_STORING = {"append", "appendleft", "add"}
 
 
 def _demanded(stmt, local: set):

@@ -7,6 +7,7 @@ and a call of one is left out of runs: each cell is one node."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -344,3 +345,44 @@ def test_tree_cells_written_with_stores_and_attribute_methods_are_one_node(seed,
     assert cells == sum(map(_nodes, forest)), stats.by_op
     assert not any(op in stats.by_op for op in ("linear", "rnn_cell", "tanh", "cat"))
     check_grads(walk, forest, model, atol=1e-5, model=model)
+
+
+class PairUp(nn.Module):
+    """Pairs a queue's front two until one is left (a deque: popleft/append)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.c = nn.Linear(2 * DIM, DIM)
+
+    def forward(self, words):
+        q = deque(self.emb(torch.tensor(w)) for w in words)
+        out = []
+        while len(q) > 1:
+            a = q.popleft()
+            b = q.popleft()
+            q.append(torch.tanh(self.c(torch.cat([a, b]))))
+            out.append(q[-1] * 2.0 + a)
+        return torch.stack([q[0], *out]).sum(0)
+
+
+@acrobat.autobatch
+def pair_up(words, model):
+    return model(words)
+
+
+@settings(max_examples=15, deadline=None)
+@given(sentences=st.lists(st.lists(st.integers(0, WORDS - 1), min_size=1, max_size=9), min_size=1,
+                          max_size=6))  # fmt: skip
+def test_appends_of_tensor_work_join_runs_and_deque_pops_stay_out(sentences):
+    """``q.append(<tensor work>)``: the work joins a run (SPLIT_STORES); ``q.popleft()``
+    is a mutation, never part of a run (it was, and the region, given the deque, ran as
+    written: every combination op by op)."""
+    torch.manual_seed(0)
+    model = PairUp()
+    with torch.no_grad():
+        stats = check_map(pair_up, sentences, model=model)
+    cells = sum(n for k, (_, n) in stats.by_op.items() if k.startswith("block:"))
+    assert cells == sum(len(s) - 1 for s in sentences), stats.by_op
+    assert not any(op in stats.by_op for op in ("linear", "cat", "tanh"))
+    check_grads(pair_up, sentences, model, atol=1e-4, rtol=1e-4, model=model)  # (grads ~400)
