@@ -1598,28 +1598,22 @@ class _Rewriter:
         the store of that name (Python evaluates the value before the target's parts)."""
         out = []
         for stmt in stmts:
-            stored = _stored(stmt, self.local) if SPLIT_STORES else None
-            if stored is not None:
-                name = f"_acrobat_stored_{self.values}"
+            for prefix, split in (
+                ("stored", _stored if SPLIT_STORES else None),
+                ("value", _demanded if SPLIT_DEMANDS else None),
+            ):
+                found = split(stmt, self.local) if split is not None else None
+                if found is None:
+                    continue
+                name = f"_acrobat_{prefix}_{self.values}"
                 assign = _located(
-                    ast.Assign(targets=[ast.Name(name, ast.Store())], value=stored[0]), stmt
+                    ast.Assign(targets=[ast.Name(name, ast.Store())], value=found[0]), stmt
                 )
                 if self._ops(assign) > 0:
                     self.values += 1
-                    stored[1](ast.Name(name, ast.Load()))
-                    out += [assign, stmt]
-                    continue
-            inner = _demanded(stmt, self.local) if SPLIT_DEMANDS else None
-            if inner is not None:
-                name = f"_acrobat_value_{self.values}"
-                assign = _located(
-                    ast.Assign(targets=[ast.Name(name, ast.Store())], value=inner[0]), stmt
-                )
-                if self._ops(assign) > 0:
-                    self.values += 1
-                    inner[1](ast.Name(name, ast.Load()))
-                    out += [assign, stmt]
-                    continue
+                    found[1](ast.Name(name, ast.Load()))
+                    out.append(assign)
+                break
             out.append(stmt)
         return out
 

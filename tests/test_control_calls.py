@@ -21,6 +21,22 @@ from tests.helpers import check_grads, check_map
 DIM, WORDS = 8, 20
 
 
+def block_nodes(stats) -> int:
+    """Nodes recorded by blocks (automatic ones and regions)."""
+    return sum(n for k, (_, n) in stats.by_op.items() if k.startswith("block:"))
+
+
+def check_cells(f, data, model, cells: int, absent: tuple, atol=1e-5, rtol=1e-5):
+    """map == eager without gradients, ``cells`` block nodes and none of the ops
+    ``absent`` recorded on their own; then the gradients as eager's. Returns the stats."""
+    with torch.no_grad():
+        stats = check_map(f, data, model=model)
+    assert block_nodes(stats) == cells, stats.by_op
+    assert not any(op in stats.by_op for op in absent), stats.by_op
+    check_grads(f, data, model, atol=atol, rtol=rtol, model=model)
+    return stats
+
+
 @dataclass
 class Node:
     word: int
@@ -88,14 +104,9 @@ def test_a_recursive_encoder_called_from_straight_lines_batches_its_cells(forest
     torch.manual_seed(0)
     model = Encoder()
     f = by_method if how == "method" else by_function
-    with torch.no_grad():
-        stats = check_map(f, forest, model=model)
-    mixes = sum(map(_internal, forest))
-    cells = {k: v for k, v in stats.by_op.items() if k.startswith("block:")}
     # each tree's mix cell one node, the head's lines one node per tree
-    assert sum(n for _, n in cells.values()) == mixes + len(forest), stats.by_op
-    assert "linear" not in stats.by_op and "cat" not in stats.by_op
-    check_grads(f, forest, model, atol=1e-5, model=model)
+    cells = sum(map(_internal, forest)) + len(forest)
+    check_cells(f, forest, model, cells, ("linear", "cat"))
 
 
 class MeanOfKids(nn.Module):
@@ -126,12 +137,7 @@ def test_a_module_recursing_through_self_call_batches_its_cells(forest):
     of the run after it (which was given the tree and ran op by op, slower than eager)."""
     torch.manual_seed(0)
     model = MeanOfKids()
-    with torch.no_grad():
-        stats = check_map(mean_of_kids, forest, model=model)
-    cells = [n for k, (_, n) in stats.by_op.items() if k.startswith("block:")]
-    assert sum(cells) == sum(map(_internal, forest)), stats.by_op
-    assert "linear" not in stats.by_op and "cat" not in stats.by_op
-    check_grads(mean_of_kids, forest, model, atol=1e-5, model=model)
+    check_cells(mean_of_kids, forest, model, sum(map(_internal, forest)), ("linear", "cat"))
 
 
 class DictState(nn.Module):
@@ -339,12 +345,8 @@ def test_tree_cells_written_with_stores_and_attribute_methods_are_one_node(seed,
     forest = [vec_trees(gen, 4) for _ in range(count)]
     torch.manual_seed(seed)
     model = GRUTree() if style == "gru" else PostOrder()
-    with torch.no_grad():
-        stats = check_map(walk, forest, model=model)
-    cells = sum(n for k, (_, n) in stats.by_op.items() if k.startswith("block:"))
-    assert cells == sum(map(_nodes, forest)), stats.by_op
-    assert not any(op in stats.by_op for op in ("linear", "rnn_cell", "tanh", "cat"))
-    check_grads(walk, forest, model, atol=1e-5, model=model)
+    absent = ("linear", "rnn_cell", "tanh", "cat")
+    check_cells(walk, forest, model, sum(map(_nodes, forest)), absent)
 
 
 class PairUp(nn.Module):
@@ -380,9 +382,6 @@ def test_appends_of_tensor_work_join_runs_and_deque_pops_stay_out(sentences):
     written: every combination op by op)."""
     torch.manual_seed(0)
     model = PairUp()
-    with torch.no_grad():
-        stats = check_map(pair_up, sentences, model=model)
-    cells = sum(n for k, (_, n) in stats.by_op.items() if k.startswith("block:"))
-    assert cells == sum(len(s) - 1 for s in sentences), stats.by_op
-    assert not any(op in stats.by_op for op in ("linear", "cat", "tanh"))
-    check_grads(pair_up, sentences, model, atol=1e-4, rtol=1e-4, model=model)  # (grads ~400)
+    cells = sum(len(s) - 1 for s in sentences)
+    absent = ("linear", "cat", "tanh")
+    check_cells(pair_up, sentences, model, cells, absent, atol=1e-4, rtol=1e-4)  # (grads ~400)
