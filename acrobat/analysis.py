@@ -799,6 +799,7 @@ MIN_REGION_OPS = 2  # tensor calls a run needs to be worth a block (one op is on
 SPLIT_DEMANDS = True  # x = int(<tensor work>): the work may join a run (read when outlining)
 SPLIT_RETURNS = True  # return <tensor work>: the work may join a run (read when outlining)
 SPLIT_STORES = True  # obj.h = <tensor work> / d[k] = ...: the work may join a run (likewise)
+SPLIT_LISTS = True  # y = f([<work> for x in xs], ...): the comprehension mapped on its own
 # ... and a returned expression alone (no run before it) is a run of its own
 LONE_RETURNS = True
 # a run's reads of ``obj.attr`` where ``obj`` is only read that way are made at its call
@@ -1596,26 +1597,30 @@ class _Rewriter:
         > 0.6:``), and (SPLIT_STORES) a store of tensor work into an attribute or an item,
         ``node.h = <expr>`` / ``memo[k] = <expr>``, as ``_acrobat_stored_k = <expr>`` and
         the store of that name (Python evaluates the value before the target's parts)."""
-        out = []
-        for stmt in stmts:
-            for prefix, split in (
-                ("stored", _stored if SPLIT_STORES else None),
-                ("value", _demanded if SPLIT_DEMANDS else None),
-            ):
-                found = split(stmt, self.local) if split is not None else None
-                if found is None:
-                    continue
-                name = f"_acrobat_{prefix}_{self.values}"
-                assign = _located(
-                    ast.Assign(targets=[ast.Name(name, ast.Store())], value=found[0]), stmt
-                )
-                if self._ops(assign) > 0:
-                    self.values += 1
-                    found[1](ast.Name(name, ast.Load()))
-                    out.append(assign)
+        return [part for stmt in stmts for part in self._split(stmt)]
+
+    def _split(self, stmt) -> list:
+        """``stmt`` and the statements split off before it (see _split_demands)."""
+        for prefix, split in (
+            ("stored", _stored if SPLIT_STORES else None),
+            ("value", _demanded if SPLIT_DEMANDS else None),
+            ("list", _list_argument if SPLIT_LISTS else None),
+        ):
+            found = split(stmt, self.local) if split is not None else None
+            if found is None:
+                continue
+            name = f"_acrobat_{prefix}_{self.values}"
+            assign = _located(
+                ast.Assign(targets=[ast.Name(name, ast.Store())], value=found[0]), stmt
+            )
+            if self._ops(assign) <= 0:
                 break
-            out.append(stmt)
-        return out
+            self.values += 1
+            found[1](ast.Name(name, ast.Load()))
+            if prefix == "list":
+                self.containers.add(name)  # (a run given the list would run as written)
+            return [*self._split(assign), stmt]  # (a read's work may hold a list)
+        return [stmt]
 
     def _scan(self, stmt: ast.For, bound: set) -> _Region | None:
         """``stmt`` outlined as a loop (ScanBlock), if it has no ``else`` and its body is
@@ -2003,6 +2008,44 @@ def _append(stmt) -> tuple[str, ast.expr] | None:
     ):
         return f.value.id, call.args[0]
     return None
+
+
+def _list_argument(stmt, local: set):
+    """(C, put) when ``stmt`` is ``target = f(C, ...)`` with ``C`` a list comprehension
+    of one ``for`` and no ``if`` (``scores = torch.cat([self.s(h) for h in hs])``), ``f``
+    a name or attribute chain (looked up before ``C`` is evaluated, without effect on it),
+    also under first arguments and attributes of results (``topk(cat([...]), 2).indices``):
+    ``_acrobat_list_k = C`` is then a comprehension of its own, mapped as a scan."""
+    if not isinstance(stmt, ast.Assign) or not all(_plain_target(t, set()) for t in stmt.targets):
+        return None
+    call = stmt.value
+    while isinstance(call, ast.Attribute):  # (``topk(...).indices``: read after the call)
+        call = call.value
+    while isinstance(call, ast.Call) and call.args and _name_chain(call.func):
+        comp = call.args[0]  # (first arguments all the way down: evaluated first)
+        if (
+            isinstance(comp, ast.ListComp)
+            and len(comp.generators) == 1
+            and not comp.generators[0].ifs
+            and not comp.generators[0].is_async
+        ):
+            return comp, _first_setter(call.args)
+        call = comp
+        while isinstance(call, ast.Attribute):
+            call = call.value
+    return None
+
+
+def _first_setter(args: list):
+    """A function making its argument ``args[0]``."""
+    return lambda e: args.__setitem__(0, e)
+
+
+def _name_chain(f) -> bool:
+    """A name or an attribute chain rooted at one (``torch.cat``, ``self.s``)."""
+    while isinstance(f, ast.Attribute):
+        f = f.value
+    return isinstance(f, ast.Name)
 
 
 def _stored(stmt, local: set):
