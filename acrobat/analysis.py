@@ -1143,6 +1143,28 @@ def _code_like(a) -> bool:
     return False
 
 
+def _comprehension_only(node: ast.FunctionDef) -> set:
+    """Names ``node`` binds only as comprehension variables. From Python 3.12 on
+    (inlined comprehensions, PEP 709) they are among the code's ``co_varnames``, where
+    3.11 kept them in the comprehension's own code: the function's locals leave them
+    out, or every statement with a comprehension would look like one shadowing a local."""
+    in_comprehensions: set = set()
+    elsewhere: set = set()
+    targets: set = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.comprehension):
+            for t in ast.walk(sub.target):
+                if isinstance(t, ast.Name):
+                    in_comprehensions.add(t.id)
+                    targets.add(id(t))
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and id(sub) not in targets:
+            elsewhere.add(sub.id)
+        elif isinstance(sub, ast.arg):
+            elsewhere.add(sub.arg)
+    return in_comprehensions - elsewhere
+
+
 def _outline(fn) -> Outlined | None:
     if not isinstance(fn, types.FunctionType) or fn.__closure__:
         return None
@@ -1165,7 +1187,7 @@ def _outline(fn) -> Outlined | None:
     if context is None:
         return None  # the source is not what runs (edited since import)
     imports, flags = context
-    rewriter = _Rewriter(fn, set(code.co_varnames))
+    rewriter = _Rewriter(fn, set(code.co_varnames) - _comprehension_only(node))
     rewriter.rewrite(node)
     lookups = _rewrite_lookups(node) if LOOKUP_CALLS or FACTORY_CALLS else 0
     checks = _rewrite_type_checks(node) if TYPE_CHECKS else 0

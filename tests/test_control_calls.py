@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import acrobat
+from acrobat import analysis
 from tests.helpers import check_grads, check_map
 
 DIM, WORDS = 8, 20
@@ -387,3 +388,21 @@ def test_appends_of_tensor_work_join_runs_and_deque_pops_stay_out(sentences):
     cells = sum(len(s) - 1 for s in sentences)
     absent = ("linear", "cat", "tanh")
     check_cells(pair_up, sentences, model, cells, absent, atol=1e-4, rtol=1e-4)  # (grads ~400)
+
+
+def test_comprehension_variables_are_not_the_functions_locals():
+    """From Python 3.12 on a comprehension's variables are among the function's
+    ``co_varnames`` (PEP 709): taken for locals, every statement with a comprehension
+    looked like one shadowing a local and stayed out of runs (found on a lent H100's
+    Python 3.12). Only names bound elsewhere too stay locals."""
+    import ast
+
+    node = ast.parse(
+        "def f(self, xs, k):\n"
+        "    hs = [self.w(x) for x in xs]\n"
+        "    s = sum(h.sum() for h in hs)\n"
+        "    for x in xs:\n"
+        "        s = s + x\n"
+        "    return {k: v for k, v in zip(xs, hs)}, s\n"
+    ).body[0]
+    assert analysis._comprehension_only(node) == {"h", "v"}
