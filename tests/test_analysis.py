@@ -342,7 +342,11 @@ def test_a_word_id_the_table_has_no_row_for_runs_the_program(monkeypatch, bad):
         looked_up_sum.eager(ids[1])
     with torch.no_grad(), pytest.raises(Exception, match="instance 1"):
         looked_up_sum.map(ids)
-    assert not any(in_place)
+    if bad is True:  # a bool tensor: refused when recorded (torch 2.13's shape inference),
+        # or a batch of its own, after the valid ids' (in place), that fails (torch 2.11)
+        assert not in_place or in_place[-1] is False
+    else:  # in the valid ids' batch, which runs the program
+        assert not any(in_place)
     with torch.no_grad():
         for g, x in zip(looked_up_sum.map([[1, 2], [3]]), [[1, 2], [3]]):  # usable again
             torch.testing.assert_close(g, looked_up_sum.eager(x))
