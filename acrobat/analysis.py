@@ -413,7 +413,15 @@ def _demote_callers(found: dict, control: dict, classes: tuple) -> list:
     trace (a tree's recursion keyed by the tree, a trace per call: run as written, op by
     op); as a function with control flow, its lines become regions and the method's own
     runs are outlined. Returns the demoted functions (their references are searched)."""
-    methods = {id(v) for cls in classes for klass in cls.__mro__ for v in vars(klass).values()}
+    if not found:
+        return []
+    methods = {
+        id(v)
+        for cls in classes
+        for klass in cls.__mro__
+        if _user_object(klass)  # (not torch.nn.Module's hundreds of attributes)
+        for v in vars(klass).values()
+    }
     demoted: list = []
     while True:
         flow = {fn.__name__ for fn in control.values() if id(fn) in methods}
