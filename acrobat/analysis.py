@@ -1156,21 +1156,15 @@ def _comprehension_only(node: ast.FunctionDef) -> set:
     (inlined comprehensions, PEP 709) they are among the code's ``co_varnames``, where
     3.11 kept them in the comprehension's own code: the function's locals leave them
     out, or every statement with a comprehension would look like one shadowing a local."""
-    in_comprehensions: set = set()
+    bound = _comprehension_targets(node)
+    targets = {id(t) for t in bound}
     elsewhere: set = set()
-    targets: set = set()
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.comprehension):
-            for t in ast.walk(sub.target):
-                if isinstance(t, ast.Name):
-                    in_comprehensions.add(t.id)
-                    targets.add(id(t))
     for sub in ast.walk(node):
         if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and id(sub) not in targets:
             elsewhere.add(sub.id)
         elif isinstance(sub, ast.arg):
             elsewhere.add(sub.arg)
-    return in_comprehensions - elsewhere
+    return {t.id for t in bound} - elsewhere
 
 
 def _outline(fn) -> Outlined | None:
@@ -1977,19 +1971,19 @@ class _Rewriter:
         included). Left out of runs: a region would run it inside its trace, given the
         objects it recurses over (a trace per call: the region as written)."""
         if isinstance(f, ast.Name):
-            if f.id in self.local:  # ``self(child)``: the module's own forward, recursing
-                if f.id != "self" or not _takes_self(self.fn):
-                    return False
-                if self.control_methods is None:
-                    self.control_methods = _control_methods(self.fn)
-                return "forward" in self.control_methods
-            value = self.fn.__globals__.get(f.id)
-            return isinstance(value, types.FunctionType) and has_control_flow(value)
-        if isinstance(f, ast.Attribute):
-            if self.control_methods is None:
-                self.control_methods = _control_methods(self.fn)
-            return f.attr in self.control_methods
-        return False
+            if f.id not in self.local:
+                value = self.fn.__globals__.get(f.id)
+                return isinstance(value, types.FunctionType) and has_control_flow(value)
+            if f.id != "self" or not _takes_self(self.fn):
+                return False
+            name = "forward"  # ``self(child)``: the module's own forward, recursing
+        elif isinstance(f, ast.Attribute):
+            name = f.attr
+        else:
+            return False
+        if self.control_methods is None:
+            self.control_methods = _control_methods(self.fn)
+        return name in self.control_methods
 
     def _tensor_call(self, f) -> int:
         """1 if the call is likely a tensor op: torch's, a method or module of a local,
@@ -2102,7 +2096,7 @@ def _stored(stmt, local: set):
             and not call.keywords
             and not isinstance(call.args[0], ast.Starred)
         ):
-            return call.args[0], lambda e: call.args.__setitem__(0, e)
+            return call.args[0], _first_setter(call.args)
     return None
 
 
@@ -2133,7 +2127,7 @@ def _demand_call(call, local: set):
     f = call.func
     builtin = isinstance(f, ast.Name) and f.id in ("int", "float", "bool") and f.id not in local
     if builtin and len(call.args) == 1 and not isinstance(call.args[0], ast.Starred):
-        return call.args[0], lambda e: call.args.__setitem__(0, e)
+        return call.args[0], _first_setter(call.args)
     if isinstance(f, ast.Attribute) and f.attr in ("item", "tolist") and not call.args:
         return f.value, lambda e: setattr(f, "value", e)
     return None
@@ -2259,13 +2253,18 @@ def _loads(fn, expr) -> set[str]:
 
 
 def _comprehension_names(value) -> set:
-    names: set = set()
-    for sub in ast.walk(value):
-        if isinstance(sub, ast.comprehension):
-            for t in ast.walk(sub.target):
-                if isinstance(t, ast.Name):
-                    names.add(t.id)
-    return names
+    return {t.id for t in _comprehension_targets(value)}
+
+
+def _comprehension_targets(value) -> list:
+    """The names (``ast.Name`` nodes) the comprehensions in ``value`` bind."""
+    return [
+        t
+        for sub in ast.walk(value)
+        if isinstance(sub, ast.comprehension)
+        for t in ast.walk(sub.target)
+        if isinstance(t, ast.Name)
+    ]
 
 
 def _torch_factory(fn, call) -> bool:
@@ -2317,18 +2316,11 @@ def _index_use(node: ast.Subscript, name: str) -> bool:
     that a 0-d int64 tensor gives the same rows as the Python int (a copy, not a view)."""
     if not isinstance(node.ctx, ast.Load) or name in _names(node.value):
         return False
-    index = node.slice
-    if isinstance(index, ast.Name):
-        return index.id == name
-    if not isinstance(index, ast.Tuple):
-        return False
-    names = [e for e in index.elts if isinstance(e, ast.Name)]
-    slices = [e for e in index.elts if isinstance(e, ast.Slice)]
+    parts = _name_and_slices(node.slice)
     return (
-        len(names) == 1
-        and names[0].id == name
-        and len(names) + len(slices) == len(index.elts)
-        and not any(name in _names(e) for e in slices)
+        parts is not None
+        and parts[0].id == name
+        and not any(name in _names(e) for e in parts[1])
     )
 
 
@@ -2483,21 +2475,26 @@ def _weight_item(node, names: set) -> bool:
         root = root.value
     if not isinstance(root, ast.Name) or root.id not in names:
         return False
-    index = node.slice
+    parts = _name_and_slices(node.slice)
+    if parts is None or parts[0].id not in names:
+        return False
+    return all(
+        isinstance(sub, (ast.Slice, ast.Name, ast.Constant, ast.Load))
+        and (not isinstance(sub, ast.Name) or sub.id in names)
+        for e in parts[1]
+        for sub in ast.walk(e)
+    )
+
+
+def _name_and_slices(index) -> tuple[ast.Name, list] | None:
+    """(the name, the slices) of an index that is one name, or a tuple of one name and
+    slices (``W[i]``, ``W[:, i]``, ``W[1:, i, :2]``); None for any other index."""
     entries = index.elts if isinstance(index, ast.Tuple) else [index]
     items = [e for e in entries if isinstance(e, ast.Name)]
-    if len(items) != 1 or items[0].id not in names:
-        return False
-    for e in entries:
-        if isinstance(e, ast.Slice):
-            for sub in ast.walk(e):
-                if isinstance(sub, ast.Name) and sub.id not in names:
-                    return False
-                if not isinstance(sub, (ast.Slice, ast.Name, ast.Constant, ast.Load)):
-                    return False
-        elif e is not items[0]:
-            return False
-    return True
+    slices = [e for e in entries if isinstance(e, ast.Slice)]
+    if len(items) != 1 or len(items) + len(slices) != len(entries):
+        return None
+    return items[0], slices
 
 
 _FACTORIES = {"tensor", "as_tensor"}

@@ -74,20 +74,13 @@ def constant(rt, value: torch.Tensor):
     info = Info(((shape, dtype),), True, None)
     node = Node(INPUT, None, (), None, [], info, None, 0, 0, -1, rt)
     node.outs = outs
-    _fresh_outputs(rt, outs)
+    # made between flushes: value reads cache a flush's outputs by id (rt.py_rows), and
+    # this tensor may have the id of one freed since, whose cached rows it would be served
+    rt.py_rows.pop(id(outs[0]), None)
     node.row = 0
     node.slot = next(_batches) << _BATCH_SHIFT
     rt.constants[id(value)] = out = LazyTensor(node, 0, shape, dtype, info.keys[0])
     return out
-
-
-def _fresh_outputs(rt, outs: tuple) -> None:
-    """Outputs made between flushes: value reads cache each flush's outputs by id
-    (rt.py_rows), and a new tensor may have the id of one freed since, whose cached rows
-    it would be served. Its entry goes, and the outputs live as long as the map."""
-    for out in outs:
-        rt.py_rows.pop(id(out), None)
-    rt.hoist_keepalive.append(outs)
 
 
 def _slots(ts: list) -> list:

@@ -177,8 +177,9 @@ def viterbi_path(feats, trans):
 def test_a_viterbi_backtrace_reads_its_back_pointers_as_eager(lengths, tags, seed):
     """``int(idx[best])`` of back pointers computed by earlier flushes, one read per step:
     the paths equal eager's. (Reading a pick computed at once, without its flush, was
-    tried: correct once the py_rows cache could not serve a reused id, executor's
-    _fresh_outputs, but no faster on this CPU, and one device sync per read on a GPU.)"""
+    tried: correct once the py_rows cache could not serve a reused id (as
+    executor.constant now guards), but no faster on this CPU, and one device sync per read
+    on a GPU.)"""
     gen = torch.Generator().manual_seed(seed)
     feats = [torch.randn(n, tags, generator=gen) for n in lengths]
     trans = torch.randn(tags, tags, generator=gen)
