@@ -24,7 +24,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from acrobat import codegen, config, fusion, graph, hoisting
+from acrobat import codegen, config, fusion, graph, hoisting, padding
 from acrobat.errors import AcrobatError, LazyValueError, user_line
 from acrobat.graph import (
     Info,
@@ -118,6 +118,11 @@ class Trace:
         self.split_counts: dict = {}  # position -> (calls, calls that reused the argument)
         self.seen: set = set()  # (position, id(argument)) seen in map run seen_run
         self.seen_run = 0
+        # per argument: its per-instance shape and dtype; the padding family's view
+        # (acrobat/padding.py)
+        self.arg_shapes: tuple = ()
+        self.arg_dtypes: tuple = ()
+        self.pad_view = None
         self.scan = None  # scan.Scan running this program as a loop body; False: cannot
         self.deps: tuple | None = None  # what its constants came from (_dependencies)
         self.grad_built = torch.is_grad_enabled()  # autograd on while it was traced
@@ -649,6 +654,10 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         trace.deps = _dependencies(self.fn, keep)
         trace.autocast = rt.autocast  # (its dtypes are autocast's)
         trace.run_id = rt.id
+        trace.arg_shapes = tuple(t.shape for t in inputs)  # (acrobat/padding.py)
+        trace.arg_dtypes = tuple(t.dtype for t in inputs)
+        if config.PAD_RAGGED:
+            padding.join(self, trace)
         return trace
 
 

@@ -113,6 +113,14 @@ RELEVEL: bool = bool(_env_int("ACROBAT_RELEVEL", 1))
 #: empty buffer run with the other instances' steps instead of as a batch of their own.
 MERGE_LIFTED: bool = bool(_env_int("ACROBAT_MERGE_LIFTED", 1))
 
+#: Traces of one block that are one program up to the size of one per-instance dim (a
+#: sentence's tokens, the vectors an instance attends over) run as one batch padded to
+#: the largest size, pads masked where an op reads them (acrobat/padding.py), instead of a
+#: batch per size. ``PAD_WASTE``: a padded batch is cut where its padded work (rows x
+#: size ** ragged dims) would exceed this many times the true work.
+PAD_RAGGED: bool = bool(_env_int("ACROBAT_PAD_RAGGED", 1))
+PAD_WASTE: float = float(os.environ.get("ACROBAT_PAD_WASTE", "3"))
+
 #: Tensors in the attributes of the user's objects among a map's arguments (a tree of
 #: ``Node``\ s with ``node.x``) read as per-instance inputs in instance code, as tensors in
 #: lists do (acrobat/objects.py). Off: they are real tensors and their ops run eagerly.

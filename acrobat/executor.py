@@ -16,7 +16,7 @@ from array import array
 
 import torch
 
-from acrobat import config
+from acrobat import config, padding
 from acrobat.errors import AcrobatError, UnsupportedOpError
 from acrobat.fusion import reads_in_place
 from acrobat.graph import grad_tag
@@ -404,6 +404,8 @@ def run_batch(nodes: list, stats) -> None:
     elif op.extra.get("lookup") and _lookup_in_place(nodes, op.extra["lookup"], stats, t0):
         return
     else:
+        if "padded" in op.extra and _run_padded(nodes, stats):
+            return
         flat = op.extra.get("flat")
         parts = flat(n0) if flat is not None else 0
         if parts and (parts > FLAT_PARTS or not _columns_are_views(nodes)):
@@ -422,6 +424,102 @@ def run_batch(nodes: list, stats) -> None:
         _run_operands(nodes, n, stats, t0)
         return
     _finish_batch(nodes, outs, n, stats, t0, t1)
+
+
+def _run_padded(nodes: list, stats) -> bool:
+    """A batch that joins calls of several traces of one padded family
+    (acrobat/padding.py): each chunk of sizes (padding.chunks) padded to its largest
+    member's size and run as one batch; a chunk of one trace runs as usual. False where
+    the batch holds one trace (run as usual by the caller)."""
+    groups: dict = {}
+    for nd in nodes:
+        group = groups.get(nd.op)
+        if group is None:
+            groups[nd.op] = [nd]
+        else:
+            group.append(nd)
+    if len(groups) == 1:
+        return False
+    by_size = sorted(groups.values(), key=lambda g: -g[0].op.extra["padded"][1])
+    fam = by_size[0][0].op.extra["padded"][0]
+    if not fam.train_safe and torch.is_grad_enabled():
+        for part in by_size:
+            run_batch(part, stats)
+        return True
+    sizes = [(g[0].op.extra["padded"][1], len(g)) for g in by_size]
+    for run in padding.chunks(sizes, fam.rank):
+        parts = [by_size[i] for i in run]
+        if len(parts) == 1:
+            run_batch(parts[0], stats)
+            continue
+        try:
+            _pad_run(fam, parts, stats)
+        except Exception:  # (an op padding cannot run: each size on its own, as before)
+            if config.VERIFY:
+                raise
+            for part in parts:
+                run_batch(part, stats)
+    return True
+
+
+def _pad_run(fam, parts: list, stats) -> None:
+    """One padded batch of ``parts`` (node lists of one trace each, largest size first)."""
+    t0 = time.perf_counter()
+    trace = parts[0][0].op.rule.__self__  # (the largest member: its program at that size)
+    nodes = [nd for part in parts for nd in part]
+    n = len(nodes)
+    ns = [part[0].op.extra["padded"][1] for part in parts]
+    views = [padding.view(part[0].op.rule.__self__) for part in parts]
+    xs = []
+    for v, flags in enumerate(fam.arg_flags):
+        if not any(flags):  # (fixed shape: one column; an argument before any list)
+            xs.append(gather([nd.inputs[view.args[v]] for view, part in zip(views, parts)
+                              for nd in part], n, stats))  # fmt: skip
+            continue
+        out = None
+        r = 0
+        for part, size, view in zip(parts, ns, views):
+            i = view.args[v]
+            if i >= 0:
+                x = gather([nd.inputs[i] for nd in part], len(part), stats)
+            else:  # the list of a stack: its parts, row after row
+                s, count, _ = view.packed
+                column = [t for nd in part for t in nd.inputs[s : s + count]]
+                x = gather(column, len(column), stats)
+                x = x.view(len(part), count, *x.shape[1:])
+            if out is None:
+                fill = padding.FILL if x.dtype.is_floating_point else 0
+                out = x.new_full((n, *x.shape[1:]), fill)
+            where = (slice(r, r + len(part)),) + tuple(
+                slice(0, size) if f else slice(None) for f in flags
+            )
+            out[where] = x
+            r += len(part)
+        assert out is not None
+        xs.append(out)
+    device = xs[0].device
+    lens = torch.tensor([size for part, size in zip(parts, ns) for _ in part], device=device)
+    t1 = time.perf_counter()
+    outs = fam.run(trace, xs, lens, n)
+    if not fam.ragged_out:
+        _finish_batch(nodes, outs, n, stats, t0, t1)
+        return
+    _account(nodes, n, stats, t0, t1)
+    r = 0
+    for part, size in zip(parts, ns):  # each size its own rows, ragged outputs cut to size
+        rows = slice(r, r + len(part))
+        mine = tuple(
+            o[(rows, *(slice(0, size) if f else slice(None) for f in flags))].contiguous()
+            if any(flags)
+            else o[rows]
+            for o, flags in zip(outs, fam.out_flags)
+        )
+        base = next(_batches) << _BATCH_SHIFT
+        for i, nd in enumerate(part):
+            nd.outs = mine
+            nd.row = i
+            nd.slot = base + i
+        r += len(part)
 
 
 def _run_operands(nodes: list, n: int, stats, t0: float) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from acrobat import config, executor
+from acrobat import config, executor, padding
 from acrobat.graph import Runtime, lint
 from acrobat.tensor import _native
 
@@ -124,7 +124,12 @@ def family(nodes: list):
     buffer with the other instances' steps. Where they do not (a loop's first step), the
     folded trace skips the work on zeros."""
     n0 = nodes[0]
-    lift = n0.op.extra.get("lift") if config.MERGE_LIFTED else None
+    extra = n0.op.extra
+    padded = extra.get("padded")
+    if padded is not None and n0.sig[0] is n0.op and config.PAD_RAGGED:  # (not in a grad
+        # mode of its own)
+        return padded[0]
+    lift = extra.get("lift") if config.MERGE_LIFTED else None
     if lift is None:
         return n0.sig
     trace = lift[0].cache.get(lift[1])
@@ -147,8 +152,8 @@ def _join(rt: Runtime, parts: list[list], sig) -> list:
     rewritten as a call of the trace whose signature is ``sig``."""
     for nodes in parts:
         n0 = nodes[0]
-        if n0.sig is sig or n0.sig == sig:
-            continue
+        if n0.sig is sig or n0.sig == sig or type(sig) is padding.Family:
+            continue  # (a padded family's traces run as they are: executor._run_padded)
         block, key, inserts = n0.op.extra["lift"]
         trace = block.cache[key]
         consts = [(pos, executor.constant(rt, rt.hoisted[made])) for pos, made in inserts]

@@ -1,0 +1,682 @@
+"""Pad-and-mask batches of a block traced at several sizes of one per-instance dim.
+
+A block is traced once per signature, and a signature holds its operands' shapes: called
+on per-instance tensors whose sizes differ along one dim (a sentence's ``n`` tokens, the
+``n`` vectors an instance attends over) it has a trace per size, and each trace's calls
+were a batch of their own. Attention over 3-20 vectors per instance ran as 17 batches of
+~4, slower than the eager loop. Traces of one block that are one program up to that size
+form a :class:`Family`: the scheduler joins their batches at one level
+(``scheduler.family``) and the executor runs them padded to the largest size
+(``executor._run_padded``), in chunks that bound the padding's extra work.
+
+Ragged dims. Compared between two traces of the family, a dim whose size differs is
+ragged; every ragged dim of a member has one size, the member's ``n`` (a second size of
+its own, or ``n - 1`` after a slice, keeps a trace out). A later trace joins if its fixed
+dims are the family's and its ragged dims all one size.
+
+Pad entries may hold anything: zeros at the inputs, then whatever the ops make of them
+(NaN too). Correct results need only that no real entry reads a pad entry, which is
+decided per op of the program once, when the family forms (:func:`_action`):
+
+* elementwise and layout ops (``transpose``, ``unsqueeze``, ``stack``...) read entries at
+  their own position: nothing to do, unless one broadcasts along a ragged dim;
+* reductions and contractions over a ragged dim (``sum``, ``softmax``, ``a @ v``) get the
+  op's neutral value at the pads of their ragged operands first (``torch.where``, so a
+  NaN cannot leak): 0 for sums and products of matrices, -inf for maxima and softmax,
+  +inf for minima, 1 for ``prod``; a mean is then scaled by padded / true count;
+* reshapes may only regroup the fixed dims after the last ragged one; ``chunk``,
+  ``split``, ``cat``, ``narrow`` and ``select`` may only act along fixed dims, and
+  indexing may take a ragged dim whole or at an index >= 0 (the pads are at the end);
+* an embedding of ragged indices reads its pads as index 0;
+* any other op given a ragged operand keeps the trace out of a family (its calls batch
+  per size, as before).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from acrobat import config
+from acrobat.graph import LazyTensor
+
+# ops that only move entries (each output entry is one input entry, or a copy of one)
+_LAYOUT = frozenset(
+    {"transpose", "t", "permute", "unsqueeze", "squeeze", "expand", "contiguous", "clone",
+     "detach", "stack", "to", "float", "double", "half", "long", "int", "bool", "type_as"}
+)  # fmt: skip
+_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten", "reshape_as", "view_as"})
+# op -> (position, keyword, default) of the dim it acts along
+_ALONG = {
+    "chunk": (2, "dim", 0),
+    "split": (2, "dim", 0),
+    "unbind": (1, "dim", 0),
+    "narrow": (1, "dim", None),
+    "select": (1, "dim", None),
+    "cat": (1, "dim", 0),
+}
+_NEUTRAL = {
+    "sum": "zero", "mean": "zero", "any": "zero", "prod": "one", "all": "one",
+    "amax": "low", "max": "low", "argmax": "low", "logsumexp": "low", "softmax": "low",
+    "log_softmax": "low", "amin": "high", "min": "high", "argmin": "high",
+}  # fmt: skip
+# elementwise ops whose pads may raise (an integer division by a zero pad) or draw
+_NOT_ELEMENTWISE = frozenset({"floor_divide", "remainder", "dropout", "rand_like"})
+
+
+# What the padded rows of a floating-point argument hold (tests set NaN: a pad that
+# reached a real entry would show there).
+FILL = 0.0
+
+
+class Decline(Exception):
+    """A program the family cannot pad (internal: the trace stays on its own)."""
+
+
+class Action:
+    """What one op of the program needs before / after its batched rule: its operands
+    ``masked`` (positions among the op's inputs) set to the ``neutral`` value at their
+    pads, and its output scaled by (padded / true size) ** ``mean`` (a mean over ``mean``
+    ragged dims)."""
+
+    __slots__ = ("masked", "neutral", "mean")
+
+    def __init__(self, masked: tuple, neutral: str, mean: int = 0):
+        self.masked = masked
+        self.neutral = neutral
+        self.mean = mean
+
+
+class Family:
+    """Traces of one block that are one program up to the size of their ragged dims."""
+
+    def __init__(self, name: str, flags: dict, fixed: dict, in_flags: list, actions: list,
+                 op_flags: list, train_safe: bool, out_flags: tuple, first: View):  # fmt: skip
+        self.name = name
+        self.flags = flags  # value -> per dim: ragged?
+        self.fixed = fixed  # value -> its shape with None at the ragged dims
+        self.in_flags = in_flags  # per program op: its operands' flags
+        self.actions = actions  # per program op: an Action or None
+        self.op_flags = op_flags  # per program op: its outputs' flags
+        self.train_safe = train_safe  # whether gradients may run padded
+        self.out_flags = out_flags  # per computed output of the block
+        self.ragged_out = any(any(f) for f in out_flags)
+        self.packed = first.packed[2] if first.packed is not None else -1  # the list's stack
+        # per argument of the view: its ragged flags (the list: the stack's)
+        self.arg_flags = [
+            flags[("arg", v)] if i >= 0 else flags[(self.packed, 0)]
+            for v, i in enumerate(first.args)
+        ]
+        self.rank = max(sum(f) for f in flags.values())  # ragged dims of the widest value
+
+    def size_of(self, trace) -> int | None:
+        """The trace's ragged size if it fits the family (fixed dims equal, ragged dims all
+        one size), else None."""
+        n = None
+        for key, shape in view(trace).shapes.items():
+            fixed = self.fixed.get(key)
+            if fixed is None or len(fixed) != len(shape):
+                return None
+            for size, want in zip(shape, fixed):
+                if want is None:
+                    if n is None:
+                        n = size
+                    elif size != n:
+                        return None
+                elif size != want:
+                    return None
+        return n
+
+    def run(self, trace, xs: list, lens: torch.Tensor, n: int) -> tuple:
+        """``trace``'s program (the chunk's largest member) on operands padded to its size,
+        rows of true sizes ``lens``: op by op, each op's batched rule, masking per
+        :attr:`actions`."""
+        env: dict = {}
+        masks: dict = {}
+        clean = torch.is_grad_enabled()  # (pads kept zero: see the module's docstring)
+        for i, x, flags in zip(view(trace).args, xs, self.arg_flags):
+            if clean and any(flags):
+                x = _clean(masks, flags, x, lens)
+            if i >= 0:
+                env[trace.placeholders[i]] = (x,)
+            else:
+                env[trace.nodes[self.packed]] = (x,)
+        for k, (inner, flags, act) in enumerate(zip(trace.nodes, self.in_flags, self.actions)):
+            if k == self.packed:
+                continue
+            ins = [env[t.node][t.idx] for t in inner.inputs]
+            if act is not None:
+                for j in act.masked:
+                    x = ins[j]
+                    neutral = _value(act.neutral, x.dtype)
+                    ins[j] = torch.where(_mask(masks, flags[j], x, lens), x, neutral)
+            out = inner.op.rule(inner, ins, n)
+            if act is not None and act.mean:
+                o = out[0]
+                ratio = (_padded_size(flags[0], ins[0]) / lens.to(o.dtype)) ** act.mean
+                out = (o * ratio.view(n, *(1,) * (o.ndim - 1)), *out[1:])
+            if clean:
+                out = tuple(
+                    _clean(masks, f, o, lens) if any(f) else o
+                    for o, f in zip(out, self.op_flags[k])
+                )
+            env[inner] = out
+        return tuple(env[t.node][t.idx] for t in trace.out_lazies)
+
+
+def _clean(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """``x`` with zeros at its pads (autograd: see the module's docstring)."""
+    return torch.where(_mask(masks, flags, x, lens), x, _value("zero", x.dtype))
+
+
+def _padded_size(flags: tuple, x: torch.Tensor) -> int:
+    """The padded size of the ragged dims of ``x`` (a batch: dim 0 is the rows)."""
+    for d, f in enumerate(flags):
+        if f:
+            return x.shape[d + 1]
+    raise AssertionError("no ragged dim")
+
+
+def _mask(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """True at the real entries of the padded batch ``x`` whose ragged dims are ``flags``
+    (cached per run by flags and shape)."""
+    key = (flags, x.shape)
+    m = masks.get(key)
+    if m is not None:
+        return m
+    n = x.shape[0]
+    for d, f in enumerate(flags):
+        if f:
+            size = x.shape[d + 1]
+            shape = [n] + [1] * len(flags)
+            shape[d + 1] = size
+            part = (torch.arange(size, device=x.device) < lens.view(n, 1)).view(shape)
+            m = part if m is None else m & part
+    assert m is not None
+    masks[key] = m
+    return m
+
+
+def _value(neutral: str, dtype: torch.dtype):
+    """The neutral element ``neutral`` ("zero", "one", "low", "high") of ``dtype``."""
+    if dtype is torch.bool:
+        return neutral in ("one", "high")
+    if dtype.is_floating_point or dtype.is_complex:
+        return {"zero": 0.0, "one": 1.0, "low": -math.inf, "high": math.inf}[neutral]
+    info = torch.iinfo(dtype)
+    return {"zero": 0, "one": 1, "low": info.min, "high": info.max}[neutral]
+
+
+# ---- forming a family -----------------------------------------------------------------
+
+
+def join(block, trace) -> None:
+    """Put the new ``trace`` of ``block`` into a family with an existing trace of it that
+    is the same program at another size (``trace.op.extra["padded"] = (family, n)``)."""
+    if not _eligible(trace):
+        return
+    with torch._C.DisableTorchFunction():  # (tensor attributes dispatch to the map's mode)
+        _join(block, trace)
+
+
+def _join(block, trace) -> None:
+    for other in reversed(block.cache.values()):
+        if other is trace or not _eligible(other) or other.arg_shapes == trace.arg_shapes:
+            continue
+        entry = other.op.extra.get("padded")
+        if entry is not None:
+            fam = entry[0]
+            n = fam.size_of(trace)
+            if n is not None and n != entry[1] and _same_program(other, trace):
+                trace.op.extra["padded"] = (fam, n)
+                return
+            continue
+        try:
+            formed = _form(other, trace)
+        except Decline:
+            continue
+        if formed is not None:
+            fam, n_other, n_trace = formed
+            other.op.extra["padded"] = (fam, n_other)
+            trace.op.extra["padded"] = (fam, n_trace)
+            return
+
+
+def _eligible(trace) -> bool:
+    extra = trace.op.extra
+    return (
+        extra.get("pure", False)
+        and "lookup" not in extra
+        and "lift" not in extra
+        and bool(trace.nodes)
+        and bool(trace.arg_shapes)
+    )
+
+
+class View:
+    """A trace as its family compares it. A list argument stacked at once
+    (``torch.stack(xs)`` of a block's list of ``n`` tensors, each used only there) is one
+    argument, the stack's value: traces given lists of other lengths are then one program
+    with a ragged dim. ``packed``: (first placeholder, count, the stack's op index) or
+    None; ``pos``: id(node) -> its value's name (("arg", i) an argument, k the k-th op);
+    ``shapes``: value name -> per-instance shape."""
+
+    __slots__ = ("packed", "pos", "shapes", "args")
+
+    def __init__(self, trace):
+        self.packed = _packed(trace)
+        s, count, _ = self.packed or (len(trace.placeholders), 0, -1)
+        self.pos = pos = {}
+        self.shapes = shapes = {}
+        self.args = []  # per argument of the view: its placeholder index (-1: the list)
+        for i, (ph, shape) in enumerate(zip(trace.placeholders, trace.arg_shapes)):
+            if s <= i < s + count:
+                if i == s:
+                    self.args.append(-1)
+                continue
+            v = len(self.args)
+            self.args.append(i)
+            pos[id(ph)] = ("arg", v)
+            shapes[("arg", v)] = tuple(shape)
+        for k, inner in enumerate(trace.nodes):
+            pos[id(inner)] = k
+            for j, (shape, _) in enumerate(inner.info.metas):
+                shapes[(k, j)] = tuple(shape)
+
+    def key(self, t: LazyTensor) -> tuple:
+        """The value ``t`` of the program, as :attr:`shapes` names it."""
+        p = self.pos[id(t.node)]
+        return p if type(p) is tuple else (p, t.idx)
+
+
+def view(trace) -> View:
+    v = trace.pad_view
+    if v is None:
+        v = trace.pad_view = View(trace)
+    return v
+
+
+def _packed(trace) -> tuple | None:
+    """(first placeholder, count, op index) of a stack along dim 0 of consecutive
+    placeholders that nothing else reads, or None."""
+    phs = {id(ph): i for i, ph in enumerate(trace.placeholders)}
+    reads: dict = {}
+    for inner in trace.nodes:
+        for t in inner.inputs:
+            reads[id(t.node)] = reads.get(id(t.node), 0) + 1
+    for t in trace.out_lazies:
+        reads[id(t.node)] = reads.get(id(t.node), 0) + 1
+    for k, inner in enumerate(trace.nodes):
+        if inner.op.name != "stack" or not inner.inputs:
+            continue
+        idx = [phs.get(id(t.node), -1) for t in inner.inputs]
+        parts = _arg(inner, 0, "tensors")
+        if (
+            idx[0] >= 0
+            and idx == list(range(idx[0], idx[0] + len(idx)))
+            and all(reads[id(t.node)] == 1 for t in inner.inputs)
+            and type(parts) in (list, tuple)
+            and len(parts) == len(idx)
+            and _arg(inner, 1, "dim", 0) == 0
+            and not inner.kwargs
+        ):
+            return idx[0], len(idx), k
+        return None
+    return None
+
+
+def _same_program(a, b) -> bool:
+    """Whether traces ``a`` and ``b`` run the same ops on the same arguments, up to the
+    shapes of their per-instance values (and the length of a packed list)."""
+    va, vb = view(a), view(b)
+    if len(a.nodes) != len(b.nodes) or len(va.args) != len(vb.args):
+        return False
+    if (va.packed is None) != (vb.packed is None) or (
+        va.packed is not None and (va.packed[0], va.packed[2]) != (vb.packed[0], vb.packed[2])
+    ):
+        return False
+    if [va.key(t) for t in a.out_lazies] != [vb.key(t) for t in b.out_lazies]:
+        return False
+    if [a.arg_dtypes[max(i, 0) if i >= 0 else va.packed[0]] for i in va.args] != [
+        b.arg_dtypes[max(i, 0) if i >= 0 else vb.packed[0]] for i in vb.args
+    ]:
+        return False
+    if not _same(a.out_spec, b.out_spec, va.pos, vb.pos) or [
+        s if s[0] != "arg" else ("arg", va.args.index(s[1]) if s[1] in va.args else None)
+        for s in a.out_sources if s[0] != "real"
+    ] != [
+        s if s[0] != "arg" else ("arg", vb.args.index(s[1]) if s[1] in vb.args else None)
+        for s in b.out_sources if s[0] != "real"
+    ]:  # fmt: skip
+        return False
+    if not _same(
+        [s[1] for s in a.out_sources if s[0] == "real"],
+        [s[1] for s in b.out_sources if s[0] == "real"],
+        va.pos,
+        vb.pos,
+    ):
+        return False
+    packed = va.packed[2] if va.packed is not None else -1
+    for k, (x, y) in enumerate(zip(a.nodes, b.nodes)):
+        if x.op is not y.op or x.func is not y.func:
+            return False
+        if k == packed:
+            continue  # (a stack of the list: its length is the ragged size)
+        if len(x.inputs) != len(y.inputs) or [d for _, d in x.info.metas] != [
+            d for _, d in y.info.metas
+        ]:
+            return False
+        if not _same((x.args, x.kwargs), (y.args, y.kwargs), va.pos, vb.pos):
+            return False
+    return True
+
+
+_PLAIN = (int, float, bool, str, complex, type(None), type(Ellipsis), torch.dtype,
+          torch.device, torch.layout, torch.memory_format)  # fmt: skip
+
+
+def _same(x, y, px: dict, py: dict) -> bool:
+    tx = type(x)
+    if tx is not type(y):
+        return False
+    if tx is LazyTensor:
+        return x.idx == y.idx and px.get(id(x.node), 1) == py.get(id(y.node), 2)
+    if isinstance(x, torch.Tensor):
+        return x is y or _equal_tensors(x, y)
+    if isinstance(x, (tuple, list)):
+        return len(x) == len(y) and all(_same(a, b, px, py) for a, b in zip(x, y))
+    if tx is dict:
+        return x.keys() == y.keys() and all(_same(x[k], y[k], px, py) for k in x)
+    if tx is slice:
+        return all(
+            _same(a, b, px, py)
+            for a, b in ((x.start, y.start), (x.stop, y.stop), (x.step, y.step))
+        )
+    if isinstance(x, _PLAIN):
+        return x == y
+    return x is y
+
+
+def _equal_tensors(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Two real tensors (values hoisted into each trace) with equal contents."""
+    with torch._C.DisableTorchFunction(), torch.no_grad():
+        return (
+            x.shape == y.shape
+            and x.dtype == y.dtype
+            and x.device == y.device
+            and x.requires_grad == y.requires_grad
+            and bool(torch.equal(x, y))
+        )
+
+
+def _form(a, b):
+    """A family of traces ``a`` and ``b`` ((family, n of a, n of b)), or None."""
+    va, vb = view(a), view(b)
+    sa, sb = va.shapes, vb.shapes
+    if sa.keys() != sb.keys() or not _same_program(a, b):
+        return None
+    flags: dict = {}
+    fixed: dict = {}
+    na = nb = None
+    for key, x in sa.items():
+        y = sb[key]
+        if len(x) != len(y):
+            return None
+        f = tuple(p != q for p, q in zip(x, y))
+        for p, q, fl in zip(x, y, f):
+            if fl:
+                if na is None:
+                    na, nb = p, q
+                elif p != na or q != nb:
+                    return None  # a second ragged size (or n - 1): not one family
+        flags[key] = f
+        fixed[key] = tuple(None if fl else p for p, fl in zip(x, f))
+    if na is None:
+        return None
+    packed = va.packed[2] if va.packed is not None else -1
+    if packed >= 0 and not flags[(packed, 0)][0]:
+        return None  # (lists of one length: the size is another dim's)
+    in_flags: list = []
+    actions: list = []
+    op_flags: list = []
+    train_safe = True
+    for k, inner in enumerate(a.nodes):
+        op_flags.append([flags[(k, j)] for j in range(len(inner.info.metas))])
+        if k == packed:
+            in_flags.append([])
+            actions.append(None)
+            continue
+        keys = [va.key(t) for t in inner.inputs]
+        f_in = [flags[kk] for kk in keys]
+        x_in = [fixed[kk] for kk in keys]
+        f_out = [flags[(k, j)] for j in range(len(inner.info.metas))]
+        x_out = [fixed[(k, j)] for j in range(len(inner.info.metas))]
+        in_flags.append(f_in)
+        actions.append(_action(inner, f_in, x_in, f_out, x_out))
+        train_safe = train_safe and _train_safe(inner, f_in, f_out)
+    out_flags = tuple(flags[va.key(t)] for t in a.out_lazies)
+    fam = Family(
+        a.op.name, flags, fixed, in_flags, actions, op_flags, train_safe, out_flags, va
+    )
+    return fam, na, nb
+
+
+def _arg(inner, pos: int, name: str, default=None):
+    args, kwargs = inner.args, inner.kwargs
+    if len(args) > pos:
+        return args[pos]
+    return kwargs.get(name, default) if kwargs else default
+
+
+def _where(inner, t) -> int:
+    """Position of the operand ``t`` among ``inner``'s inputs (-1: not an operand)."""
+    for j, x in enumerate(inner.inputs):
+        if x is t:
+            return j
+    return -1
+
+
+def _dims(dim, rank: int) -> list:
+    """A dim argument as non-negative ints (a Tensor or a bad dim: Decline)."""
+    if type(dim) is int:
+        dim = (dim,)
+    if not isinstance(dim, (tuple, list)) or not all(type(d) is int for d in dim):
+        raise Decline(f"dim {dim!r}")
+    out = [d + rank if d < 0 else d for d in dim]
+    if not all(0 <= d < rank for d in out):
+        raise Decline(f"dim {dim!r}")
+    return out
+
+
+def _broadcasts_ragged(f_in: list, f_out: tuple) -> bool:
+    """Whether an elementwise op would broadcast a ragged dim of an operand (right-aligned
+    against the output) into a fixed one."""
+    for f in f_in:
+        for i in range(1, len(f) + 1):
+            if f[-i] and (i > len(f_out) or not f_out[-i]):
+                return True
+    return False
+
+
+def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action | None:
+    """What op ``inner`` needs to run padded (None: nothing), or Decline. ``f_*``: per
+    operand / output, its ragged flags; ``x_*``: its shape, None at ragged dims."""
+    ragged = [j for j, f in enumerate(f_in) if any(f)]
+    name, kind = inner.op.name, inner.op.kind
+    if not ragged:
+        if any(any(f) for f in f_out):
+            raise Decline(f"{name} makes a ragged value from fixed ones")
+        return None
+    if name in _LAYOUT:
+        return None
+    if kind in ("elementwise", "factory"):
+        if name in _NOT_ELEMENTWISE or _broadcasts_ragged(f_in, f_out[0]):
+            raise Decline(name)
+        return None
+    x = _arg(inner, 0, "input")
+    j = _where(inner, x)
+    if name in _RESHAPES:
+        if j < 0:
+            raise Decline(name)
+        last = max(d for d, f in enumerate(f_in[j]) if f)
+        if x_in[j][: last + 1] != x_out[0][: last + 1] or any(f_out[0][last + 1 :]):
+            raise Decline(f"{name} regroups a ragged dim")
+        return None
+    if name in _ALONG:
+        pos, key, default = _ALONG[name]
+        j = _first_lazy(inner, _arg(inner, 0, "tensors")) if name == "cat" else j
+        if j < 0:
+            raise Decline(name)
+        dim = _arg(inner, pos, key, default)
+        if any(f_in[j][d] for d in _dims(dim, len(f_in[j]))):
+            raise Decline(f"{name} along a ragged dim")
+        return None
+    if name == "getitem":
+        if j < 0 or len(inner.inputs) != 1:
+            raise Decline("getitem with tensor indices")
+        _check_index(inner.args[1], f_in[0])
+        return None
+    if kind == "reduce":
+        return _reduce_action(inner, name, j, f_in, f_out)
+    if name == "linear":
+        w = _arg(inner, 1, "weight")
+        if j != 0 or (type(w) is LazyTensor and any(f_in[_where(inner, w)])):
+            raise Decline("linear with a ragged weight")
+        return Action(tuple(ragged), "zero") if f_in[0][-1] else None
+    if name == "matmul":
+        a, b = x, _arg(inner, 1, "other")
+        ja, jb = j, _where(inner, b)
+        contracted = (ja >= 0 and f_in[ja][-1]) or (
+            jb >= 0 and f_in[jb][0 if len(f_in[jb]) == 1 else -2]
+        )
+        del a
+        return Action(tuple(ragged), "zero") if contracted else None
+    if name == "embedding":
+        w = _arg(inner, 1, "weight")
+        if j != 0 or type(w) is LazyTensor:
+            raise Decline("embedding of a per-instance table")
+        return Action((0,), "zero")  # (a pad's index may be anything: read row 0)
+    if name == "layer_norm":
+        shape = _arg(inner, 1, "normalized_shape")
+        k = 1 if type(shape) is int else len(shape)
+        if j != 0 or any(f_in[0][-k:]) or len(ragged) != 1:
+            raise Decline("layer_norm over a ragged dim")
+        return None
+    raise Decline(f"{name} ({kind}) of a ragged value")
+
+
+def _train_safe(inner, f_in: list, f_out: list) -> bool:
+    """Whether the gradient of an operand that an elementwise op broadcasts over a ragged
+    dim stays finite at the pads: its backward sums the op's local derivative over the
+    pads, where the values are zero (``q / x``: 0 / 0 there, NaN in ``q``'s gradient)."""
+    if inner.op.kind not in ("elementwise", "factory", "reduce") or not any(
+        any(f) for f in f_out
+    ):
+        return True
+    fixed = [t for t, f in zip(inner.inputs, f_in) if not any(f)]
+    fixed += [a for a in _tensors(inner.args) if type(a) is not LazyTensor and a.requires_grad]
+    if not fixed:
+        return True
+    if inner.op.name in _LINEAR_IN_EACH:
+        return True
+    first = _arg(inner, 0, "input")
+    return inner.op.name == "div" and all(t is not first for t in fixed)
+
+
+# elementwise ops whose derivative in each operand is finite wherever the others are
+_LINEAR_IN_EACH = frozenset(
+    {"add", "sub", "mul", "where", "masked_fill", "maximum", "minimum", "max", "min", "neg",
+     "clone", "contiguous", "detach", "to", "float", "double", "half", "type_as"}
+)  # fmt: skip
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _first_lazy(inner, tensors) -> int:
+    for t in tensors:
+        if type(t) is LazyTensor:
+            return _where(inner, t)
+    return -1
+
+
+def _check_index(index, flags: tuple) -> None:
+    """Decline an index that reads a ragged dim other than whole or at an index >= 0."""
+    parts = index if type(index) is tuple else (index,)
+    if any(p is Ellipsis for p in parts):
+        used = sum(1 for p in parts if p is not None and p is not Ellipsis)
+        at = next(i for i, p in enumerate(parts) if p is Ellipsis)
+        parts = parts[:at] + (slice(None),) * (len(flags) - used) + parts[at + 1 :]
+    d = 0
+    for p in parts:
+        if p is None:
+            continue
+        if type(p) is int:
+            if flags[d] and p < 0:
+                raise Decline("a ragged dim indexed from its end")
+        elif type(p) is slice:
+            whole = p.start in (None, 0) and p.stop is None and p.step in (None, 1)
+            if flags[d] and not whole:
+                raise Decline("a ragged dim sliced")
+        else:
+            raise Decline(f"index {p!r}")
+        d += 1
+
+
+def _reduce_action(inner, name: str, j: int, f_in: list, f_out: list) -> Action | None:
+    if j != 0:
+        raise Decline(f"{name} of a ragged operand after the first")
+    flags = f_in[0]
+    rank = len(flags)
+    dim = _arg(inner, 1, "dim")
+    if name in ("softmax", "log_softmax"):
+        if dim is None:
+            raise Decline(f"{name} without a dim")
+        reduced = _dims(dim, rank)
+    elif type(dim) is LazyTensor or isinstance(dim, torch.Tensor):  # max(a, b): elementwise
+        if _broadcasts_ragged(f_in, f_out[0]):
+            raise Decline(name)
+        return None
+    elif dim is None or (isinstance(dim, (tuple, list)) and not dim):
+        if name in ("argmax", "argmin"):
+            raise Decline(f"{name} of the flattened value")  # an index into the padding
+        reduced = list(range(rank))
+    else:
+        reduced = _dims(dim, rank)
+    over = sum(1 for d in reduced if flags[d])
+    if not over:
+        return None
+    if name not in _NEUTRAL:
+        raise Decline(name)
+    return Action((0,), _NEUTRAL[name], over if name == "mean" else 0)
+
+
+# ---- running ----------------------------------------------------------------------------
+
+
+def chunks(sizes: list, rank: int) -> list:
+    """``sizes`` (n, rows) of a batch's members, largest n first, cut into runs whose
+    padded work (rows * n_max ** rank) stays within ``config.PAD_WASTE`` times the true
+    work: lists of positions into ``sizes``."""
+    out: list = []
+    run: list = []
+    padded = true = 0
+    top = 0
+    for i, (n, rows) in enumerate(sizes):
+        work = rows * n**rank
+        if run and (padded + rows * top**rank) <= config.PAD_WASTE * (true + work):
+            run.append(i)
+            padded += rows * top**rank
+            true += work
+            continue
+        if run:
+            out.append(run)
+        run, top, padded, true = [i], n, work, work
+    out.append(run)
+    return out

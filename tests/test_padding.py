@@ -1,0 +1,266 @@
+"""Pad-and-mask batches (acrobat/padding.py): a block traced at several sizes of one
+per-instance dim runs as one padded batch, pads masked where an op reads them. Every case
+compares ``f.map`` with the eager loop (hypothesis picks the sizes and values), checks the
+batches the schedule made, and runs the gradients through the padded batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from acrobat import config, padding
+from tests.helpers import check_grads, check_map
+
+DIM, WORDS = 8, 30
+
+
+@pytest.fixture(autouse=True)
+def nan_pads(monkeypatch):
+    """Pads of float arguments hold NaN here: one read into a real entry shows."""
+    monkeypatch.setattr(padding, "FILL", math.nan)
+
+
+def block_batches(stats) -> int:
+    return sum(b for k, (b, _) in stats.by_op.items() if k.startswith("block:"))
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.qkv = nn.Linear(DIM, 3 * DIM)
+        self.head = nn.Linear(DIM, 3)
+
+
+ATT = Attention()
+
+
+@acrobat.autobatch
+def self_attention(tokens, model=ATT):
+    """Plain code over a per-instance [n] token tensor: an automatic block per n."""
+    h = model.emb(tokens)
+    q, k, v = model.qkv(h).chunk(3, -1)
+    a = torch.softmax(q @ k.T / math.sqrt(DIM), -1)
+    ctx = (a @ v).mean(0)
+    return model.head(torch.tanh(ctx))
+
+
+class Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.q = nn.Linear(DIM, DIM)
+        self.head = nn.Linear(DIM, 3)
+
+    def forward(self, xs):
+        """A list of n vectors stacked in the block: one argument of n rows."""
+        h = torch.stack(xs)
+        a = torch.softmax(h @ self.q(h.mean(0)), 0)
+        return self.head(a @ h)
+
+
+POOL = Pooled()
+pooled = acrobat.autobatch(POOL)
+
+
+lengths = st.lists(st.integers(1, 9), min_size=2, max_size=12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths, st.integers(0, 2**16))
+def test_self_attention_over_token_tensors(ns, seed):
+    g = torch.Generator().manual_seed(seed)
+    data = [torch.randint(WORDS, (n,), generator=g) for n in ns]
+    with torch.no_grad():
+        stats = check_map(self_attention, data)
+    # one padded batch per chunk of sizes (padding.chunks), not one per size
+    sizes = sorted({n for n in ns}, reverse=True)
+    rows = [(n, ns.count(n)) for n in sizes]
+    assert block_batches(stats) == len(padding.chunks(rows, 2)), stats.by_op
+    stats = check_grads(self_attention, data, ATT, atol=1e-5)
+    assert block_batches(stats) == len(padding.chunks(rows, 2)), stats.by_op
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths, st.integers(0, 2**16))
+def test_a_stacked_list_is_one_ragged_argument(ns, seed):
+    g = torch.Generator().manual_seed(seed)
+    data = [[torch.randn(DIM, generator=g) for _ in range(n)] for n in ns]
+    with torch.no_grad():
+        stats = check_map(pooled, data)
+    sizes = sorted({n for n in ns}, reverse=True)
+    rows = [(n, ns.count(n)) for n in sizes]
+    assert block_batches(stats) == len(padding.chunks(rows, 1)), stats.by_op
+    stats = check_grads(pooled, data, POOL, atol=1e-5)
+    assert block_batches(stats) == len(padding.chunks(rows, 1)), stats.by_op
+
+
+def test_off_is_a_batch_per_size():
+    data = [torch.arange(n) for n in (2, 3, 3, 5)]
+    with config.override(PAD_RAGGED=False), torch.no_grad():
+        assert block_batches(check_map(self_attention, data)) == 3
+    with torch.no_grad():
+        assert block_batches(check_map(self_attention, data)) == 1
+
+
+# ---- one op at a time ---------------------------------------------------------------------
+
+# (name, fn of x: [n, DIM] -> any, padded?): padded False = the op reads the padding in a
+# way no mask fixes, so the trace stays on its own and the map is still correct
+REDUCTIONS = [
+    ("sum0", lambda x: x.sum(0), True),
+    ("sum_all", lambda x: x.sum(), True),
+    ("mean0", lambda x: x.mean(0), True),
+    ("mean_all", lambda x: x.mean(), True),
+    ("mean_keep", lambda x: x.mean(0, keepdim=True), True),
+    ("mean_last", lambda x: x.mean(-1).sum(), True),
+    ("amax", lambda x: x.amax(0), True),
+    ("max_dim", lambda x: torch.cat([x.max(0).values, x.max(0).indices.float()]), True),
+    ("min_dim", lambda x: x.min(dim=0)[0], True),
+    ("amin_all", lambda x: x.amin(), True),
+    ("argmax", lambda x: x.argmax(0).float(), True),
+    ("argmin_flat", lambda x: x.argmin().float(), False),
+    ("logsumexp", lambda x: torch.logsumexp(x, 0), True),
+    ("softmax0", lambda x: torch.softmax(x, 0).sum(1), True),
+    ("log_softmax0", lambda x: torch.log_softmax(x, dim=0)[0], True),
+    ("softmax_fixed", lambda x: torch.softmax(x, -1).sum(0), True),
+    ("prod", lambda x: (x.sigmoid() + 0.5).prod(0), True),
+    ("any", lambda x: (x > 1).any(0).float(), True),
+    ("all", lambda x: (x > -1).all(0).float(), True),
+    ("gram", lambda x: (x.T @ x).flatten(), True),
+    ("outer_mean", lambda x: (x @ x.T).mean(), True),
+    ("mv", lambda x: torch.mv(x.T, x[:, 0]), True),
+    ("first_row", lambda x: x[0] * 2, True),
+    ("column", lambda x: x[:, 1].sum(), True),
+    ("last_row", lambda x: x[-1], False),
+    ("tail", lambda x: x[1:].sum(0) if x.shape[0] > 1 else x.sum(0), False),
+    ("cat_ragged", lambda x: torch.cat([x, x]).sum(0), False),
+    ("cat_fixed", lambda x: torch.cat([x, x * 2], 1).sum(0), True),
+    ("chunk_fixed", lambda x: sum(c.amax(0) for c in x.chunk(2, -1)), True),
+    ("view_fixed", lambda x: x.view(-1, 2, DIM // 2).sum(0).flatten(), True),
+    ("flatten_ragged", lambda x: x.flatten().sum().reshape(1), False),
+    ("cumsum", lambda x: x.cumsum(0).sum(0), False),
+    ("transposed", lambda x: x.t().sum(-1), True),
+    ("layer_norm", lambda x: nn.functional.layer_norm(x, (DIM,)).sum(0), True),
+    ("where", lambda x: torch.where(x > 0, x, -x).sum(0), True),
+]
+
+
+@pytest.mark.parametrize("name,fn,padded", REDUCTIONS, ids=[r[0] for r in REDUCTIONS])
+@settings(max_examples=6, deadline=None)
+@given(ns=st.lists(st.integers(2, 6), min_size=3, max_size=8), seed=st.integers(0, 2**16))
+def test_each_op_over_a_ragged_dim(name, fn, padded, ns, seed):
+    """Each op on a per-instance [n, DIM] input, in an explicit block."""
+    g = torch.Generator().manual_seed(seed)
+    data = [torch.randn(n, DIM, generator=g) for n in ns]
+
+    @acrobat.block
+    def body(x):
+        return fn(torch.tanh(x) * 3)
+
+    @acrobat.autobatch
+    def f(x):
+        return body(x)
+
+    with torch.no_grad():
+        stats = check_map(f, data, atol=1e-4, rtol=1e-4)
+    sizes = len(set(ns))
+    if padded:
+        rows = [(n, ns.count(n)) for n in sorted(set(ns), reverse=True)]
+        assert block_batches(stats) == len(padding.chunks(rows, 2)) or block_batches(
+            stats
+        ) == len(padding.chunks(rows, 1)), stats.by_op
+    else:
+        assert block_batches(stats) == sizes, stats.by_op
+
+
+def test_pads_never_reach_real_entries():
+    """A block given huge values and NaN-free inputs whose pads would turn a sum to inf or
+    NaN if any op read them unmasked (exp of a pad is what torch makes of garbage)."""
+
+    @acrobat.autobatch
+    def f(x):
+        e = torch.exp(x)  # pads of x are 0 -> e's pads are 1: a sum that read them is off
+        return torch.log(e.sum(0)) + torch.softmax(x * 50, 0).amax(0)
+
+    data = [torch.randn(n, 3) * 2 for n in (1, 2, 5, 7, 7, 3)]
+    with torch.no_grad():
+        stats = check_map(f, data)
+    assert block_batches(stats) < 5, stats.by_op
+
+
+def test_ragged_outputs_go_back_at_their_size():
+    """A block whose output keeps the ragged dim: each instance gets its own n rows, and
+    code after the block reads them."""
+
+    @acrobat.block
+    def contextual(model, x):
+        return torch.tanh(model.qkv(x))[:, :DIM] + x
+
+    @acrobat.autobatch
+    def states(x, model=ATT):
+        return contextual(model, x)
+
+    @acrobat.autobatch
+    def f(x, model=ATT):
+        h = contextual(model, x)
+        return h.sum(0) * h[-1]
+
+    data = [torch.randn(n, DIM) for n in (3, 5, 1, 5, 4, 2, 3)]
+    with torch.no_grad():
+        assert block_batches(check_map(states, data)) == 1
+        stats = check_map(f, data)
+    assert block_batches(stats) == 1, stats.by_op
+    check_grads(f, data, ATT)
+
+
+def test_gradients_that_would_read_pads_run_per_size():
+    """``q / x`` with a parameter ``q`` broadcast over the ragged dim: its gradient sums
+    1 / x over the rows, pads included (1 / 0 there). Without gradients the batch is
+    padded; with them each size runs on its own, and the gradients are eager's."""
+    q = nn.Parameter(torch.randn(DIM))
+    holder = nn.Module()
+    holder.q = q
+
+    @acrobat.block
+    def body(x, q):
+        return (q / (x.square() + 1)).sum(0)
+
+    @acrobat.autobatch
+    def f(x, q=q):
+        return body(x, q)
+
+    data = [torch.randn(n, DIM) for n in (2, 4, 4, 3)]
+    with torch.no_grad():
+        assert block_batches(check_map(f, data)) == 1
+    assert block_batches(check_grads(f, data, holder)) == 3
+
+
+def test_sizes_from_several_maps_join_one_family():
+    @acrobat.autobatch
+    def f(x, model=ATT):
+        return model.head(torch.softmax(model.emb(x), 0).sum(0))
+
+    with torch.no_grad():
+        check_map(f, [torch.arange(3), torch.arange(3)])
+        check_map(f, [torch.arange(5)])
+        stats = check_map(f, [torch.arange(n) % WORDS for n in (3, 5, 4, 3)])
+    assert block_batches(stats) == 1, stats.by_op
+
+
+def test_chunks_bound_the_padding():
+    # sizes 20..11 pad well together (1200 padded for 746); five rows of 3 would make it
+    # 3200 for 791, more than PAD_WASTE (3) times
+    assert padding.chunks([(20, 1), (15, 1), (11, 1), (3, 5)], 2) == [[0, 1, 2], [3]]
+    assert padding.chunks([(20, 1), (15, 1), (11, 1), (3, 1)], 2) == [[0, 1, 2, 3]]
+    assert padding.chunks([(4, 1), (3, 1), (2, 1)], 1) == [[0, 1, 2]]
+    assert padding.chunks([(9, 1)], 1) == [[0]]
+    with config.override(PAD_WASTE=1.0):
+        assert padding.chunks([(4, 1), (3, 1)], 1) == [[0], [1]]
