@@ -487,3 +487,37 @@ def test_token_lookups_of_user_code_on_cuda(default_device, style):
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     check_grads(read, sentences, model, atol=1e-5, model=model)
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_padded_ragged_blocks_on_cuda(default_device):
+    """Traces of one block at several sizes run as one padded batch on a GPU (its masks
+    and true sizes made there): self-attention over token tensors and a stacked list,
+    values and gradients as eager's."""
+    from tests.test_padding import Attention, Pooled, block_batches
+
+    torch.manual_seed(6)
+    att, pool = Attention(), Pooled()
+
+    @acrobat.autobatch
+    def attend(tokens, model):
+        h = model.emb(tokens)
+        q, k, v = model.qkv(h).chunk(3, -1)
+        a = torch.softmax(q @ k.T / math.sqrt(h.shape[-1]), -1)
+        return model.head(torch.tanh((a @ v).mean(0)))
+
+    tokens = [torch.randint(30, (n,)) for n in (3, 7, 5, 5, 2, 6)]
+    lists = [[torch.randn(8) for _ in range(n)] for n in (2, 4, 4, 3, 6)]
+    pooled = acrobat.autobatch(pool)
+    with torch.no_grad():
+        got, stats = attend.map(tokens, model=att, stats=True)
+        want = [attend.eager(t, model=att) for t in tokens]
+        got2, stats2 = pooled.map(lists, stats=True)
+        want2 = [pool(x) for x in lists]
+    assert all(g.device.type == "cuda" for g in got + got2)
+    assert block_batches(stats) == 1 and block_batches(stats2) == 1, (stats.by_op, stats2.by_op)
+    for a, b in zip(got + got2, want + want2):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    check_grads(attend, tokens, att, atol=1e-5, model=att)
+    check_grads(pooled, lists, pool, atol=1e-5)
