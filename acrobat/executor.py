@@ -389,7 +389,8 @@ def run_batch(nodes: list, stats) -> None:
         outs = op.rule(nodes)
         t1 = time.perf_counter()
     elif op.kind == "scan":
-        _run_scan(nodes, n, stats, t0)
+        if not (config.PAD_RAGGED and _run_padded_scans(nodes, stats)):
+            _run_scan(nodes, n, stats, t0)
         return
     elif op.kind == "ragged":
         _run_ragged(nodes, n, stats, t0)
@@ -656,6 +657,77 @@ def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
     if scan.carried or not scan.sequences:  # (a loop without state runs once)
         stats.launches += op.launches * max(len(active) - 1, 0)
     _finish_batch(nodes, outs, n, stats, t0, t1)
+
+
+def _run_padded_scans(nodes: list, stats) -> bool:
+    """A batch of loops over several traces of one padding family (scheduler.family):
+    one scan with its ragged operands padded to the largest size, each step the
+    family's padded program (Scan.run's ``padded``); where the loops cannot pad
+    (padding.Family.loops_pad) one scan per trace. False where the batch holds loops
+    of one trace (run as usual by the caller)."""
+    groups: dict = {}
+    for nd in nodes:
+        groups.setdefault(nd.op, []).append(nd)
+    if len(groups) == 1:
+        return False
+    scans = [op.extra["scan"] for op in groups]
+    size = {op: s.trace.op.extra["padded"][1] for op, s in zip(groups, scans)}
+    fam = scans[0].trace.op.extra["padded"][0]
+    if not fam.loops_pad(scans[0]) or any(s.split is not None for s in scans) or (
+        not fam.train_safe and torch.is_grad_enabled()
+    ):
+        for part in groups.values():
+            _run_scan(part, len(part), stats, time.perf_counter())
+        return True
+    t0 = time.perf_counter()
+    rows = sorted(nodes, key=_trip_count)  # (longest first, as _run_scan)
+    n = len(rows)
+    top = max(groups, key=size.__getitem__)
+    scan = top.extra["scan"]
+    big = size[top]
+    sizes = [size[nd.op] for nd in rows]
+    xs = []
+    for j in range(scan.fixed):
+        column = [nd.inputs[j] for nd in rows]
+        flags = fam.arg_flags[scan.sequences + j]
+        if not any(flags):
+            xs.append(gather(column, n, stats))
+            continue
+        out = None
+        by_size: dict = {}
+        for r, s in enumerate(sizes):
+            by_size.setdefault(s, []).append(r)
+        for s, where in by_size.items():
+            x = gather([column[r] for r in where], len(where), stats)
+            if out is None:
+                fill = padding.FILL if x.dtype.is_floating_point else 0
+                shape = fam.shape(("arg", scan.sequences + j), big)
+                out = x.new_full((n, *shape), fill)
+            cut = tuple(slice(0, s) if f else slice(None) for f in flags)
+            out[(index_tensor(where, x.device), *cut)] = x
+        assert out is not None
+        xs.append(out)
+    active = looping([nd.data for nd in rows])
+    elements = None
+    if scan.sequences:
+        elements = scan.elements(
+            rows, active, lambda c, k, slots: gather(c, k, stats, slots=slots), None
+        )
+    first = xs[0] if xs else elements[0] if elements else None
+    lens = torch.tensor(sizes, device=first.device if first is not None else None)
+    t1 = time.perf_counter()
+    try:
+        outs = scan.run(xs, active, elements, None, (fam, scan.trace, lens))
+    except Exception:  # (a loop padding cannot run: one scan per trace, as before)
+        if config.VERIFY:
+            raise
+        for part in groups.values():
+            _run_scan(part, len(part), stats, time.perf_counter())
+        return True
+    if scan.carried or not scan.sequences:
+        stats.launches += top.launches * max(len(active) - 1, 0)
+    _finish_batch(rows, outs, n, stats, t0, t1)
+    return True
 
 
 def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:

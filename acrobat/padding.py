@@ -109,6 +109,22 @@ class Family:
             for v, i in enumerate(first.args)
         ]
         self.rank = max(sum(f) for f in flags.values())  # ragged dims of the widest value
+        self.loops = Loops(self)  # what loops over its traces batch under
+
+    def shape(self, key, size: int) -> tuple:
+        """The value ``key``'s per-instance shape at ragged size ``size``."""
+        return tuple(size if d is None else d for d in self.fixed[key])
+
+    def loops_pad(self, scan) -> bool:
+        """Whether loops over this family's traces (``scan``: one of them) may run
+        padded: no part cut out of the body (a split's program is not the family's),
+        no list packed, every output and every element of a fixed shape."""
+        return (
+            scan.split is None
+            and self.packed < 0
+            and not self.ragged_out
+            and not any(any(f) for f in self.arg_flags[: scan.sequences])
+        )
 
     def size_of(self, trace) -> int | None:
         """The trace's ragged size if it fits the family (fixed dims equal, ragged dims all
@@ -163,6 +179,15 @@ class Family:
                 )
             env[inner] = out
         return tuple(env[t.node][t.idx] for t in trace.out_lazies)
+
+
+class Loops:
+    """The batching family of loops (``scan.Scan``) over a Family's traces."""
+
+    __slots__ = ("family",)
+
+    def __init__(self, family: Family):
+        self.family = family
 
 
 def _clean(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:

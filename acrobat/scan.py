@@ -304,11 +304,14 @@ class Scan:
         self.elman = (split, found)
         return found
 
-    def run(self, xs: list, active: list, elements=None, repeats=None) -> tuple:
+    def run(self, xs: list, active: list, elements=None, repeats=None, padded=None) -> tuple:
         """Outputs of rows whose fixed operands are ``xs``, rows ``0..active[t]-1``
         taking step t (``looping``); over sequences, ``elements[j]`` holds sequence j's
         elements of those rows, step after step (``elements``); ``repeats``: what
-        :meth:`elements` found of the hoisted sequence's repeats, or None."""
+        :meth:`elements` found of the hoisted sequence's repeats, or None. ``padded``:
+        (family, trace, true sizes per row) where the rows are loops of several traces of
+        one padding family, their operands padded (executor._run_padded_scans); the
+        steps then run that trace's program padded (acrobat/padding.py)."""
         k = self.carried
         carry = list(xs[:k])
         if not active:
@@ -317,7 +320,7 @@ class Scan:
         free = list(xs[k:])
         offsets = list(itertools.accumulate(active, initial=0)) if first else []
         if not k and first:
-            return self._run_all(free, active, elements, offsets)
+            return self._run_all(free, active, elements, offsets, padded)
         n = xs[0].shape[0]  # every row, those that take no step included
         split = self.split
         per_step = False
@@ -338,6 +341,13 @@ class Scan:
             step = split.var.step_runner(source.device)
             arg_pos = split.arg_pos
             elman = self.recurrence(split) if config.FAST_RECURRENCE else None
+        elif padded is not None:
+            elman = None
+            fam, trace, lens = padded
+
+            def step(ins, a):
+                return fam.run(trace, ins, lens[:a], a)
+
         else:
             elman = None
             # the program as generated code (its elementwise region as one kernel call
@@ -387,15 +397,23 @@ class Scan:
             outs.append(parts[0] if len(parts) == 1 else torch.cat(parts))
         return (*outs, *step_outs)
 
-    def _run_all(self, free: list, active: list, elements: list, offsets: list) -> tuple:
+    def _run_all(
+        self, free: list, active: list, elements: list, offsets: list, padded=None
+    ) -> tuple:
         """A loop without state (a comprehension): its steps do not depend on each
         other, so the body runs once over every element of every row, each row's free
         operands repeated for its elements; step t's outputs are views of the result."""
-        if free:
+        index = None
+        if free or padded is not None:
             rows = [r for a in active for r in range(a)]
-            index = index_tensor(rows, free[0].device)
+            index = index_tensor(rows, elements[0].device)
             free = [f.index_select(0, index) for f in free]
-        outs = self.trace.run_ops([*elements, *free], elements[0].shape[0])
+        if padded is not None:
+            fam, trace, lens = padded
+            ins = [*elements, *free]
+            outs = fam.run(trace, ins, lens.index_select(0, index), elements[0].shape[0])
+        else:
+            outs = self.trace.run_ops([*elements, *free], elements[0].shape[0])
         step_outs: list = []
         for off, a in zip(offsets, active):
             step_outs.extend(out[off : off + a] for out in outs)

@@ -126,9 +126,12 @@ def family(nodes: list):
     n0 = nodes[0]
     extra = n0.op.extra
     padded = extra.get("padded")
-    if padded is not None and n0.sig[0] is n0.op and config.PAD_RAGGED:  # (not in a grad
-        # mode of its own)
-        return padded[0]
+    if n0.op.kind == "scan" and config.PAD_RAGGED:  # loops of a padded family's traces
+        padded = extra["scan"].trace.op.extra.get("padded")
+        if padded is not None and n0.sig[0] is n0.op:
+            return padded[0].loops
+    elif padded is not None and n0.sig[0] is n0.op and config.PAD_RAGGED:  # (not in a
+        return padded[0]  # grad mode of its own)
     lift = extra.get("lift") if config.MERGE_LIFTED else None
     if lift is None:
         return n0.sig
@@ -152,7 +155,7 @@ def _join(rt: Runtime, parts: list[list], sig) -> list:
     rewritten as a call of the trace whose signature is ``sig``."""
     for nodes in parts:
         n0 = nodes[0]
-        if n0.sig is sig or n0.sig == sig or type(sig) is padding.Family:
+        if n0.sig is sig or n0.sig == sig or type(sig) in (padding.Family, padding.Loops):
             continue  # (a padded family's traces run as they are: executor._run_padded)
         block, key, inserts = n0.op.extra["lift"]
         trace = block.cache[key]
