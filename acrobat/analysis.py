@@ -883,9 +883,14 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
     seen before, the trace cached) without a Python frame; ``_region_call`` is the whole
     call in Python."""
 
-    def __init__(self, fn: types.FunctionType, tensor_args: tuple[int, ...] = ()):
+    def __init__(
+        self, fn: types.FunctionType, tensor_args: tuple[int, ...] = (), stacked: tuple = ()
+    ):
         super().__init__(fn)
         self.hits = 0
+        # parameters the run reads only as torch.stack(p): a list there is an argument
+        # (keyed by its length; acrobat/padding.py pads the lengths into one batch)
+        self.stacked = stacked
         self.misses = 0
         # positions where the call passes x for the run's torch.tensor(x) (_FactoryHoister)
         self.tensor_args = tensor_args
@@ -901,6 +906,9 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
             return self.impl(*args)
         lazy = False
         known = self.code_like
+        stacked = {id(args[i]) for i in self.stacked if i < len(args)} if (
+            self.stacked and config.PAD_RAGGED
+        ) else ()
         for a in args:
             t = type(a)
             if t is graph.LazyTensor:
@@ -911,6 +919,10 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
                 _remember(known, a)
             elif _state_tuple(a):  # a namedtuple of tensors (an LSTM's State(h, c)):
                 lazy = True  # keyed by its type and fields, as a block's argument
+            elif t is list and id(a) in stacked and a and _all_lazy(a):
+                # a list of per-instance tensors the run only stacks: a trace per
+                # length, padded into one batch (padding.View's packed list)
+                lazy = True
             else:
                 lazy = False  # a container or object: its structure would key the trace
                 break
@@ -1215,7 +1227,7 @@ def _outline(fn) -> Outlined | None:
                 region_fn, r.carried, r.appends, r.sequences, r.reverse, r.values
             )
         else:
-            dispatcher = RegionBlock(region_fn, r.tensor_args)
+            dispatcher = RegionBlock(region_fn, r.tensor_args, r.stacked)
         dispatchers[r.placeholder] = dispatcher
         regions.append(dispatcher)
     main = _dispatched(codes[node.name], dispatchers)
@@ -1466,6 +1478,7 @@ class _Region:
         self.sequences = 0  # elements per step: 0 (counted), 1, or zip's sequences
         self.values: tuple[int, ...] = ()  # sequences of numbers the body reads as tensors
         self.tensor_args: tuple[int, ...] = ()  # parameters the call passes x of torch.tensor(x)
+        self.stacked = tuple(i for i, p in enumerate(params) if _only_stacked(p, stmts))
         self.name = f"_acrobat_region_{k}"
         self.placeholder = _REGION_BASE * (k + 3)
         self.first = stmts[0].lineno
@@ -1490,6 +1503,32 @@ class _Region:
             ),
         )
         self.call = _located(call, stmts[0], stmts[-1])
+
+
+def _only_stacked(name: str, stmts: list) -> bool:
+    """Whether ``stmts`` read ``name`` only as ``torch.stack(name)`` (along dim 0)."""
+    stacks = 0
+    inside: set = set()
+    for stmt in stmts:
+        for sub in ast.walk(stmt):
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr == "stack"
+                and isinstance(sub.func.value, ast.Name)
+                and sub.func.value.id == "torch"
+                and len(sub.args) == 1
+                and not sub.keywords
+                and isinstance(sub.args[0], ast.Name)
+                and sub.args[0].id == name
+            ):
+                stacks += 1
+                inside.add(id(sub.args[0]))
+    for stmt in stmts:
+        for sub in ast.walk(stmt):
+            if isinstance(sub, ast.Name) and sub.id == name and id(sub) not in inside:
+                return False
+    return stacks > 0
 
 
 def _located(node, first, last=None):

@@ -587,7 +587,8 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
                 _note_lift(self, trace, args, parts, made)
             if self.traces_run != rt.id:
                 self.traces_run, self.run_traces = rt.id, 0
-            self.run_traces += 1
+            if "padded" not in trace.op.extra:  # (sizes of one padding family are no
+                self.run_traces += 1  # sign of a scalar keying a trace per call)
             old = self.cache.get(key)
             self.cache[key] = trace
             if old is not None:

@@ -372,3 +372,50 @@ def test_loops_with_a_hoisted_part_run_per_size():
     for h, x, y in zip(H, xs, got):
         torch.testing.assert_close(y, model(h, x), atol=1e-5, rtol=1e-5)
     assert scan_batches(stats) == 3, stats.by_op  # (sizes 2, 5, 3)
+
+
+@acrobat.autobatch
+def pooled_plain(xs, model=POOL):
+    """The same as Pooled.forward, as a plain decorated function: its lines are a run
+    (a region) given the list, which it only stacks."""
+    h = torch.stack(xs)
+    a = torch.softmax(h @ model.q(h.mean(0)), 0)
+    return model.head(a @ h)
+
+
+def test_a_plain_function_given_a_list_it_stacks_pads():
+    g = torch.Generator().manual_seed(7)
+    data = [[torch.randn(DIM, generator=g) for _ in range(n)] for n in (2, 5, 3, 5, 1)]
+    with torch.no_grad():
+        stats = check_map(pooled_plain, data)
+    assert block_batches(stats) == 1, stats.by_op
+    check_grads(pooled_plain, data, POOL, atol=1e-5)
+    with config.override(PAD_RAGGED=False), torch.no_grad():
+        stats = check_map(pooled_plain, data)
+    assert block_batches(stats) == 0, stats.by_op  # (a list argument: run as written)
+
+
+def test_only_stacked_lists_make_a_run_argument():
+    import ast
+
+    from acrobat.analysis import _only_stacked
+
+    def reads(src):
+        return ast.parse(src).body
+
+    assert _only_stacked("xs", reads("h = torch.stack(xs)\ny = h.sum(0)"))
+    assert not _only_stacked("xs", reads("h = torch.stack(xs)\ny = xs[0]"))
+    assert not _only_stacked("xs", reads("h = torch.stack(xs, 1)"))
+    assert not _only_stacked("xs", reads("y = [f(x) for x in xs]"))
+    assert not _only_stacked("xs", reads("y = 1"))
+
+
+def test_many_sizes_in_one_map_keep_the_run():
+    """70 lengths in one map: 70 traces of the run, which a run taking a changing scalar
+    would also make (analysis._retraces); those of one padding family do not count."""
+    g = torch.Generator().manual_seed(8)
+    data = [[torch.randn(DIM, generator=g) for _ in range(n)] for n in range(1, 71)]
+    with torch.no_grad():
+        check_map(pooled_plain, data)
+        stats = check_map(pooled_plain, data)
+    assert 1 <= block_batches(stats) <= 6, stats.by_op
