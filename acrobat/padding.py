@@ -39,7 +39,7 @@ import math
 import torch
 
 from acrobat import config
-from acrobat.graph import LazyTensor
+from acrobat.graph import LazyTensor, substitute
 
 # ops that only move entries (each output entry is one input entry, or a copy of one)
 _LAYOUT = frozenset(
@@ -78,14 +78,16 @@ class Action:
     """What one op of the program needs before / after its batched rule: its operands
     ``masked`` (positions among the op's inputs) set to the ``neutral`` value at their
     pads, and its output scaled by (padded / true size) ** ``mean`` (a mean over ``mean``
-    ragged dims)."""
+    ragged dims). ``keys``: a scaled_dot_product_attention whose keys are ragged, run
+    with a mask of the real keys (the position of ``key`` among the op's inputs)."""
 
-    __slots__ = ("masked", "neutral", "mean")
+    __slots__ = ("masked", "neutral", "mean", "keys")
 
-    def __init__(self, masked: tuple, neutral: str, mean: int = 0):
+    def __init__(self, masked: tuple, neutral: str, mean: int = 0, keys: int = -1):
         self.masked = masked
         self.neutral = neutral
         self.mean = mean
+        self.keys = keys
 
 
 class Family:
@@ -167,7 +169,10 @@ class Family:
                     x = ins[j]
                     neutral = _value(act.neutral, x.dtype)
                     ins[j] = torch.where(_mask(masks, flags[j], x, lens), x, neutral)
-            out = inner.op.rule(inner, ins, n)
+            if act is not None and act.keys >= 0:
+                out = _attention(inner, ins, _mask(masks, flags[act.keys], ins[act.keys], lens), n)
+            else:
+                out = inner.op.rule(inner, ins, n)
             if act is not None and act.mean:
                 o = out[0]
                 ratio = (_padded_size(flags[0], ins[0]) / lens.to(o.dtype)) ** act.mean
@@ -577,6 +582,8 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         )
         del a
         return Action(tuple(ragged), "zero") if contracted else None
+    if name == "attention":
+        return _attention_action(inner, f_in)
     if name == "embedding":
         w = _arg(inner, 1, "weight")
         if j != 0 or type(w) is LazyTensor:
@@ -622,6 +629,99 @@ def _tensors(value) -> list:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+_SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _attention_action(inner, f_in: list) -> Action | None:
+    """``F.scaled_dot_product_attention`` without a mask or dropout: ragged queries are
+    rows (nothing to do); ragged keys and values are zeroed at their pads and the call
+    gets a mask of the real keys; a causal call needs its queries and keys ragged alike
+    (row i then reads keys up to i, all real)."""
+    if inner.func is torch.nn.functional.multi_head_attention_forward:
+        return _mha_action(inner, f_in)
+    if inner.func is not torch.nn.functional.scaled_dot_product_attention:
+        raise Decline(f"attention by {inner.func!r}")
+    q, k, v = (_arg(inner, i, _SDPA[i]) for i in range(3))
+    if _arg(inner, 3, "attn_mask") is not None or _arg(inner, 4, "dropout_p", 0.0):
+        raise Decline("attention with a mask or dropout")
+    if _arg(inner, 7, "enable_gqa", False):
+        raise Decline("grouped-query attention")
+    jq, jk, jv = (_where(inner, t) for t in (q, k, v))
+    fq, fk, fv = ((f_in[j] if j >= 0 else None) for j in (jq, jk, jv))
+    for f in (fq, fk, fv):
+        if f is not None and any(f[:-2] + f[-1:]):
+            raise Decline("attention ragged in a batch or feature dim")
+    rows = bool(fq and fq[-2])
+    keys = bool(fk and fk[-2]) or bool(fv and fv[-2])
+    ragged = tuple(j for j, f in enumerate(f_in) if any(f))  # (x passed twice: both)
+    if not keys:
+        return None  # (ragged queries alone: rows)
+    if fk is None or fv is None or not (fk[-2] and fv[-2]):
+        raise Decline("attention with ragged keys but fixed values")
+    if _arg(inner, 5, "is_causal", False):
+        if not rows:
+            raise Decline("causal attention with fixed queries over ragged keys")
+        return Action(ragged, "zero")  # (row i reads keys up to i: all real)
+    return Action(ragged, "zero", keys=jk)
+
+
+# F.multi_head_attention_forward's arguments that must hold their defaults (position,
+# name, default): no extra keys, no masks, no static keys
+_MHA_DEFAULTS = (
+    (7, "bias_k", None), (8, "bias_v", None), (9, "add_zero_attn", False),
+    (14, "key_padding_mask", None), (16, "attn_mask", None), (21, "static_k", None),
+    (22, "static_v", None), (24, "is_causal", False),
+)  # fmt: skip
+
+
+def _mha_action(inner, f_in: list) -> Action | None:
+    """``nn.MultiheadAttention`` (``F.multi_head_attention_forward``) on one instance's
+    unbatched ``(L, E)`` query and ``(S, E)`` keys and values, without masks: ragged keys
+    run with a ``key_padding_mask`` of the pads (its batched form is sequence-first)."""
+    for pos, name, default in _MHA_DEFAULTS:
+        if _arg(inner, pos, name, default) is not default:
+            raise Decline(f"multi-head attention with {name}")
+    if _arg(inner, 10, "dropout_p", 0.0) and _arg(inner, 13, "training", True):
+        raise Decline("multi-head attention with dropout")
+    q, k, v = (_arg(inner, i, name) for i, name in enumerate(("query", "key", "value")))
+    if not all(type(t) is LazyTensor and t.ndim == 2 for t in (q, k, v)):
+        raise Decline("multi-head attention of batched or real operands")
+    fq, fk, fv = (f_in[_where(inner, t)] for t in (q, k, v))
+    if fq[1] or fk[1] or fv[1] or fk[0] != fv[0]:
+        raise Decline("multi-head attention ragged in a feature dim")
+    ragged = tuple(j for j, f in enumerate(f_in) if any(f))
+    return Action(ragged, "zero", keys=_where(inner, k)) if fk[0] else None
+
+
+def _attention(inner, ins: list, key_mask: torch.Tensor, n: int) -> tuple:
+    """A padded batch of scaled_dot_product_attention or multi-head attention, masked to
+    the real keys."""
+    if inner.func is torch.nn.functional.multi_head_attention_forward:
+        it = iter([x.transpose(0, 1) for x in ins])  # (batched: sequence-first)
+        args = substitute(inner.args, it)
+        kwargs = {k: substitute(v, it) for k, v in (inner.kwargs or {}).items()}
+        pads = ~key_mask[..., 0]  # (n, S): True at the keys to ignore
+        if len(args) > 14:
+            args = (*args[:14], pads, *args[15:])
+        else:
+            kwargs["key_padding_mask"] = pads
+        out, weights = inner.func(*args, **kwargs)
+        return (out.transpose(0, 1), weights)
+    it = iter(ins)
+    parts = []
+    for i in range(3):
+        a = _arg(inner, i, _SDPA[i])
+        if type(a) is LazyTensor:
+            parts.append(next(it))
+        else:  # a real tensor (a learned query): the same for every row
+            parts.append(a.expand(n, *a.shape))
+    mask = key_mask[..., 0].unsqueeze(-2)  # (n, ..., 1, keys): True at real keys
+    scale = _arg(inner, 6, "scale")
+    q, k, v = parts
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return (out,)
 
 
 def _first_lazy(inner, tensors) -> int:

@@ -419,3 +419,94 @@ def test_many_sizes_in_one_map_keep_the_run():
         check_map(pooled_plain, data)
         stats = check_map(pooled_plain, data)
     assert 1 <= block_batches(stats) <= 6, stats.by_op
+
+
+# ---- scaled_dot_product_attention ------------------------------------------------------------
+
+F = nn.functional
+
+
+def heads(x):
+    """(n, DIM) as (2, n, DIM / 2): two heads."""
+    return x.view(-1, 2, DIM // 2).transpose(0, 1)
+
+QUERY = nn.Parameter(torch.randn(2, DIM))
+WEIGHT = nn.Parameter(torch.rand(DIM) + 0.5)
+SDPA_CASES = {
+    "self": lambda x: F.scaled_dot_product_attention(x, x, x).sum(0),
+    "causal": lambda x: F.scaled_dot_product_attention(x, x * 2, x, is_causal=True).mean(0),
+    "scaled": lambda x: F.scaled_dot_product_attention(x, x, x.tanh(), scale=0.3).amax(0),
+    "heads": lambda x: F.scaled_dot_product_attention(*[heads(x)] * 3).sum(1).flatten(),
+    "learned_query": lambda x: F.scaled_dot_product_attention(QUERY, x, x).flatten(),
+    "rows_only": lambda x: F.scaled_dot_product_attention(x, QUERY, QUERY).sum(0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SDPA_CASES))
+@settings(max_examples=8, deadline=None)
+@given(ns=st.lists(st.integers(1, 7), min_size=2, max_size=8), seed=st.integers(0, 2**16))
+def test_sdpa_over_ragged_keys(case, ns, seed):
+    fn = SDPA_CASES[case]
+    g = torch.Generator().manual_seed(seed)
+    data = [torch.randn(n, DIM, generator=g) for n in ns]
+
+    @acrobat.block
+    def body(x, w):
+        return fn(x * w)
+
+    @acrobat.autobatch
+    def f(x, w=WEIGHT):
+        return body(x, w)
+
+    with torch.no_grad():
+        stats = check_map(f, data)
+    rows = [(n, ns.count(n)) for n in sorted(set(ns), reverse=True)]
+    assert block_batches(stats) in {len(padding.chunks(rows, r)) for r in (1, 2)}, stats.by_op
+    holder = nn.Module()
+    holder.q, holder.w = QUERY, WEIGHT
+    check_grads(f, data, holder, atol=1e-5)
+
+
+class Encoder(nn.Module):
+    """nn.MultiheadAttention over a sentence's n token embeddings, as plain code."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(9)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.att = nn.MultiheadAttention(DIM, 2)
+        self.head = nn.Linear(DIM, 3)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        h, w = self.att(x, x, x)
+        h = h + w.sum(0, keepdim=True).T  # (the averaged weights, ragged both ways)
+        return self.head(h.mean(0))
+
+
+class Layer(nn.Module):
+    """A TransformerEncoderLayer over a sentence's n token embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.enc = nn.TransformerEncoderLayer(DIM, 2, dim_feedforward=16, dropout=0.0)
+        self.head = nn.Linear(DIM, 3)
+
+    def forward(self, tokens):
+        return self.head(self.enc(self.emb(tokens)).mean(0))
+
+
+@pytest.mark.parametrize("cls", [Encoder, Layer], ids=["mha", "encoder_layer"])
+def test_multi_head_attention_pads(cls):
+    model = cls().eval()
+    f = acrobat.autobatch(model)
+    g = torch.Generator().manual_seed(10)
+    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 1, 6, 4, 2)]
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    assert block_batches(stats) == 1, stats.by_op
+    stats = check_grads(f, data, model, atol=1e-5)
+    assert block_batches(stats) == 1, stats.by_op
