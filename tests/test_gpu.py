@@ -521,3 +521,49 @@ def test_padded_ragged_blocks_on_cuda(default_device):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     check_grads(attend, tokens, att, atol=1e-5, model=att)
     check_grads(pooled, lists, pool, atol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_padded_attention_modules_on_cuda(default_device):
+    """Ragged keys masked on a GPU: SDPA (plain, causal, two heads), nn.MultiheadAttention
+    and a TransformerEncoderLayer over per-instance token embeddings, one padded batch
+    each, values and gradients as eager's."""
+    from tests.test_padding import Encoder, Layer, block_batches, heads
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    cases = [
+        lambda x: sdpa(x, x, x).sum(0),
+        lambda x: sdpa(x, x * 2, x, is_causal=True).mean(0),
+        lambda x: sdpa(*[heads(x)] * 3).sum(1).flatten(),
+    ]
+    data = [torch.randn(n, 8) for n in (2, 5, 3, 5, 1)]
+    w = torch.nn.Parameter(torch.rand(8) + 0.5)
+    holder = torch.nn.Module()
+    holder.w = w
+    for fn in cases:
+
+        @acrobat.block
+        def body(x, w, fn=fn):
+            return fn(x * w)
+
+        @acrobat.autobatch
+        def f(x, w=w):
+            return body(x, w)
+
+        with torch.no_grad():
+            got, stats = f.map(data, stats=True)
+        assert block_batches(stats) == 1, stats.by_op
+        for x, y in zip(data, got):
+            torch.testing.assert_close(y, f.eager(x), atol=1e-5, rtol=1e-5)
+        check_grads(f, data, holder, atol=1e-5)
+    tokens = [torch.randint(30, (n,)) for n in (3, 6, 1, 6, 4, 2)]
+    for cls in (Encoder, Layer):
+        model = cls().eval()
+        g = acrobat.autobatch(model)
+        with torch.no_grad():
+            got, stats = g.map(tokens, stats=True)
+        assert block_batches(stats) == 1, stats.by_op
+        for t, y in zip(tokens, got):
+            torch.testing.assert_close(y, model(t), atol=1e-5, rtol=1e-5)
+        check_grads(g, tokens, model, atol=1e-5)
