@@ -673,8 +673,16 @@ def _run_padded_scans(nodes: list, stats) -> bool:
     scans = [op.extra["scan"] for op in groups]
     size = {op: s.trace.op.extra["padded"][1] for op, s in zip(groups, scans)}
     fam = scans[0].trace.op.extra["padded"][0]
-    if not fam.loops_pad(scans[0]) or any(s.split is not None for s in scans) or (
-        not fam.train_safe and torch.is_grad_enabled()
+    rest = fam  # (the family of the steps' programs: a split's rest where the body is cut)
+    if scans[0].split is not None:
+        order = sorted(zip(scans, groups), key=lambda sg: -size[sg[1]])
+        split_all = all(s.split is not None for s in scans)
+        rest = padding.split_family([s for s, _ in order]) if split_all else None
+    if (
+        rest is None
+        or not fam.loops_pad(scans[0])
+        or any((s.split is None) != (scans[0].split is None) for s in scans)
+        or (not rest.train_safe and torch.is_grad_enabled())
     ):
         for part in groups.values():
             _run_scan(part, len(part), stats, time.perf_counter())
@@ -717,7 +725,8 @@ def _run_padded_scans(nodes: list, stats) -> bool:
     lens = torch.tensor(sizes, device=first.device if first is not None else None)
     t1 = time.perf_counter()
     try:
-        outs = scan.run(xs, active, elements, None, (fam, scan.trace, lens))
+        step = scan.trace if scan.split is None else scan.split.var
+        outs = scan.run(xs, active, elements, None, (rest, step, lens))
     except Exception:  # (a loop padding cannot run: one scan per trace, as before)
         if config.VERIFY:
             raise

@@ -226,6 +226,7 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
     inv_out_at: dict = {}
     var_inputs: list[tuple] = []
     var_phs: list[Node] = []
+    var_metas: list[tuple] = []  # (shape, dtype) per var placeholder
     per_run = [False]
     ph_pos: dict[int, int] = {}
     for j, ph in enumerate(trace.placeholders):
@@ -252,6 +253,7 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
         ph = var_tracer.placeholder(like)
         var_inputs.append((kind, which))
         var_phs.append(ph.node)
+        var_metas.append((like.shape, like.dtype))
         return ph
 
     def from_inv(v: LazyTensor) -> LazyTensor:
@@ -312,11 +314,13 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
     if not heavy or not inv_outs or any(id(t.node) in var_ph_ids for t in var_outs):
         return None  # nothing worth hoisting, or an output would be a bare argument
 
-    def program(tracer, phs, outs, name):
+    def program(tracer, phs, metas, outs, name):
         info = Info(tuple((t.shape, t.dtype) for t in outs), len(outs) == 1, None)
         tr = Trace(None, phs, tracer.nodes, ("leaf", 0), info, [], False, [])
         tr.out_lazies = list(outs)
         finish_trace(tr, name, tracer, f"{len(tracer.nodes)} ops cut from {trace.op.name}")
+        tr.arg_shapes = tuple(m[0] for m in metas)  # (acrobat/padding.py)
+        tr.arg_dtypes = tuple(m[1] for m in metas)
         return tr
 
     # the rest's inputs: the call's arguments first, then the hoisted outputs in order,
@@ -326,7 +330,9 @@ def build_split(trace, k: int, rt, inputs: list) -> Split | None:
     )
     var_inputs = [var_inputs[i] for i in order]
     var_phs = [var_phs[i] for i in order]
-    inv = program(inv_tracer, [inv_ph.node], inv_outs, f"{trace.op.name}:hoisted")
-    var = program(var_tracer, var_phs, var_outs, f"{trace.op.name}:rest")
+    var_metas = [var_metas[i] for i in order]
+    inv_metas = [(inv_ph.shape, inv_ph.dtype)]
+    inv = program(inv_tracer, [inv_ph.node], inv_metas, inv_outs, f"{trace.op.name}:hoisted")
+    var = program(var_tracer, var_phs, var_metas, var_outs, f"{trace.op.name}:rest")
     arg_pos = tuple(w for kind, w in var_inputs if kind == "arg")
     return Split(inv, var, arg_pos, per_run[0], rt.id)

@@ -119,11 +119,10 @@ class Family:
 
     def loops_pad(self, scan) -> bool:
         """Whether loops over this family's traces (``scan``: one of them) may run
-        padded: no part cut out of the body (a split's program is not the family's),
-        no list packed, every output and every element of a fixed shape."""
+        padded: no list packed, every output and every element of a fixed shape (a
+        part cut out of the body: :func:`split_family`)."""
         return (
-            scan.split is None
-            and self.packed < 0
+            self.packed < 0
             and not self.ragged_out
             and not any(any(f) for f in self.arg_flags[: scan.sequences])
         )
@@ -251,7 +250,11 @@ def join(block, trace) -> None:
 
 
 def _join(block, trace) -> None:
-    for other in reversed(block.cache.values()):
+    _join_among(trace, reversed(block.cache.values()))
+
+
+def _join_among(trace, candidates) -> None:
+    for other in candidates:
         if other is trace or not _eligible(other) or other.arg_shapes == trace.arg_shapes:
             continue
         entry = other.op.extra.get("padded")
@@ -271,6 +274,35 @@ def _join(block, trace) -> None:
             other.op.extra["padded"] = (fam, n_other)
             trace.op.extra["padded"] = (fam, n_trace)
             return
+
+
+def split_family(scans: list) -> Family | None:
+    """The family of the programs left in the loops ``scans`` (each with a part cut out
+    of its body, hoisting.Split; the first the largest) once the cut part runs: formed
+    among them if it is not yet. None where they are not one family of the sizes the
+    loops' own family gives them, or the cut parts are not one program of one shape."""
+    splits = [s.split for s in scans]
+    first = splits[0]
+    pos = scans[0].hoisted_pos
+    if any(s.hoisted_pos != pos for s in scans) or pos >= scans[0].sequences:
+        return None  # (a loop-invariant cut of a ragged operand: not one program)
+    with torch._C.DisableTorchFunction():
+        for sp in splits[1:]:
+            if not (_same_program(first.inv, sp.inv) and view(first.inv).shapes == view(
+                sp.inv
+            ).shapes):
+                return None
+        rests = [sp.var for sp in splits]
+        for r in rests:
+            if "padded" not in r.op.extra and _eligible(r):
+                _join_among(r, [o for o in rests if o is not r])
+    entries = [r.op.extra.get("padded") for r in rests]
+    if any(e is None for e in entries) or len({id(e[0]) for e in entries}) != 1:
+        return None
+    sizes = [s.trace.op.extra["padded"][1] for s in scans]
+    if [e[1] for e in entries] != sizes:
+        return None
+    return entries[0][0]
 
 
 def _eligible(trace) -> bool:

@@ -338,9 +338,17 @@ class Scan:
                 hoisted = [h.index_select(0, inverse) for h in once]
             else:
                 hoisted = list(split.inv.run_ops([source], rows))
-            step = split.var.step_runner(source.device)
             arg_pos = split.arg_pos
-            elman = self.recurrence(split) if config.FAST_RECURRENCE else None
+            if padded is None:
+                step = split.var.step_runner(source.device)
+                elman = self.recurrence(split) if config.FAST_RECURRENCE else None
+            else:  # the rest of each step padded (its family: padding.split_family)
+                elman = None
+                fam, rest, lens = padded
+
+                def step(ins, a):
+                    return fam.run(rest, ins, lens[:a], a)
+
         elif padded is not None:
             elman = None
             fam, trace, lens = padded

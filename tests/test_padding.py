@@ -343,35 +343,57 @@ def test_comprehensions_over_a_ragged_operand_pad(ns, seed):
 
 
 class Tagger(nn.Module):
-    """A loop over a sequence whose body has a part on the element alone (cut out of the
-    loop: hoisting) and attention over a ragged H: loops of several sizes do not pad
-    (the cut part's program is not the family's), each size its own batch."""
+    """A loop over a sequence whose body has a part on the element alone (``w(x)``, cut
+    out of the loop: hoisting.Split) and attention over a ragged H. ``keys``: the body
+    also projects H itself (``k(H)``: a loop-invariant part of the ragged operand, cut
+    instead)."""
 
-    def __init__(self):
+    def __init__(self, keys: bool = False):
         super().__init__()
         torch.manual_seed(4)
+        self.keys = keys
         self.w = nn.Linear(DIM, DIM)
+        self.k = nn.Linear(DIM, DIM)
 
     def forward(self, H, xs):
         h = H[0]
         outs = []
-        for x in xs:
-            h = torch.tanh(self.w(x) + torch.softmax(H @ h, 0) @ H)
-            outs.append(h)
+        if self.keys:
+            for x in xs:
+                h = torch.tanh(x + torch.softmax(self.k(H) @ h, 0) @ H)
+                outs.append(h)
+        else:
+            for x in xs:
+                h = torch.tanh(self.w(x) + torch.softmax(H @ h, 0) @ H)
+                outs.append(h)
         return torch.stack(outs).sum(0)
 
 
-def test_loops_with_a_hoisted_part_run_per_size():
-    model = Tagger()
+@pytest.mark.parametrize("keys", [False, True], ids=["element_cut", "ragged_cut"])
+def test_loops_with_a_hoisted_part(keys):
+    """The element's part cut out of the loop: the rest of each step pads
+    (padding.split_family), one loop batch; a cut of the ragged operand itself is not
+    one program across sizes: a loop batch per size (2, 5, 3)."""
+    model = Tagger(keys)
     f = acrobat.autobatch(model)
-    H = [torch.randn(n, DIM) for n in (2, 5, 3, 5)]
-    xs = [[torch.randn(DIM) for _ in range(k)] for k in (3, 3, 2, 4)]
+    g = torch.Generator().manual_seed(12)
+    H = [torch.randn(n, DIM, generator=g) for n in (2, 5, 3, 5)]
+    xs = [[torch.randn(DIM, generator=g) for _ in range(k)] for k in (3, 3, 2, 4)]
     with torch.no_grad():
         for _ in range(2):
             got, stats = f.map(H, xs, stats=True)
     for h, x, y in zip(H, xs, got):
         torch.testing.assert_close(y, model(h, x), atol=1e-5, rtol=1e-5)
-    assert scan_batches(stats) == 3, stats.by_op  # (sizes 2, 5, 3)
+    assert scan_batches(stats) == (3 if keys else 1), stats.by_op
+    model.zero_grad()
+    out = f.map(H, xs)
+    torch.stack([o.square().sum() for o in out]).sum().backward()
+    got = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    torch.stack([model(h, x).square().sum() for h, x in zip(H, xs)]).sum().backward()
+    for k, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[k], p.grad, atol=1e-5, rtol=1e-5, msg=k)
 
 
 @acrobat.autobatch
