@@ -81,13 +81,16 @@ class Action:
     ragged dims). ``keys``: a scaled_dot_product_attention whose keys are ragged, run
     with a mask of the real keys (the position of ``key`` among the op's inputs)."""
 
-    __slots__ = ("masked", "neutral", "mean", "keys")
+    __slots__ = ("masked", "neutral", "mean", "keys", "run")
 
-    def __init__(self, masked: tuple, neutral: str, mean: int = 0, keys: int = -1):
+    def __init__(self, masked: tuple, neutral: str, mean: int = 0, keys: int = -1, run=None):
         self.masked = masked
         self.neutral = neutral
         self.mean = mean
         self.keys = keys
+        # run(inner, ins, lens, n) -> outputs, in place of the op's rule (an op that
+        # needs the true sizes themselves: x[-1], a sequence module)
+        self.run = run
 
 
 class Family:
@@ -170,6 +173,8 @@ class Family:
                     ins[j] = torch.where(_mask(masks, flags[j], x, lens), x, neutral)
             if act is not None and act.keys >= 0:
                 out = _attention(inner, ins, _mask(masks, flags[act.keys], ins[act.keys], lens), n)
+            elif act is not None and act.run is not None:
+                out = act.run(inner, ins, lens, n)
             else:
                 out = inner.op.rule(inner, ins, n)
             if act is not None and act.mean:
@@ -288,9 +293,9 @@ def split_family(scans: list) -> Family | None:
         return None  # (a loop-invariant cut of a ragged operand: not one program)
     with torch._C.DisableTorchFunction():
         for sp in splits[1:]:
-            if not (_same_program(first.inv, sp.inv) and view(first.inv).shapes == view(
-                sp.inv
-            ).shapes):
+            if not (
+                _same_program(first.inv, sp.inv) and view(first.inv).shapes == view(sp.inv).shapes
+            ):
                 return None
         rests = [sp.var for sp in splits]
         for r in rests:
@@ -452,8 +457,7 @@ def _same(x, y, px: dict, py: dict) -> bool:
         return x.keys() == y.keys() and all(_same(x[k], y[k], px, py) for k in x)
     if tx is slice:
         return all(
-            _same(a, b, px, py)
-            for a, b in ((x.start, y.start), (x.stop, y.stop), (x.step, y.step))
+            _same(a, b, px, py) for a, b in ((x.start, y.start), (x.stop, y.stop), (x.step, y.step))
         )
     if isinstance(x, _PLAIN):
         return x == y
@@ -518,9 +522,7 @@ def _form(a, b):
         actions.append(_action(inner, f_in, x_in, f_out, x_out))
         train_safe = train_safe and _train_safe(inner, f_in, f_out)
     out_flags = tuple(flags[va.key(t)] for t in a.out_lazies)
-    fam = Family(
-        a.op.name, flags, fixed, in_flags, actions, op_flags, train_safe, out_flags, va
-    )
+    fam = Family(a.op.name, flags, fixed, in_flags, actions, op_flags, train_safe, out_flags, va)
     return fam, na, nb
 
 
@@ -597,8 +599,8 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
     if name == "getitem":
         if j < 0 or len(inner.inputs) != 1:
             raise Decline("getitem with tensor indices")
-        _check_index(inner.args[1], f_in[0])
-        return None
+        end = _check_index(inner.args[1], f_in[0])
+        return None if end is None else Action((), "zero", run=_from_end(*end))
     if kind == "reduce":
         return _reduce_action(inner, name, j, f_in, f_out)
     if name == "linear":
@@ -616,6 +618,8 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         return Action(tuple(ragged), "zero") if contracted else None
     if name == "attention":
         return _attention_action(inner, f_in)
+    if name == "sequence_batch":
+        return _sequences_action(inner, f_in)
     if name == "embedding":
         w = _arg(inner, 1, "weight")
         if j != 0 or type(w) is LazyTensor:
@@ -634,9 +638,7 @@ def _train_safe(inner, f_in: list, f_out: list) -> bool:
     """Whether the gradient of an operand that an elementwise op broadcasts over a ragged
     dim stays finite at the pads: its backward sums the op's local derivative over the
     pads, where the values are zero (``q / x``: 0 / 0 there, NaN in ``q``'s gradient)."""
-    if inner.op.kind not in ("elementwise", "factory", "reduce") or not any(
-        any(f) for f in f_out
-    ):
+    if inner.op.kind not in ("elementwise", "factory", "reduce") or not any(any(f) for f in f_out):
         return True
     fixed = [t for t, f in zip(inner.inputs, f_in) if not any(f)]
     fixed += [a for a in _tensors(inner.args) if type(a) is not LazyTensor and a.requires_grad]
@@ -756,6 +758,37 @@ def _attention(inner, ins: list, key_mask: torch.Tensor, n: int) -> tuple:
     return (out,)
 
 
+def _sequences_action(inner, f_in: list) -> Action | None:
+    """An ``nn.LSTM`` / ``GRU`` / ``RNN`` in the trace over one instance's unbatched
+    ``(L, features)`` sequence, L ragged: the padded batch packed by its true lengths
+    (``pack_padded_sequence``), so the final states are each sequence's own and the
+    output's pads zero."""
+    x = inner.args[1]
+    if type(x) is not LazyTensor or x.ndim != 2:
+        raise Decline("a sequence module over batched or real sequences")
+    fx = f_in[_where(inner, x)]
+    if fx[1] or any(any(f) for t, f in zip(inner.inputs, f_in) if t is not x):
+        raise Decline("a sequence module with ragged features or states")
+    return Action((), "zero", run=_sequences) if fx[0] else None
+
+
+def _sequences(inner, ins, lens, n):
+    from acrobat.ops import _ORIGINAL_FORWARD, _batched_hx
+
+    module, _, *states = inner.args
+    rnn = torch.nn.utils.rnn
+    packed = rnn.pack_padded_sequence(ins[0], lens.cpu(), batch_first=True, enforce_sorted=False)
+    spec = tuple(None if type(h) is LazyTensor else h for h in states)
+    out, state = _ORIGINAL_FORWARD[type(module)](module, packed, _batched_hx(spec, ins[1:], n))
+    out, _ = rnn.pad_packed_sequence(out, batch_first=True, total_length=ins[0].shape[1])
+    finals = state if type(module) is torch.nn.LSTM else (state,)
+    metas = inner.info.metas
+    return (
+        out.reshape(n, *metas[0][0]),
+        *(s.transpose(0, 1).reshape(n, *m[0]) for s, m in zip(finals, metas[1:])),
+    )
+
+
 def _first_lazy(inner, tensors) -> int:
     for t in tensors:
         if type(t) is LazyTensor:
@@ -763,9 +796,18 @@ def _first_lazy(inner, tensors) -> int:
     return -1
 
 
-def _check_index(index, flags: tuple) -> None:
-    """Decline an index that reads a ragged dim other than whole or at an index >= 0."""
+def _check_index(index, flags: tuple) -> tuple | None:
+    """Decline an index that reads a ragged dim other than whole or at an index >= 0,
+    except one that only takes a ragged dim at ``-k`` (``x[-1]``, ``x[:, -2]``): then
+    (that dim, -k)."""
     parts = index if type(index) is tuple else (index,)
+    ends = [(d, p) for d, p in enumerate(parts) if type(p) is int and p < 0 and d < len(flags)]
+    if (
+        len(ends) == 1
+        and flags[ends[0][0]]
+        and all(p == slice(None) for p in parts if not (type(p) is int and p < 0))
+    ):
+        return ends[0]
     if any(p is Ellipsis for p in parts):
         used = sum(1 for p in parts if p is not None and p is not Ellipsis)
         at = next(i for i, p in enumerate(parts) if p is Ellipsis)
@@ -784,6 +826,20 @@ def _check_index(index, flags: tuple) -> None:
         else:
             raise Decline(f"index {p!r}")
         d += 1
+    return None
+
+
+def _from_end(dim: int, k: int):
+    """The run of ``x[..., -k]`` along ragged ``dim``: each row's own n - k."""
+
+    def run(inner, ins, lens, n):
+        x = ins[0]
+        shape = list(x.shape)
+        shape[dim + 1] = 1
+        at = (lens + k).clamp(min=0).view(n, *(1,) * (x.ndim - 1)).expand(shape)
+        return (x.gather(dim + 1, at).squeeze(dim + 1),)
+
+    return run
 
 
 def _reduce_action(inner, name: str, j: int, f_in: list, f_out: list) -> Action | None:

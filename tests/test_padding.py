@@ -139,7 +139,10 @@ REDUCTIONS = [
     ("mv", lambda x: torch.mv(x.T, x[:, 0]), True),
     ("first_row", lambda x: x[0] * 2, True),
     ("column", lambda x: x[:, 1].sum(), True),
-    ("last_row", lambda x: x[-1], False),
+    ("last_row", lambda x: x[-1], True),
+    ("second_last", lambda x: x[-2] + x[0], True),
+    ("last_column", lambda x: x.t()[:, -1], True),
+    ("last_of_a_pick", lambda x: x[-1, 2:], False),
     ("tail", lambda x: x[1:].sum(0) if x.shape[0] > 1 else x.sum(0), False),
     ("cat_ragged", lambda x: torch.cat([x, x]).sum(0), False),
     ("cat_fixed", lambda x: torch.cat([x, x * 2], 1).sum(0), True),
@@ -174,9 +177,9 @@ def test_each_op_over_a_ragged_dim(name, fn, padded, ns, seed):
     sizes = len(set(ns))
     if padded:
         rows = [(n, ns.count(n)) for n in sorted(set(ns), reverse=True)]
-        assert block_batches(stats) == len(padding.chunks(rows, 2)) or block_batches(
-            stats
-        ) == len(padding.chunks(rows, 1)), stats.by_op
+        assert block_batches(stats) == len(padding.chunks(rows, 2)) or block_batches(stats) == len(
+            padding.chunks(rows, 1)
+        ), stats.by_op
     else:
         assert block_batches(stats) == sizes, stats.by_op
 
@@ -452,6 +455,7 @@ def heads(x):
     """(n, DIM) as (2, n, DIM / 2): two heads."""
     return x.view(-1, 2, DIM // 2).transpose(0, 1)
 
+
 QUERY = nn.Parameter(torch.randn(2, DIM))
 WEIGHT = nn.Parameter(torch.rand(DIM) + 0.5)
 SDPA_CASES = {
@@ -531,5 +535,67 @@ def test_multi_head_attention_pads(cls):
         check_map(f, data)
         stats = check_map(f, data)
     assert block_batches(stats) == 1, stats.by_op
+    stats = check_grads(f, data, model, atol=1e-5)
+    assert block_batches(stats) == 1, stats.by_op
+
+
+class Recurrent(nn.Module):
+    """An nn.GRU or nn.LSTM (bidirectional or not) over one instance's embedded tokens,
+    its last output and final states after it: straight-line code, one block whose
+    trace holds the module (ops.SEQUENCE_BATCH), a trace per length."""
+
+    def __init__(self, kind: str, bidirectional: bool):
+        super().__init__()
+        torch.manual_seed(13)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.rnn = getattr(nn, kind)(DIM, DIM, bidirectional=bidirectional)
+        dirs = 2 if bidirectional else 1
+        self.h0 = nn.Parameter(torch.randn(dirs, DIM) * 0.1)
+        self.head = nn.Linear(dirs * DIM, 3)
+
+
+class GRUReader(Recurrent):
+    def forward(self, tokens):
+        out, h = self.rnn(self.emb(tokens))
+        return self.head(out[-1] + out.mean(0)) + h.sum()
+
+
+class LSTMReader(Recurrent):
+    def forward(self, tokens):
+        out, (h, c) = self.rnn(self.emb(tokens))
+        return self.head(out[-1] + out.mean(0)) + h.sum() + c.sum()
+
+
+class StartedGRU(Recurrent):
+    """A per-instance initial state (from the first token)."""
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        out, h = self.rnn(x, torch.tanh(x[0] * self.h0))
+        return self.head(out[-1] + out.mean(0)) + h.sum()
+
+
+class StartedLSTM(Recurrent):
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        h0 = torch.tanh(x[0] * self.h0)
+        out, (h, c) = self.rnn(x, (h0, h0 * 2))
+        return self.head(out[-1] + out.mean(0)) + h.sum() + c.sum()
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize(
+    "cls,kind",
+    [(GRUReader, "GRU"), (LSTMReader, "LSTM"), (StartedGRU, "GRU"), (StartedLSTM, "LSTM")],
+)
+def test_sequence_modules_over_ragged_tokens(cls, kind, bidirectional):
+    model = cls(kind, bidirectional)
+    f = acrobat.autobatch(model)
+    g = torch.Generator().manual_seed(14)
+    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 1, 6, 4, 2)]
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    assert block_batches(stats) == 1, stats.by_op  # (the module inside the block)
     stats = check_grads(f, data, model, atol=1e-5)
     assert block_batches(stats) == 1, stats.by_op
