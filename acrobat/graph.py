@@ -696,6 +696,8 @@ def hoist(func, args, kwargs):
     if not kwargs and len(args) == 1 and type(args[0]) is int:  # torch.zeros(h): the key
         hit = rt.hoisted.get((func, args, ()))  # freeze makes, without the calls
         if hit is not None:
+            if rt.tracer is not None:
+                rt.tracer.note_hoist(args, kwargs, hit)
             return hit
     try:
         inputs: list = []
@@ -707,6 +709,11 @@ def hoist(func, args, kwargs):
     except (AcrobatError, TypeError):
         key, hit = None, None
     if hit is not None:
+        # (a trace that reads a value hoisted before it must know it as much as the trace
+        # that made it: one traced without autograd, a view of a parameter there, was
+        # reused by later maps that train, and the parameter got no gradient through it)
+        if rt.tracer is not None:
+            rt.tracer.note_hoist(args, kwargs, hit)
         return hit
     out = func(*args, **kwargs)
     if key is not None:

@@ -933,3 +933,34 @@ def test_grad_fn_is_none_where_eagers_is_and_refused_elsewhere():
 
     got = f.map([torch.randn(3), torch.randn(3)])
     assert [float(g) for g in got] == [1.0, 1.0]
+
+
+class _Prefixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.cls = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.cat([self.cls.unsqueeze(0), x]).sum(0)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_training_after_a_map_without_autograd(pad):
+    """A block whose trace reads a value hoisted earlier in the same map (the second
+    shape's trace reads ``cls.unsqueeze(0)``, made by the first's): traced under
+    ``no_grad``, that value is a view of a parameter without autograd history. The trace
+    did not know it read it (only the trace that made it did), so later maps that train
+    reused it and ``cls`` got no gradient from those instances (6.19 off of eager's)."""
+    model = _Prefixed()
+    f = acrobat.autobatch(model)
+    data = [torch.randn(n, 4) for n in (2, 3, 3, 5)]
+    with acrobat.config.override(PAD_RAGGED=pad):
+        with torch.no_grad():
+            f.map(data)
+        out = f.map(data)
+        torch.stack([o.square().sum() for o in out]).sum().backward()
+    got = model.cls.grad.clone()
+    model.cls.grad = None
+    torch.stack([model(x).square().sum() for x in data]).sum().backward()
+    torch.testing.assert_close(got, model.cls.grad)
