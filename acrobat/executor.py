@@ -492,7 +492,7 @@ def _pad_run(fam, parts: list, stats) -> None:
                 fill = padding.FILL if x.dtype.is_floating_point else 0
                 out = x.new_full((n, *x.shape[1:]), fill)
             where = (slice(r, r + len(part)),) + tuple(
-                slice(0, size) if f else slice(None) for f in flags
+                slice(0, size + f.offset) if f else slice(None) for f in flags
             )
             out[where] = x
             r += len(part)
@@ -510,7 +510,8 @@ def _pad_run(fam, parts: list, stats) -> None:
     for part, size in zip(parts, ns):  # each size its own rows, ragged outputs cut to size
         rows = slice(r, r + len(part))
         mine = tuple(
-            o[(rows, *(slice(0, size) if f else slice(None) for f in flags))].contiguous()
+            o[(rows, *(slice(0, size + f.offset) if f else slice(None) for f in flags))]
+            .contiguous()
             if any(flags)
             else o[rows]
             for o, flags in zip(outs, fam.out_flags)
@@ -711,7 +712,7 @@ def _run_padded_scans(nodes: list, stats) -> bool:
                 fill = padding.FILL if x.dtype.is_floating_point else 0
                 shape = fam.shape(("arg", scan.sequences + j), big)
                 out = x.new_full((n, *shape), fill)
-            cut = tuple(slice(0, s) if f else slice(None) for f in flags)
+            cut = tuple(slice(0, s + f.offset) if f else slice(None) for f in flags)
             out[(index_tensor(where, x.device), *cut)] = x
         assert out is not None
         xs.append(out)

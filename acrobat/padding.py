@@ -70,6 +70,28 @@ _NOT_ELEMENTWISE = frozenset({"floor_divide", "remainder", "dropout", "rand_like
 FILL = 0.0
 
 
+class Ragged:
+    """A ragged dim's entry in a value's flags: truthy, its size ``n + offset`` (a value
+    after ``cat([cls, x])`` is one longer than ``x``; ``x[1:]`` one shorter)."""
+
+    __slots__ = ("offset",)
+
+    def __init__(self, offset: int = 0):
+        self.offset = offset
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Ragged and other.offset == self.offset
+
+    def __hash__(self) -> int:
+        return hash((Ragged, self.offset))
+
+    def __repr__(self) -> str:
+        return f"n{self.offset:+d}" if self.offset else "n"
+
+
 class Decline(Exception):
     """A program the family cannot pad (internal: the trace stays on its own)."""
 
@@ -77,13 +99,13 @@ class Decline(Exception):
 class Action:
     """What one op of the program needs before / after its batched rule: its operands
     ``masked`` (positions among the op's inputs) set to the ``neutral`` value at their
-    pads, and its output scaled by (padded / true size) ** ``mean`` (a mean over ``mean``
-    ragged dims). ``keys``: a scaled_dot_product_attention whose keys are ragged, run
+    pads, and its output scaled by padded / true size of each ragged dim ``mean`` (the
+    dims a mean averaged). ``keys``: a scaled_dot_product_attention whose keys are ragged, run
     with a mask of the real keys (the position of ``key`` among the op's inputs)."""
 
     __slots__ = ("masked", "neutral", "mean", "keys", "run")
 
-    def __init__(self, masked: tuple, neutral: str, mean: int = 0, keys: int = -1, run=None):
+    def __init__(self, masked: tuple, neutral: str, mean: tuple = (), keys: int = -1, run=None):
         self.masked = masked
         self.neutral = neutral
         self.mean = mean
@@ -113,12 +135,15 @@ class Family:
             flags[("arg", v)] if i >= 0 else flags[(self.packed, 0)]
             for v, i in enumerate(first.args)
         ]
-        self.rank = max(sum(f) for f in flags.values())  # ragged dims of the widest value
+        # ragged dims of the widest value
+        self.rank = max(sum(1 for d in f if d) for f in flags.values())
         self.loops = Loops(self)  # what loops over its traces batch under
 
     def shape(self, key, size: int) -> tuple:
         """The value ``key``'s per-instance shape at ragged size ``size``."""
-        return tuple(size if d is None else d for d in self.fixed[key])
+        return tuple(
+            size + f.offset if d is None else d for d, f in zip(self.fixed[key], self.flags[key])
+        )
 
     def loops_pad(self, scan) -> bool:
         """Whether loops over this family's traces (``scan``: one of them) may run
@@ -138,11 +163,11 @@ class Family:
             fixed = self.fixed.get(key)
             if fixed is None or len(fixed) != len(shape):
                 return None
-            for size, want in zip(shape, fixed):
+            for size, want, f in zip(shape, fixed, self.flags[key]):
                 if want is None:
                     if n is None:
-                        n = size
-                    elif size != n:
+                        n = size - f.offset
+                    elif size - f.offset != n:
                         return None
                 elif size != want:
                     return None
@@ -179,7 +204,10 @@ class Family:
                 out = inner.op.rule(inner, ins, n)
             if act is not None and act.mean:
                 o = out[0]
-                ratio = (_padded_size(flags[0], ins[0]) / lens.to(o.dtype)) ** act.mean
+                ratio = torch.ones((), dtype=o.dtype, device=o.device)
+                for d in act.mean:  # (padded / true count of each ragged dim it averaged)
+                    true = (lens + flags[0][d].offset).to(o.dtype)
+                    ratio = ratio * (ins[0].shape[d + 1] / true)
                 out = (o * ratio.view(n, *(1,) * (o.ndim - 1)), *out[1:])
             if clean:
                 out = tuple(
@@ -204,14 +232,6 @@ def _clean(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> to
     return torch.where(_mask(masks, flags, x, lens), x, _value("zero", x.dtype))
 
 
-def _padded_size(flags: tuple, x: torch.Tensor) -> int:
-    """The padded size of the ragged dims of ``x`` (a batch: dim 0 is the rows)."""
-    for d, f in enumerate(flags):
-        if f:
-            return x.shape[d + 1]
-    raise AssertionError("no ragged dim")
-
-
 def _mask(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """True at the real entries of the padded batch ``x`` whose ragged dims are ``flags``
     (cached per run by flags and shape)."""
@@ -225,7 +245,8 @@ def _mask(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> tor
             size = x.shape[d + 1]
             shape = [n] + [1] * len(flags)
             shape[d + 1] = size
-            part = (torch.arange(size, device=x.device) < lens.view(n, 1)).view(shape)
+            real = (lens + f.offset).view(n, 1)
+            part = (torch.arange(size, device=x.device) < real).view(shape)
             m = part if m is None else m & part
     assert m is not None
     masks[key] = m
@@ -489,14 +510,17 @@ def _form(a, b):
         y = sb[key]
         if len(x) != len(y):
             return None
-        f = tuple(p != q for p, q in zip(x, y))
-        for p, q, fl in zip(x, y, f):
-            if fl:
-                if na is None:
-                    na, nb = p, q
-                elif p != na or q != nb:
-                    return None  # a second ragged size (or n - 1): not one family
-        flags[key] = f
+        f: list = []
+        for p, q in zip(x, y):
+            if p == q:
+                f.append(False)
+                continue
+            if na is None:
+                na, nb = p, q
+            if p - na != q - nb:
+                return None  # a second ragged size: not one family
+            f.append(Ragged(p - na))
+        flags[key] = f = tuple(f)
         fixed[key] = tuple(None if fl else p for p, fl in zip(x, f))
     if na is None:
         return None
@@ -584,7 +608,11 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         if j < 0:
             raise Decline(name)
         last = max(d for d, f in enumerate(f_in[j]) if f)
-        if x_in[j][: last + 1] != x_out[0][: last + 1] or any(f_out[0][last + 1 :]):
+        if (
+            x_in[j][: last + 1] != x_out[0][: last + 1]
+            or f_in[j][: last + 1] != f_out[0][: last + 1]
+            or any(f_out[0][last + 1 :])
+        ):
             raise Decline(f"{name} regroups a ragged dim")
         return None
     if name in _ALONG:
@@ -593,14 +621,21 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         if j < 0:
             raise Decline(name)
         dim = _arg(inner, pos, key, default)
-        if any(f_in[j][d] for d in _dims(dim, len(f_in[j]))):
+        along = _dims(dim, len(f_in[j]))
+        if name == "cat" and any(f_in[j][d] for d in along):
+            _check_cat(inner, along[0], f_in)
+            return None
+        if any(f_in[j][d] for d in along):
             raise Decline(f"{name} along a ragged dim")
         return None
     if name == "getitem":
         if j < 0 or len(inner.inputs) != 1:
             raise Decline("getitem with tensor indices")
         end = _check_index(inner.args[1], f_in[0])
-        return None if end is None else Action((), "zero", run=_from_end(*end))
+        if end is None:
+            return None
+        d, k = end
+        return Action((), "zero", run=_from_end(d, k + f_in[0][d].offset))
     if kind == "reduce":
         return _reduce_action(inner, name, j, f_in, f_out)
     if name == "linear":
@@ -769,7 +804,14 @@ def _sequences_action(inner, f_in: list) -> Action | None:
     fx = f_in[_where(inner, x)]
     if fx[1] or any(any(f) for t, f in zip(inner.inputs, f_in) if t is not x):
         raise Decline("a sequence module with ragged features or states")
-    return Action((), "zero", run=_sequences) if fx[0] else None
+    if not fx[0]:
+        return None
+    offset = fx[0].offset
+
+    def run(inner, ins, lens, n):
+        return _sequences(inner, ins, lens + offset, n)
+
+    return Action((), "zero", run=run)
 
 
 def _sequences(inner, ins, lens, n):
@@ -787,6 +829,17 @@ def _sequences(inner, ins, lens, n):
         out.reshape(n, *metas[0][0]),
         *(s.transpose(0, 1).reshape(n, *m[0]) for s, m in zip(finals, metas[1:])),
     )
+
+
+def _check_cat(inner, dim: int, f_in: list) -> None:
+    """A cat along a ragged dim keeps the pads at the end only if its last part alone is
+    ragged there (``cat([cls, x])``)."""
+    parts = _arg(inner, 0, "tensors")
+    flags = [f_in[_where(inner, t)] if type(t) is LazyTensor else None for t in parts]
+    if flags[-1] is None or not flags[-1][dim]:
+        raise Decline("a cat whose ragged part is not the last")
+    if any(f is not None and f[dim] for f in flags[:-1]):
+        raise Decline("a cat of two ragged parts")
 
 
 def _first_lazy(inner, tensors) -> int:
@@ -820,9 +873,16 @@ def _check_index(index, flags: tuple) -> tuple | None:
             if flags[d] and p < 0:
                 raise Decline("a ragged dim indexed from its end")
         elif type(p) is slice:
-            whole = p.start in (None, 0) and p.stop is None and p.step in (None, 1)
-            if flags[d] and not whole:
-                raise Decline("a ragged dim sliced")
+            # a ragged dim whole, without a fixed prefix (x[k:]), or only its first k
+            # entries (x[:k]; every member has them, or its shape would not fit)
+            start, stop = p.start or 0, p.stop
+            if flags[d] and not (
+                p.step in (None, 1)
+                and type(start) is int
+                and start >= 0
+                and (stop is None or (type(stop) is int and stop >= 0 and not start))
+            ):
+                raise Decline("a ragged dim sliced from its end")
         else:
             raise Decline(f"index {p!r}")
         d += 1
@@ -862,12 +922,12 @@ def _reduce_action(inner, name: str, j: int, f_in: list, f_out: list) -> Action 
         reduced = list(range(rank))
     else:
         reduced = _dims(dim, rank)
-    over = sum(1 for d in reduced if flags[d])
+    over = tuple(d for d in reduced if flags[d])
     if not over:
         return None
     if name not in _NEUTRAL:
         raise Decline(name)
-    return Action((0,), _NEUTRAL[name], over if name == "mean" else 0)
+    return Action((0,), _NEUTRAL[name], over if name == "mean" else ())
 
 
 # ---- running ----------------------------------------------------------------------------

@@ -143,7 +143,13 @@ REDUCTIONS = [
     ("second_last", lambda x: x[-2] + x[0], True),
     ("last_column", lambda x: x.t()[:, -1], True),
     ("last_of_a_pick", lambda x: x[-1, 2:], False),
-    ("tail", lambda x: x[1:].sum(0) if x.shape[0] > 1 else x.sum(0), False),
+    ("tail", lambda x: x[1:].sum(0), True),
+    ("tail_mean", lambda x: x[1:].mean(0) + x[1:, 1:].amax(0).sum(), True),
+    ("head", lambda x: x[:2].sum(0), True),
+    ("drop_last", lambda x: x[:-1].sum(0), False),
+    ("cls", lambda x: torch.softmax(torch.cat([x[:1] * 0 + 1, x, ]), 0).mean(0), True),
+    ("cls_real", lambda x: torch.cat([torch.ones(2, DIM), x]).logsumexp(0), True),
+    ("suffix", lambda x: torch.cat([x, torch.ones(1, DIM)]).sum(0), False),
     ("cat_ragged", lambda x: torch.cat([x, x]).sum(0), False),
     ("cat_fixed", lambda x: torch.cat([x, x * 2], 1).sum(0), True),
     ("chunk_fixed", lambda x: sum(c.amax(0) for c in x.chunk(2, -1)), True),
@@ -597,5 +603,35 @@ def test_sequence_modules_over_ragged_tokens(cls, kind, bidirectional):
         check_map(f, data)
         stats = check_map(f, data)
     assert block_batches(stats) == 1, stats.by_op  # (the module inside the block)
+    stats = check_grads(f, data, model, atol=1e-5)
+    assert block_batches(stats) == 1, stats.by_op
+
+
+class Classifier(nn.Module):
+    """A transformer classifier: a learned CLS vector before the tokens (n + 1 rows from
+    here on), an encoder layer, the head on the CLS row."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(15)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.cls = nn.Parameter(torch.randn(DIM))
+        self.enc = nn.TransformerEncoderLayer(DIM, 2, dim_feedforward=16, dropout=0.0)
+        self.head = nn.Linear(DIM, 3)
+
+    def forward(self, tokens):
+        x = torch.cat([self.cls.unsqueeze(0), self.emb(tokens)])
+        return self.head(self.enc(x)[0])
+
+
+def test_a_cls_row_before_the_tokens_pads():
+    model = Classifier().eval()
+    f = acrobat.autobatch(model)
+    g = torch.Generator().manual_seed(16)
+    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 1, 6, 4, 2)]
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    assert block_batches(stats) == 1, stats.by_op
     stats = check_grads(f, data, model, atol=1e-5)
     assert block_batches(stats) == 1, stats.by_op
