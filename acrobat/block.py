@@ -80,7 +80,9 @@ class Tracer:
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, torch.Tensor):
                 self.sources.append((a, a._version))
-        if isinstance(out, torch.Tensor) and out.requires_grad:
+        if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+            # (an autograd graph of this run; a view of a parameter made under no_grad
+            # requires grad but has none: nothing to go stale)
             self.needs_grad = True
 
 

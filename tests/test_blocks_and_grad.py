@@ -964,3 +964,21 @@ def test_training_after_a_map_without_autograd(pad):
     model.cls.grad = None
     torch.stack([model(x).square().sum() for x in data]).sum().backward()
     torch.testing.assert_close(got, model.cls.grad)
+
+
+def test_a_view_of_a_parameter_hoisted_without_autograd_is_not_retraced():
+    """``cls.unsqueeze(0)`` under no_grad requires grad (a view of a parameter) but has no
+    autograd graph that a later map could find stale: the traces holding it are reused
+    (they were traced again in every map: 23.3 against 11.2 ms for a transformer
+    classifier over 64 sentences)."""
+    from acrobat import analysis
+
+    model = _Prefixed()
+    f = acrobat.autobatch(model)
+    data = [torch.randn(n, 4) for n in (2, 3, 3, 5)]
+    with torch.no_grad():
+        f.map(data)
+        block = analysis._DISPATCHERS[_Prefixed.forward.__code__].block
+        first = {k: id(t) for k, t in block.cache.items()}
+        f.map(data)
+        assert {k: id(t) for k, t in block.cache.items()} == first
