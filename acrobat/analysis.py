@@ -1025,6 +1025,10 @@ class ScanBlock(_native.ScanBase if _native is not None else object):  # type: i
         else:
             seqs = [items] if self.sequences == 1 else list(items)
             for j, seq in enumerate(seqs):
+                if type(seq) is graph.LazyTensor and seq.ndim and j not in self.values:
+                    # a per-instance tensor's rows (``for t in tokens``): unbound once (what
+                    # the loop as written would do), its rows the loop's elements
+                    seq = seqs[j] = list(seq.unbind(0))
                 if type(seq) is not list and type(seq) is not tuple:
                     return None  # not consumed: the loop as written iterates it
                 if not seq:

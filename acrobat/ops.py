@@ -442,7 +442,10 @@ def split_rule(node, xs, n):
             _dim(_arg(node, 2, "dim", 0), nd),
         )
     elif name == "unbind":
-        out = X.unbind(_dim(_arg(node, 1, "dim", 0), nd))
+        # each part contiguous (one copy of the batch): its rows are read by address, where
+        # strided parts made a column of a loop's elements (for t in tokens) copy row by row
+        d = _dim(_arg(node, 1, "dim", 0), nd)
+        out = X.movedim(d, 0).contiguous().unbind(0) if X.shape[d] > 1 else X.unbind(d)
     elif name == "narrow":
         out = X.narrow(
             _dim(_arg(node, 1, "dim"), nd), _arg(node, 2, "start"), _arg(node, 3, "length")

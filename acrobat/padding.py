@@ -7,12 +7,16 @@ were a batch of their own. Attention over 3-20 vectors per instance ran as 17 ba
 ~4, slower than the eager loop. Traces of one block that are one program up to that size
 form a :class:`Family`: the scheduler joins their batches at one level
 (``scheduler.family``) and the executor runs them padded to the largest size
-(``executor._run_padded``), in chunks that bound the padding's extra work.
+(``executor._run_padded``), in chunks that bound the padding's extra work
+(:func:`chunks`). Loops over a family's traces pad the same way
+(``executor._run_padded_scans``).
 
 Ragged dims. Compared between two traces of the family, a dim whose size differs is
-ragged; every ragged dim of a member has one size, the member's ``n`` (a second size of
-its own, or ``n - 1`` after a slice, keeps a trace out). A later trace joins if its fixed
-dims are the family's and its ragged dims all one size.
+ragged (:class:`Ragged`), of size ``n + offset`` with one ``n`` per member (``n + 1`` after
+``cat([cls, x])``, ``n - 1`` after ``x[1:]``); a second size of its own keeps a trace
+out. A later trace joins if its fixed dims are the family's and its ragged dims fit one
+``n``. A list argument the block stacks at once is one argument of ``n`` rows
+(:class:`View`).
 
 Pad entries may hold anything: zeros at the inputs, then whatever the ops make of them
 (NaN too). Correct results need only that no real entry reads a pad entry, which is
@@ -25,11 +29,20 @@ decided per op of the program once, when the family forms (:func:`_action`):
   NaN cannot leak): 0 for sums and products of matrices, -inf for maxima and softmax,
   +inf for minima, 1 for ``prod``; a mean is then scaled by padded / true count;
 * reshapes may only regroup the fixed dims after the last ragged one; ``chunk``,
-  ``split``, ``cat``, ``narrow`` and ``select`` may only act along fixed dims, and
-  indexing may take a ragged dim whole or at an index >= 0 (the pads are at the end);
-* an embedding of ragged indices reads its pads as index 0;
+  ``split``, ``narrow`` and ``select`` act only along fixed dims, a ``cat`` along a ragged
+  dim only where its last part alone is ragged; indexing takes a ragged dim whole, from
+  an index >= 0 (``x[k:]``, ``x[:k]``, ``x[k]``), or alone at ``-k`` (each row's own
+  ``n - k``);
+* an embedding of ragged indices reads its pads as index 0; scaled_dot_product_attention
+  and multi-head attention over ragged keys get a mask of the real keys; a sequence module
+  over ragged sequences packs them by their true lengths;
 * any other op given a ragged operand keeps the trace out of a family (its calls batch
   per size, as before).
+
+Training. Pads are zeroed again after every op while autograd records (each op's backward
+then adds nothing from them: a linear layer's weight gradient sums over every row, pads
+included). A family whose elementwise op broadcasts a tensor over a ragged dim with a
+derivative that is not finite at zero (``q / x``) runs per size when gradients are on.
 """
 
 from __future__ import annotations

@@ -617,3 +617,38 @@ def test_a_loop_over_numbers_reads_them_as_they_were():
     assert any(name.startswith("scan:") for name in stats.by_op)  # (the loop outlined)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+class TokenReader(nn.Module):
+    """An RNN written over a per-instance token tensor: ``for t in tokens``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(21)
+        self.emb = nn.Embedding(30, 8)
+        self.cell = nn.GRUCell(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, tokens):
+        h = torch.zeros(8)
+        for t in tokens:
+            h = self.cell(self.emb(t).unsqueeze(0), h.unsqueeze(0))[0]
+        return self.head(h)
+
+
+@settings(max_examples=10, deadline=None)
+@given(lengths=st.lists(st.integers(2, 9), min_size=1, max_size=8), seed=st.integers(0, 99))
+def test_a_loop_over_a_tensors_rows_is_a_scan(lengths, seed):
+    """The rows of a per-instance tensor (unbound once, as the loop as written would) are
+    the loop's elements: one scan per instance, one batch for every length (a block per
+    step before)."""
+    from tests.helpers import check_grads, check_map
+
+    g = torch.Generator().manual_seed(seed)
+    model = TokenReader()
+    f = acrobat.autobatch(model)
+    data = [torch.randint(30, (n,), generator=g) for n in lengths]
+    with torch.no_grad():
+        stats = check_map(f, data)
+    assert [b for k, (b, _) in stats.by_op.items() if k.startswith("scan:")] == [1], stats
+    check_grads(f, data, model, atol=1e-5)
