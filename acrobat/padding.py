@@ -151,6 +151,30 @@ class Family:
         # ragged dims of the widest value
         self.rank = max(sum(1 for d in f if d) for f in flags.values())
         self.loops = Loops(self)  # what loops over its traces batch under
+        # real tensors hoisted at each size (pos(arange(n))): per (op, position), the
+        # largest member's and its n; every member's is a prefix of it (_prefix_of), so a
+        # batch's largest member's serves all its rows
+        self.widest: dict = {}
+
+    def fits(self, grown: list, n: int) -> bool:
+        """Whether a new member of size ``n`` whose real tensors ``grown`` (from
+        :func:`_same_program`) differ in shape from another member's fits the family:
+        each one a prefix of the widest seen there, or that one a prefix of it."""
+        update = {}
+        for k, i, _, t in grown:
+            found = self.widest.get((k, i))
+            if found is None:
+                return False  # (equal at the sizes seen so far: not one grown tensor)
+            w, nw = found
+            if n <= nw:
+                if not _prefix_of(t, w, n, nw):
+                    return False
+            elif _prefix_of(w, t, nw, n):
+                update[(k, i)] = (t, n)
+            else:
+                return False
+        self.widest.update(update)
+        return True
 
     def shape(self, key, size: int) -> tuple:
         """The value ``key``'s per-instance shape at ragged size ``size``."""
@@ -300,7 +324,13 @@ def _join_among(trace, candidates) -> None:
         if entry is not None:
             fam = entry[0]
             n = fam.size_of(trace)
-            if n is not None and n != entry[1] and _same_program(other, trace):
+            grown: list = []
+            if (
+                n is not None
+                and n != entry[1]
+                and _same_program(other, trace, grown)
+                and fam.fits(grown, n)
+            ):
                 trace.op.extra["padded"] = (fam, n)
                 return
             continue
@@ -427,9 +457,12 @@ def _packed(trace) -> tuple | None:
     return None
 
 
-def _same_program(a, b) -> bool:
+def _same_program(a, b, grown: list | None = None) -> bool:
     """Whether traces ``a`` and ``b`` run the same ops on the same arguments, up to the
-    shapes of their per-instance values (and the length of a packed list)."""
+    shapes of their per-instance values (and the length of a packed list). ``grown``, a
+    list: real tensors of one rank that differ in shape (``pos(arange(n))``, hoisted per
+    size) count as the same and are appended as (op, position, a's, b's), for
+    :func:`_prefixes` to check."""
     va, vb = view(a), view(b)
     if len(a.nodes) != len(b.nodes) or len(va.args) != len(vb.args):
         return False
@@ -468,8 +501,11 @@ def _same_program(a, b) -> bool:
             d for _, d in y.info.metas
         ]:
             return False
-        if not _same((x.args, x.kwargs), (y.args, y.kwargs), va.pos, vb.pos):
+        start = len(grown) if grown is not None else 0
+        if not _same((x.args, x.kwargs), (y.args, y.kwargs), va.pos, vb.pos, grown):
             return False
+        if grown is not None:
+            grown[start:] = [(k, i, ta, tb) for i, (ta, tb) in enumerate(grown[start:])]
     return True
 
 
@@ -477,25 +513,56 @@ _PLAIN = (int, float, bool, str, complex, type(None), type(Ellipsis), torch.dtyp
           torch.device, torch.layout, torch.memory_format)  # fmt: skip
 
 
-def _same(x, y, px: dict, py: dict) -> bool:
+def _same(x, y, px: dict, py: dict, grown: list | None = None) -> bool:
     tx = type(x)
     if tx is not type(y):
         return False
     if tx is LazyTensor:
         return x.idx == y.idx and px.get(id(x.node), 1) == py.get(id(y.node), 2)
     if isinstance(x, torch.Tensor):
-        return x is y or _equal_tensors(x, y)
+        if x is y:
+            return True
+        if grown is not None and _grown(x, y):
+            grown.append((x, y))
+            return True
+        return _equal_tensors(x, y)
     if isinstance(x, (tuple, list)):
-        return len(x) == len(y) and all(_same(a, b, px, py) for a, b in zip(x, y))
+        return len(x) == len(y) and all(_same(a, b, px, py, grown) for a, b in zip(x, y))
     if tx is dict:
-        return x.keys() == y.keys() and all(_same(x[k], y[k], px, py) for k in x)
+        return x.keys() == y.keys() and all(_same(x[k], y[k], px, py, grown) for k in x)
     if tx is slice:
         return all(
-            _same(a, b, px, py) for a, b in ((x.start, y.start), (x.stop, y.stop), (x.step, y.step))
+            _same(a, b, px, py, grown)
+            for a, b in ((x.start, y.start), (x.stop, y.stop), (x.step, y.step))
         )
     if isinstance(x, _PLAIN):
         return x == y
     return x is y
+
+
+def _grown(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Two real tensors that may be one value hoisted at two sizes (rank, dtype, device
+    and autograd alike, shapes not)."""
+    with torch._C.DisableTorchFunction():
+        return (
+            x.shape != y.shape
+            and x.ndim == y.ndim
+            and x.dtype == y.dtype
+            and x.device == y.device
+            and x.requires_grad == y.requires_grad
+        )
+
+
+def _prefix_of(small: torch.Tensor, big: torch.Tensor, n_small: int, n_big: int) -> bool:
+    """Whether real tensor ``small`` (of a member of size ``n_small``) is ``big`` (of one
+    of size ``n_big`` >= it) cut to its shape, every dim that differs by n_big - n_small:
+    then ``big`` serves both (a smaller member's pads read big's further entries, as
+    they read any pad)."""
+    with torch._C.DisableTorchFunction(), torch.no_grad():
+        for p, q in zip(small.shape, big.shape):
+            if p != q and q - p != n_big - n_small:
+                return False
+        return bool(torch.equal(small, big[tuple(slice(0, p) for p in small.shape)]))
 
 
 def _equal_tensors(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -514,7 +581,8 @@ def _form(a, b):
     """A family of traces ``a`` and ``b`` ((family, n of a, n of b)), or None."""
     va, vb = view(a), view(b)
     sa, sb = va.shapes, vb.shapes
-    if sa.keys() != sb.keys() or not _same_program(a, b):
+    grown: list = []
+    if sa.keys() != sb.keys() or not _same_program(a, b, grown):
         return None
     flags: dict = {}
     fixed: dict = {}
@@ -537,6 +605,12 @@ def _form(a, b):
         fixed[key] = tuple(None if fl else p for p, fl in zip(x, f))
     if na is None:
         return None
+    assert nb is not None
+    widest: dict = {}  # (op, position) -> (the largest member's real tensor there, its n)
+    for k, i, ta, tb in grown:
+        if not (_prefix_of(ta, tb, na, nb) if na <= nb else _prefix_of(tb, ta, nb, na)):
+            return None  # (two different real tensors, not one at two sizes)
+        widest[(k, i)] = (tb, nb) if na <= nb else (ta, na)
     packed = va.packed[2] if va.packed is not None else -1
     if packed >= 0 and not flags[(packed, 0)][0]:
         return None  # (lists of one length: the size is another dim's)
@@ -560,6 +634,7 @@ def _form(a, b):
         train_safe = train_safe and _train_safe(inner, f_in, f_out)
     out_flags = tuple(flags[va.key(t)] for t in a.out_lazies)
     fam = Family(a.op.name, flags, fixed, in_flags, actions, op_flags, train_safe, out_flags, va)
+    fam.widest = widest
     return fam, na, nb
 
 

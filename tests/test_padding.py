@@ -635,3 +635,52 @@ def test_a_cls_row_before_the_tokens_pads():
     assert block_batches(stats) == 1, stats.by_op
     stats = check_grads(f, data, model, atol=1e-5)
     assert block_batches(stats) == 1, stats.by_op
+
+
+class Positions(nn.Module):
+    """Token embeddings plus positions, hoisted at each length (a real tensor of n rows
+    per trace): learned (``pos(arange(n))``), a sinusoid table's first n rows, or
+    ``linspace(0, 1, n)``, whose rows at one length are not those at another (the traces
+    then stay per length)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        torch.manual_seed(17)
+        self.kind = kind
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.pos = nn.Embedding(16, DIM)
+        self.table = torch.sin(torch.arange(16.0)[:, None] / (1 + torch.arange(DIM)))
+        self.head = nn.Linear(DIM, 3)
+
+
+class Learned(Positions):
+    def forward(self, tokens):
+        x = self.emb(tokens) + self.pos(torch.arange(tokens.shape[0]))
+        return self.head(torch.softmax(x @ x[0], 0) @ x)
+
+
+class Sinusoid(Positions):
+    def forward(self, tokens):
+        x = self.emb(tokens) + self.table[: tokens.shape[0]]
+        return self.head(torch.softmax(x @ x[0], 0) @ x)
+
+
+class Spread(Positions):
+    def forward(self, tokens):
+        x = self.emb(tokens) * torch.linspace(0, 1, tokens.shape[0])[:, None]
+        return self.head(torch.softmax(x @ x[0], 0) @ x)
+
+
+@pytest.mark.parametrize("cls,padded", [(Learned, True), (Sinusoid, True), (Spread, False)])
+def test_positions_hoisted_at_each_length(cls, padded):
+    model = cls("")
+    f = acrobat.autobatch(model)
+    g = torch.Generator().manual_seed(18)
+    # (no length 1: linspace(0, 1, 1) is a prefix of linspace(0, 1, 2), rightly joined)
+    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 2, 6, 4, 5)]
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    assert block_batches(stats) == (1 if padded else 5), stats.by_op
+    stats = check_grads(f, data, model, atol=1e-5)
+    assert block_batches(stats) == (1 if padded else 5), stats.by_op
