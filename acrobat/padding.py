@@ -739,6 +739,10 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         )
         del a
         return Action(tuple(ragged), "zero") if contracted else None
+    if name in _ORDERED:
+        return _ordered_action(inner, name, j, f_in)
+    if name == "addmm" and inner.func is torch.einsum:
+        return _einsum_action(inner, f_in)
     if name == "attention":
         return _attention_action(inner, f_in)
     if name == "sequence_batch":
@@ -928,6 +932,95 @@ def _check_cat(inner, dim: int, f_in: list) -> None:
         raise Decline("a cat whose ragged part is not the last")
     if any(f is not None and f[dim] for f in flags[:-1]):
         raise Decline("a cat of two ragged parts")
+
+
+_ORDERED = frozenset(
+    {"cumsum", "cumprod", "cummax", "topk", "sort", "kthvalue", "tril", "triu", "outer",
+     "norm", "normalize", "cosine_similarity"}
+)  # fmt: skip
+
+
+def _ordered_action(inner, name: str, j: int, f_in: list) -> Action | None:
+    """Scans, orderings and norms along a dim. Along a fixed dim they read each row on
+    its own (nothing to do). Along a ragged one: a cumulative op reads only entries
+    before each (the pads come after: nothing to do); a sort, ``topk`` or ``kthvalue``
+    gets the pads past every real entry (+inf ascending, -inf descending: the pads sort
+    to the end, a stable sort keeping real infinities first); a p-norm gets zero pads."""
+    if j != 0 or len(inner.inputs) > (2 if name in ("outer", "cosine_similarity") else 1):
+        raise Decline(f"{name} of several ragged operands")
+    flags = f_in[0]
+    rank = len(flags)
+    if name in ("tril", "triu", "outer"):
+        return None  # (each entry from its own position)
+    if name in ("cumsum", "cumprod", "cummax"):
+        _dims(_arg(inner, 1, "dim"), rank)
+        return None
+    if name == "sort":
+        dim = _dims(_arg(inner, 1, "dim", -1), rank)[0]
+        if not flags[dim]:
+            return None
+        descending = bool(_arg(inner, 2, "descending", False))
+        indices_only = inner.func in (torch.argsort, torch.Tensor.argsort)
+        run = _sorted(dim, descending, indices_only)
+        return Action((0,), "low" if descending else "high", run=run)
+    if name == "topk":
+        dim = _dims(_arg(inner, 2, "dim", -1), rank)[0]
+        return Action((0,), "low" if _arg(inner, 3, "largest", True) else "high") if flags[
+            dim
+        ] else None
+    if name == "kthvalue":
+        if inner.func in (torch.median, torch.Tensor.median):
+            dim = _arg(inner, 1, "dim")
+            if dim is None or flags[_dims(dim, rank)[0]]:
+                raise Decline("a median over a ragged dim")
+            return None
+        dim = _dims(_arg(inner, 2, "dim", -1), rank)[0]
+        return Action((0,), "high") if flags[dim] else None
+    # norm / normalize / cosine_similarity over dims
+    if name == "norm":
+        p = _arg(inner, 1, "p", _arg(inner, 1, "ord", 2))
+        dim = _arg(inner, 2, "dim")
+    elif name == "normalize":
+        p, dim = _arg(inner, 1, "p", 2.0), _arg(inner, 2, "dim", 1)
+    else:
+        p, dim = 2, _arg(inner, 2, "dim", 1)
+    reduced = list(range(rank)) if dim is None else _dims(dim, rank)
+    if not any(flags[d] for d in reduced):
+        return None
+    if not (p == "fro" or (isinstance(p, (int, float)) and p >= 0)):
+        raise Decline(f"{name} with p={p!r} over a ragged dim")  # (a zero pad counts)
+    return Action(tuple(k for k, f in enumerate(f_in) if any(f)), "zero")
+
+
+def _sorted(dim: int, descending: bool, indices_only: bool):
+    def run(inner, ins, lens, n):
+        values, indices = torch.sort(ins[0], dim=dim + 1, descending=descending, stable=True)
+        return (indices,) if indices_only else (values, indices)
+
+    return run
+
+
+def _einsum_action(inner, f_in: list) -> Action | None:
+    """``torch.einsum`` with an explicit output: a ragged label it sums over (one not in
+    the output) gets zero pads in every ragged operand."""
+    equation = inner.args[0]
+    operands = inner.args[1:]
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if type(equation) is not str or "..." in equation or "->" not in equation:
+        raise Decline("einsum without an explicit output")
+    terms, out = equation.replace(" ", "").split("->")
+    ragged_labels = set()
+    for term, t in zip(terms.split(","), operands):
+        if type(t) is not LazyTensor:
+            continue
+        flags = f_in[_where(inner, t)]
+        if len(term) != len(flags) or len(set(term)) != len(term):
+            raise Decline("einsum with a repeated label")
+        ragged_labels |= {c for c, f in zip(term, flags) if f}
+    if not ragged_labels - set(out):
+        return None
+    return Action(tuple(k for k, f in enumerate(f_in) if any(f)), "zero")
 
 
 def _first_lazy(inner, tensors) -> int:
