@@ -796,17 +796,21 @@ _SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"
 
 
 def _attention_action(inner, f_in: list) -> Action | None:
-    """``F.scaled_dot_product_attention`` without a mask or dropout: ragged queries are
-    rows (nothing to do); ragged keys and values are zeroed at their pads and the call
-    gets a mask of the real keys; a causal call needs its queries and keys ragged alike
-    (row i then reads keys up to i, all real)."""
+    """``F.scaled_dot_product_attention`` without dropout: ragged queries are rows
+    (nothing to do); ragged keys and values are zeroed at their pads and the call gets a
+    mask of the real keys (and-ed into a boolean ``attn_mask``, -inf in a float one); a
+    causal call needs its queries and keys ragged alike (row i then reads keys up to i,
+    all real)."""
     if inner.func is torch.nn.functional.multi_head_attention_forward:
         return _mha_action(inner, f_in)
     if inner.func is not torch.nn.functional.scaled_dot_product_attention:
         raise Decline(f"attention by {inner.func!r}")
     q, k, v = (_arg(inner, i, _SDPA[i]) for i in range(3))
-    if _arg(inner, 3, "attn_mask") is not None or _arg(inner, 4, "dropout_p", 0.0):
-        raise Decline("attention with a mask or dropout")
+    if _arg(inner, 4, "dropout_p", 0.0):
+        raise Decline("attention with dropout")
+    m = _arg(inner, 3, "attn_mask")
+    if type(m) is LazyTensor and any(f_in[_where(inner, m)][:-2]):
+        raise Decline("an attention mask ragged in a batch dim")
     if _arg(inner, 7, "enable_gqa", False):
         raise Decline("grouped-query attention")
     jq, jk, jv = (_where(inner, t) for t in (q, k, v))
@@ -829,11 +833,10 @@ def _attention_action(inner, f_in: list) -> Action | None:
 
 
 # F.multi_head_attention_forward's arguments that must hold their defaults (position,
-# name, default): no extra keys, no masks, no static keys
+# name, default): no extra keys, no padding mask of its own, no static keys
 _MHA_DEFAULTS = (
     (7, "bias_k", None), (8, "bias_v", None), (9, "add_zero_attn", False),
-    (14, "key_padding_mask", None), (16, "attn_mask", None), (21, "static_k", None),
-    (22, "static_v", None), (24, "is_causal", False),
+    (14, "key_padding_mask", None), (21, "static_k", None), (22, "static_v", None),
 )  # fmt: skip
 
 
@@ -846,6 +849,11 @@ def _mha_action(inner, f_in: list) -> Action | None:
             raise Decline(f"multi-head attention with {name}")
     if _arg(inner, 10, "dropout_p", 0.0) and _arg(inner, 13, "training", True):
         raise Decline("multi-head attention with dropout")
+    m = _arg(inner, 16, "attn_mask")
+    if m is not None and (type(m) is LazyTensor or m.ndim != 2):
+        raise Decline("multi-head attention with a per-instance or per-head mask")
+    if m is None and _arg(inner, 24, "is_causal", False):
+        raise Decline("multi-head attention causal without a mask")
     q, k, v = (_arg(inner, i, name) for i, name in enumerate(("query", "key", "value")))
     if not all(type(t) is LazyTensor and t.ndim == 2 for t in (q, k, v)):
         raise Decline("multi-head attention of batched or real operands")
@@ -872,15 +880,22 @@ def _attention(inner, ins: list, key_mask: torch.Tensor, n: int) -> tuple:
         return (out.transpose(0, 1), weights)
     it = iter(ins)
     parts = []
-    for i in range(3):
+    for i in range(4):
         a = _arg(inner, i, _SDPA[i])
         if type(a) is LazyTensor:
             parts.append(next(it))
-        else:  # a real tensor (a learned query): the same for every row
+        elif i < 3:  # a real tensor (a learned query): the same for every row
             parts.append(a.expand(n, *a.shape))
+        else:
+            parts.append(a)
+    q, k, v, given = parts
     mask = key_mask[..., 0].unsqueeze(-2)  # (n, ..., 1, keys): True at real keys
+    if given is not None:
+        if given.dtype == torch.bool:
+            mask = given & mask
+        else:
+            mask = torch.where(mask, given, -math.inf)
     scale = _arg(inner, 6, "scale")
-    q, k, v = parts
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return (out,)
 

@@ -487,6 +487,12 @@ SDPA_CASES = {
     "scaled": lambda x: F.scaled_dot_product_attention(x, x, x.tanh(), scale=0.3).amax(0),
     "heads": lambda x: F.scaled_dot_product_attention(*[heads(x)] * 3).sum(1).flatten(),
     "learned_query": lambda x: F.scaled_dot_product_attention(QUERY, x, x).flatten(),
+    "bool_mask": lambda x: F.scaled_dot_product_attention(
+        x, x, x, attn_mask=torch.ones(x.shape[0], x.shape[0], dtype=torch.bool).tril()
+    ).sum(0),
+    "float_mask": lambda x: F.scaled_dot_product_attention(
+        x, x, x, attn_mask=nn.Transformer.generate_square_subsequent_mask(x.shape[0])
+    ).mean(0),
     "rows_only": lambda x: F.scaled_dot_product_attention(x, QUERY, QUERY).sum(0),
 }
 
@@ -701,3 +707,38 @@ def test_positions_hoisted_at_each_length(cls, padded):
     assert block_batches(stats) == (1 if padded else 5), stats.by_op
     stats = check_grads(f, data, model, atol=1e-5)
     assert block_batches(stats) == (1 if padded else 5), stats.by_op
+
+
+class CausalLayer(Layer):
+    """The encoder layer with a causal mask of the sentence's length (a real tensor
+    hoisted at each length, a prefix of the longest's)."""
+
+    def forward(self, tokens):
+        n = tokens.shape[0]
+        mask = nn.Transformer.generate_square_subsequent_mask(n)
+        return self.head(self.enc(self.emb(tokens), src_mask=mask, is_causal=True).mean(0))
+
+
+class MaskedAttention(Encoder):
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        n = tokens.shape[0]
+        # (a float mask: torch turns a boolean one into a float one in place, which a
+        # map refuses for a tensor every instance shares)
+        mask = torch.zeros(n, n) - 1e4 * torch.ones(n, n).triu(1)
+        h, _ = self.att(x, x, x, attn_mask=mask)
+        return self.head(h.mean(0))
+
+
+@pytest.mark.parametrize("cls", [CausalLayer, MaskedAttention])
+def test_attention_with_a_mask_of_its_own_pads(cls):
+    model = cls().eval()
+    f = acrobat.autobatch(model)
+    g = torch.Generator().manual_seed(19)
+    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 1, 6, 4, 2)]
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    assert block_batches(stats) == 1, stats.by_op
+    stats = check_grads(f, data, model, atol=1e-5)
+    assert block_batches(stats) == 1, stats.by_op
