@@ -487,7 +487,7 @@ def _pad_run(fam, parts: list, stats) -> None:
                 s, count, _ = view.packed
                 column = [t for nd in part for t in nd.inputs[s : s + count]]
                 x = gather(column, len(column), stats)
-                x = x.view(len(part), count, *x.shape[1:])
+                x = x.reshape(len(part), count, *x.shape[1:])
             if out is None:
                 fill = padding.FILL if x.dtype.is_floating_point else 0
                 out = x.new_full((n, *x.shape[1:]), fill)

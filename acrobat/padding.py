@@ -155,6 +155,8 @@ class Family:
         # largest member's and its n; every member's is a prefix of it (_prefix_of), so a
         # batch's largest member's serves all its rows
         self.widest: dict = {}
+        # (op, argument position) -> (offset, type) of a Python number that is n + offset
+        self.numbers: dict = {}
 
     def fits(self, grown: list, n: int) -> bool:
         """Whether a new member of size ``n`` whose real tensors ``grown`` (from
@@ -162,6 +164,11 @@ class Family:
         each one a prefix of the widest seen there, or that one a prefix of it."""
         update = {}
         for k, i, _, t in grown:
+            if type(i) is tuple:  # a Python number of the size
+                offset, kind = self.numbers.get((k, i[1]), (None, None))
+                if offset is None or type(t) is not kind or t != n + offset:
+                    return False
+                continue
             found = self.widest.get((k, i))
             if found is None:
                 return False  # (equal at the sizes seen so far: not one grown tensor)
@@ -502,10 +509,23 @@ def _same_program(a, b, grown: list | None = None) -> bool:
         ]:
             return False
         start = len(grown) if grown is not None else 0
-        if not _same((x.args, x.kwargs), (y.args, y.kwargs), va.pos, vb.pos, grown):
+        xa, ya = x.args, y.args
+        if grown is not None and x.op.name in _SIZED and not x.kwargs:
+            sized = [
+                p
+                for p, (u, w) in enumerate(zip(xa, ya))
+                if type(u) in (int, float) and type(w) is type(u) and u != w
+            ]  # (a Python number of the size: x.sum(0) / len(xs))
+            if sized:
+                xa = tuple(None if p in sized else u for p, u in enumerate(xa))
+                ya = tuple(None if p in sized else w for p, w in enumerate(ya))
+        else:
+            sized = []
+        if not _same((xa, x.kwargs), (ya, y.kwargs), va.pos, vb.pos, grown):
             return False
         if grown is not None:
             grown[start:] = [(k, i, ta, tb) for i, (ta, tb) in enumerate(grown[start:])]
+            grown.extend((k, ("number", p), x.args[p], y.args[p]) for p in sized)
     return True
 
 
@@ -607,7 +627,13 @@ def _form(a, b):
         return None
     assert nb is not None
     widest: dict = {}  # (op, position) -> (the largest member's real tensor there, its n)
+    numbers: dict = {}  # op -> [(argument position, offset, type)]: n + offset there
     for k, i, ta, tb in grown:
+        if type(i) is tuple:  # ("number", position)
+            if ta - na != tb - nb:
+                return None  # (a number that is not n + a constant)
+            numbers.setdefault(k, []).append((i[1], ta - na, type(ta)))
+            continue
         if not (_prefix_of(ta, tb, na, nb) if na <= nb else _prefix_of(tb, ta, nb, na)):
             return None  # (two different real tensors, not one at two sizes)
         widest[(k, i)] = (tb, nb) if na <= nb else (ta, na)
@@ -630,12 +656,38 @@ def _form(a, b):
         f_out = [flags[(k, j)] for j in range(len(inner.info.metas))]
         x_out = [fixed[(k, j)] for j in range(len(inner.info.metas))]
         in_flags.append(f_in)
-        actions.append(_action(inner, f_in, x_in, f_out, x_out))
+        if k in numbers:  # (an elementwise op given the size as a Python number)
+            actions.append(Action((), "zero", run=_sized(numbers[k])))
+        else:
+            actions.append(_action(inner, f_in, x_in, f_out, x_out))
         train_safe = train_safe and _train_safe(inner, f_in, f_out)
     out_flags = tuple(flags[va.key(t)] for t in a.out_lazies)
     fam = Family(a.op.name, flags, fixed, in_flags, actions, op_flags, train_safe, out_flags, va)
     fam.widest = widest
+    fam.numbers = {(k, p): (c, kind) for k, found in numbers.items() for p, c, kind in found}
     return fam, na, nb
+
+
+# elementwise ops that may take the size as a Python number (x / n, x * (1.0 / n)...)
+_SIZED = frozenset({"add", "sub", "mul", "div"})
+
+
+def _sized(numbers: list):
+    """The run of an elementwise op given each row's size as a Python number at
+    ``numbers`` ((position, offset, type)): each row's own n + offset there, as a
+    column of the op's output dtype."""
+
+    def run(inner, ins, lens, n):
+        from acrobat.ops import _align
+
+        shape, dtype = inner.info.metas[0]
+        it = iter(ins)
+        args = [_align(a, it, n, len(shape)) for a in inner.args]
+        for pos, offset, _ in numbers:
+            args[pos] = (lens + offset).to(dtype).view(n, *(1,) * len(shape))
+        return (inner.func(*args),)
+
+    return run
 
 
 def _arg(inner, pos: int, name: str, default=None):

@@ -742,3 +742,33 @@ def test_attention_with_a_mask_of_its_own_pads(cls):
     assert block_batches(stats) == 1, stats.by_op
     stats = check_grads(f, data, model, atol=1e-5)
     assert block_batches(stats) == 1, stats.by_op
+
+
+class Averages(nn.Module):
+    """Sizes as Python numbers in the arithmetic: ``sum / len``, ``sum / n + n``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(20)
+        self.proj = nn.Linear(DIM, DIM)
+
+    def forward(self, xs):
+        h = torch.stack(xs)
+        n = len(xs)
+        pooled = torch.tanh(self.proj(h)).sum(0) / n
+        return pooled * (n + 1) - h.amax(0) / (n - 0.5)
+
+
+def test_the_size_as_a_python_number_pads():
+    """``h.sum(0) / len(xs)`` records a different number in every length's trace; a
+    number that is n + a constant in each is read per row (padding._sized)."""
+    model = Averages()
+    f = acrobat.autobatch(model)
+    g = torch.Generator().manual_seed(21)
+    data = [[torch.randn(DIM, generator=g) for _ in range(n)] for n in (3, 6, 1, 6, 4, 2)]
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    assert block_batches(stats) == 1, stats.by_op
+    stats = check_grads(f, data, model, atol=1e-5)
+    assert block_batches(stats) == 1, stats.by_op
