@@ -30,6 +30,23 @@ def block_batches(stats) -> int:
     return sum(b for k, (b, _) in stats.by_op.items() if k.startswith("block:"))
 
 
+def tokens(seed: int, lengths=(3, 6, 1, 6, 4, 2)) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(WORDS, (n,), generator=g) for n in lengths]
+
+
+def check_padded(model, data, batches: int = 1):
+    """``model``'s map == eager (a second map, every trace made), its block calls in
+    ``batches`` batches; then its gradients == eager's, batched alike."""
+    f = acrobat.autobatch(model)
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    assert block_batches(stats) == batches, stats.by_op
+    stats = check_grads(f, data, model, atol=1e-5)
+    assert block_batches(stats) == batches, stats.by_op
+
+
 class Attention(nn.Module):
     def __init__(self):
         super().__init__()
@@ -557,15 +574,7 @@ class Layer(nn.Module):
 @pytest.mark.parametrize("cls", [Encoder, Layer], ids=["mha", "encoder_layer"])
 def test_multi_head_attention_pads(cls):
     model = cls().eval()
-    f = acrobat.autobatch(model)
-    g = torch.Generator().manual_seed(10)
-    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 1, 6, 4, 2)]
-    with torch.no_grad():
-        check_map(f, data)
-        stats = check_map(f, data)
-    assert block_batches(stats) == 1, stats.by_op
-    stats = check_grads(f, data, model, atol=1e-5)
-    assert block_batches(stats) == 1, stats.by_op
+    check_padded(model, tokens(10))
 
 
 class Recurrent(nn.Module):
@@ -618,16 +627,7 @@ class StartedLSTM(Recurrent):
     [(GRUReader, "GRU"), (LSTMReader, "LSTM"), (StartedGRU, "GRU"), (StartedLSTM, "LSTM")],
 )
 def test_sequence_modules_over_ragged_tokens(cls, kind, bidirectional):
-    model = cls(kind, bidirectional)
-    f = acrobat.autobatch(model)
-    g = torch.Generator().manual_seed(14)
-    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 1, 6, 4, 2)]
-    with torch.no_grad():
-        check_map(f, data)
-        stats = check_map(f, data)
-    assert block_batches(stats) == 1, stats.by_op  # (the module inside the block)
-    stats = check_grads(f, data, model, atol=1e-5)
-    assert block_batches(stats) == 1, stats.by_op
+    check_padded(cls(kind, bidirectional), tokens(14))  # (the module inside the block)
 
 
 class Classifier(nn.Module):
@@ -649,15 +649,7 @@ class Classifier(nn.Module):
 
 def test_a_cls_row_before_the_tokens_pads():
     model = Classifier().eval()
-    f = acrobat.autobatch(model)
-    g = torch.Generator().manual_seed(16)
-    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 1, 6, 4, 2)]
-    with torch.no_grad():
-        check_map(f, data)
-        stats = check_map(f, data)
-    assert block_batches(stats) == 1, stats.by_op
-    stats = check_grads(f, data, model, atol=1e-5)
-    assert block_batches(stats) == 1, stats.by_op
+    check_padded(model, tokens(16))
 
 
 class Positions(nn.Module):
@@ -696,17 +688,8 @@ class Spread(Positions):
 
 @pytest.mark.parametrize("cls,padded", [(Learned, True), (Sinusoid, True), (Spread, False)])
 def test_positions_hoisted_at_each_length(cls, padded):
-    model = cls("")
-    f = acrobat.autobatch(model)
-    g = torch.Generator().manual_seed(18)
     # (no length 1: linspace(0, 1, 1) is a prefix of linspace(0, 1, 2), rightly joined)
-    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 2, 6, 4, 5)]
-    with torch.no_grad():
-        check_map(f, data)
-        stats = check_map(f, data)
-    assert block_batches(stats) == (1 if padded else 5), stats.by_op
-    stats = check_grads(f, data, model, atol=1e-5)
-    assert block_batches(stats) == (1 if padded else 5), stats.by_op
+    check_padded(cls(""), tokens(18, (3, 6, 2, 6, 4, 5)), 1 if padded else 5)
 
 
 class CausalLayer(Layer):
@@ -733,15 +716,7 @@ class MaskedAttention(Encoder):
 @pytest.mark.parametrize("cls", [CausalLayer, MaskedAttention])
 def test_attention_with_a_mask_of_its_own_pads(cls):
     model = cls().eval()
-    f = acrobat.autobatch(model)
-    g = torch.Generator().manual_seed(19)
-    data = [torch.randint(WORDS, (n,), generator=g) for n in (3, 6, 1, 6, 4, 2)]
-    with torch.no_grad():
-        check_map(f, data)
-        stats = check_map(f, data)
-    assert block_batches(stats) == 1, stats.by_op
-    stats = check_grads(f, data, model, atol=1e-5)
-    assert block_batches(stats) == 1, stats.by_op
+    check_padded(model, tokens(19))
 
 
 class Averages(nn.Module):
@@ -762,13 +737,6 @@ class Averages(nn.Module):
 def test_the_size_as_a_python_number_pads():
     """``h.sum(0) / len(xs)`` records a different number in every length's trace; a
     number that is n + a constant in each is read per row (padding._sized)."""
-    model = Averages()
-    f = acrobat.autobatch(model)
     g = torch.Generator().manual_seed(21)
     data = [[torch.randn(DIM, generator=g) for _ in range(n)] for n in (3, 6, 1, 6, 4, 2)]
-    with torch.no_grad():
-        check_map(f, data)
-        stats = check_map(f, data)
-    assert block_batches(stats) == 1, stats.by_op
-    stats = check_grads(f, data, model, atol=1e-5)
-    assert block_batches(stats) == 1, stats.by_op
+    check_padded(Averages(), data)
