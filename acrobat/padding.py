@@ -1003,7 +1003,7 @@ def _check_cat(inner, dim: int, f_in: list) -> None:
 
 _ORDERED = frozenset(
     {"cumsum", "cumprod", "cummax", "topk", "sort", "kthvalue", "tril", "triu", "outer",
-     "norm", "normalize", "cosine_similarity"}
+     "norm", "normalize", "cosine_similarity", "flip", "roll"}
 )  # fmt: skip
 
 
@@ -1019,6 +1019,11 @@ def _ordered_action(inner, name: str, j: int, f_in: list) -> Action | None:
     rank = len(flags)
     if name in ("tril", "triu", "outer"):
         return None  # (each entry from its own position)
+    if name in ("flip", "roll"):  # (a ragged dim reversed or rotated would bring pads in)
+        dims = _arg(inner, 1, "dims") if name == "flip" else _arg(inner, 2, "dims")
+        if dims is None or any(flags[d] for d in _dims(dims, rank)):
+            raise Decline(f"{name} along a ragged dim")
+        return None
     if name in ("cumsum", "cumprod", "cummax"):
         _dims(_arg(inner, 1, "dim"), rank)
         return None
