@@ -329,6 +329,13 @@ def _key(a, keep: list, inputs: list):
     return ("id", id(a))
 
 
+def _by_structure(a) -> bool:
+    """Whether a block argument is keyed by its structure (:func:`_key`'s containers), not
+    by its identity: a tuple, list or dict, or a namedtuple holding a lazy tensor."""
+    t = type(a)
+    return t is tuple or t is list or t is dict or (is_namedtuple(a) and _holds_lazy(a))
+
+
 def _holds_lazy(a) -> bool:
     """Whether a container holds a LazyTensor (then its structure keys a trace; others,
     namedtuples of cells included, are keyed by identity, as the C call path keys them:
@@ -583,7 +590,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
             if t is LazyTensor:
                 inputs.append(a)
                 parts.append(a.key)
-            elif t is tuple or t is list or t is dict or (is_namedtuple(a) and _holds_lazy(a)):
+            elif _by_structure(a):
                 parts.append(_key(a, [], inputs))
             elif t is int or t is str or a is None:
                 parts.append(a)
@@ -714,7 +721,7 @@ def _note_lift(block: Block, trace: Trace, args: tuple, parts: list, made: dict)
         t = type(a)
         if t is LazyTensor:
             n_inputs += 1
-        elif t is tuple or t is list or t is dict or (is_namedtuple(a) and _holds_lazy(a)):
+        elif _by_structure(a):
             return  # a container's lazies: positions would need its walk
         elif id(a) in made:
             with torch._C.DisableTorchFunction():  # (attribute reads dispatch to the mode)

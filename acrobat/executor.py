@@ -432,13 +432,7 @@ def _run_padded(nodes: list, stats) -> bool:
     (acrobat/padding.py): each chunk of sizes (padding.chunks) padded to its largest
     member's size and run as one batch; a chunk of one trace runs as usual. False where
     the batch holds one trace (run as usual by the caller)."""
-    groups: dict = {}
-    for nd in nodes:
-        group = groups.get(nd.op)
-        if group is None:
-            groups[nd.op] = [nd]
-        else:
-            group.append(nd)
+    groups = _by_op(nodes)
     if len(groups) == 1:
         return False
     by_size = sorted(groups.values(), key=lambda g: -g[0].op.extra["padded"][1])
@@ -461,6 +455,14 @@ def _run_padded(nodes: list, stats) -> bool:
             for part in parts:
                 run_batch(part, stats)
     return True
+
+
+def _by_op(nodes: list) -> dict:
+    """``nodes`` grouped by op (a padded batch: one group per trace), in batch order."""
+    groups: dict = {}
+    for nd in nodes:
+        groups.setdefault(nd.op, []).append(nd)
+    return groups
 
 
 def _pad_run(fam, parts: list, stats) -> None:
@@ -488,13 +490,9 @@ def _pad_run(fam, parts: list, stats) -> None:
                 column = [t for nd in part for t in nd.inputs[s : s + count]]
                 x = gather(column, len(column), stats)
                 x = x.reshape(len(part), count, *x.shape[1:])
-            if out is None:
-                fill = padding.FILL if x.dtype.is_floating_point else 0
-                out = x.new_full((n, *x.shape[1:]), fill)
-            where = (slice(r, r + len(part)),) + tuple(
-                slice(0, size + f.offset) if f else slice(None) for f in flags
-            )
-            out[where] = x
+            if out is None:  # (the first part is the largest)
+                out = padding.blank(x, (n, *x.shape[1:]))
+            out[(slice(r, r + len(part)), *padding.cut(flags, size))] = x
             r += len(part)
         assert out is not None
         xs.append(out)
@@ -510,10 +508,7 @@ def _pad_run(fam, parts: list, stats) -> None:
     for part, size in zip(parts, ns):  # each size its own rows, ragged outputs cut to size
         rows = slice(r, r + len(part))
         mine = tuple(
-            o[(rows, *(slice(0, size + f.offset) if f else slice(None) for f in flags))]
-            .contiguous()
-            if any(flags)
-            else o[rows]
+            o[(rows, *padding.cut(flags, size))].contiguous() if any(flags) else o[rows]
             for o, flags in zip(outs, fam.out_flags)
         )
         base = next(_batches) << _BATCH_SHIFT
@@ -666,9 +661,7 @@ def _run_padded_scans(nodes: list, stats) -> bool:
     family's padded program (Scan.run's ``padded``); where the loops cannot pad
     (padding.Family.loops_pad) one scan per trace. False where the batch holds loops
     of one trace (run as usual by the caller)."""
-    groups: dict = {}
-    for nd in nodes:
-        groups.setdefault(nd.op, []).append(nd)
+    groups = _by_op(nodes)
     if len(groups) == 1:
         return False
     scans = [op.extra["scan"] for op in groups]
@@ -709,11 +702,8 @@ def _run_padded_scans(nodes: list, stats) -> bool:
         for s, where in by_size.items():
             x = gather([column[r] for r in where], len(where), stats)
             if out is None:
-                fill = padding.FILL if x.dtype.is_floating_point else 0
-                shape = fam.shape(("arg", scan.sequences + j), big)
-                out = x.new_full((n, *shape), fill)
-            cut = tuple(slice(0, s + f.offset) if f else slice(None) for f in flags)
-            out[(index_tensor(where, x.device), *cut)] = x
+                out = padding.blank(x, (n, *fam.shape(("arg", scan.sequences + j), big)))
+            out[(index_tensor(where, x.device), *padding.cut(flags, s))] = x
         assert out is not None
         xs.append(out)
     active = looping([nd.data for nd in rows])

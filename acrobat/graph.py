@@ -696,9 +696,7 @@ def hoist(func, args, kwargs):
     if not kwargs and len(args) == 1 and type(args[0]) is int:  # torch.zeros(h): the key
         hit = rt.hoisted.get((func, args, ()))  # freeze makes, without the calls
         if hit is not None:
-            if rt.tracer is not None:
-                rt.tracer.note_hoist(args, kwargs, hit)
-            return hit
+            return _hoisted_hit(rt, args, kwargs, hit)
     try:
         inputs: list = []
         key = (func, tuple([freeze(a, inputs) for a in args]), freeze_kwargs(kwargs, inputs))
@@ -709,12 +707,7 @@ def hoist(func, args, kwargs):
     except (AcrobatError, TypeError):
         key, hit = None, None
     if hit is not None:
-        # (a trace that reads a value hoisted before it must know it as much as the trace
-        # that made it: one traced without autograd, a view of a parameter there, was
-        # reused by later maps that train, and the parameter got no gradient through it)
-        if rt.tracer is not None:
-            rt.tracer.note_hoist(args, kwargs, hit)
-        return hit
+        return _hoisted_hit(rt, args, kwargs, hit)
     out = func(*args, **kwargs)
     if key is not None:
         rt.hoisted[key] = out
@@ -726,6 +719,15 @@ def hoist(func, args, kwargs):
     if rt.tracer is not None:
         rt.tracer.note_hoist(args, kwargs, out)
     return out
+
+
+def _hoisted_hit(rt, args, kwargs, hit):
+    """A value hoisted earlier in the map, given again. A trace that reads it must know it
+    as much as the trace that made it: one traced without autograd, a view of a parameter
+    there, was reused by later maps that train, and the parameter got no gradient."""
+    if rt.tracer is not None:
+        rt.tracer.note_hoist(args, kwargs, hit)
+    return hit
 
 
 def check_hoisted(rt) -> None:

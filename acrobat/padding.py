@@ -53,6 +53,7 @@ import torch
 
 from acrobat import config
 from acrobat.graph import LazyTensor, substitute
+from acrobat.ops import _ORIGINAL_FORWARD, _align, _arg, _batched_hx
 
 # ops that only move entries (each output entry is one input entry, or a copy of one)
 _LAYOUT = frozenset(
@@ -173,15 +174,21 @@ class Family:
             if found is None:
                 return False  # (equal at the sizes seen so far: not one grown tensor)
             w, nw = found
-            if n <= nw:
-                if not _prefix_of(t, w, n, nw):
-                    return False
-            elif _prefix_of(w, t, nw, n):
-                update[(k, i)] = (t, n)
-            else:
+            wider = _wider(w, nw, t, n)
+            if wider is None:
                 return False
+            update[(k, i)] = wider
         self.widest.update(update)
         return True
+
+    def stepper(self, trace, lens: torch.Tensor):
+        """A loop's step (scan.Scan.run) as ``trace``'s program padded: its rows still
+        looping are the first ``a`` of ``lens``."""
+
+        def step(ins, a):
+            return self.run(trace, ins, lens[:a], a)
+
+        return step
 
     def shape(self, key, size: int) -> tuple:
         """The value ``key``'s per-instance shape at ragged size ``size``."""
@@ -274,6 +281,18 @@ class Loops:
 def _clean(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """``x`` with zeros at its pads (autograd: see the module's docstring)."""
     return torch.where(_mask(masks, flags, x, lens), x, _value("zero", x.dtype))
+
+
+def cut(flags: tuple, size: int) -> tuple:
+    """The index of one row's real entries in a padded value of ``flags`` (without the
+    rows' dim), for a member of ragged size ``size``."""
+    return tuple(slice(0, size + f.offset) if f else slice(None) for f in flags)
+
+
+def blank(x: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """A padded batch of ``shape`` like ``x``, filled with the pads' value (FILL, 0 for
+    integers and booleans) where no row's entries go."""
+    return x.new_full(shape, FILL if x.dtype.is_floating_point else 0)
 
 
 def _mask(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
@@ -585,6 +604,14 @@ def _prefix_of(small: torch.Tensor, big: torch.Tensor, n_small: int, n_big: int)
         return bool(torch.equal(small, big[tuple(slice(0, p) for p in small.shape)]))
 
 
+def _wider(a: torch.Tensor, na: int, b: torch.Tensor, nb: int) -> tuple | None:
+    """(the larger of real tensors ``a`` and ``b``, hoisted for members of sizes ``na`` and
+    ``nb``, and its size) if the smaller is a prefix of it, else None."""
+    if na <= nb:
+        return (b, nb) if _prefix_of(a, b, na, nb) else None
+    return (a, na) if _prefix_of(b, a, nb, na) else None
+
+
 def _equal_tensors(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Two real tensors (values hoisted into each trace) with equal contents."""
     with torch._C.DisableTorchFunction(), torch.no_grad():
@@ -634,9 +661,10 @@ def _form(a, b):
                 return None  # (a number that is not n + a constant)
             numbers.setdefault(k, []).append((i[1], ta - na, type(ta)))
             continue
-        if not (_prefix_of(ta, tb, na, nb) if na <= nb else _prefix_of(tb, ta, nb, na)):
+        wider = _wider(ta, na, tb, nb)
+        if wider is None:
             return None  # (two different real tensors, not one at two sizes)
-        widest[(k, i)] = (tb, nb) if na <= nb else (ta, na)
+        widest[(k, i)] = wider
     packed = va.packed[2] if va.packed is not None else -1
     if packed >= 0 and not flags[(packed, 0)][0]:
         return None  # (lists of one length: the size is another dim's)
@@ -678,8 +706,6 @@ def _sized(numbers: list):
     column of the op's output dtype."""
 
     def run(inner, ins, lens, n):
-        from acrobat.ops import _align
-
         shape, dtype = inner.info.metas[0]
         it = iter(ins)
         args = [_align(a, it, n, len(shape)) for a in inner.args]
@@ -688,13 +714,6 @@ def _sized(numbers: list):
         return (inner.func(*args),)
 
     return run
-
-
-def _arg(inner, pos: int, name: str, default=None):
-    args, kwargs = inner.args, inner.kwargs
-    if len(args) > pos:
-        return args[pos]
-    return kwargs.get(name, default) if kwargs else default
 
 
 def _where(inner, t) -> int:
@@ -717,6 +736,11 @@ def _dims(dim, rank: int) -> list:
     return out
 
 
+def _ragged_inputs(f_in: list) -> tuple:
+    """The positions of the operands with a ragged dim (a tensor passed twice: both)."""
+    return tuple(j for j, f in enumerate(f_in) if any(f))
+
+
 def _broadcasts_ragged(f_in: list, f_out: tuple) -> bool:
     """Whether an elementwise op would broadcast a ragged dim of an operand (right-aligned
     against the output) into a fixed one."""
@@ -730,7 +754,7 @@ def _broadcasts_ragged(f_in: list, f_out: tuple) -> bool:
 def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action | None:
     """What op ``inner`` needs to run padded (None: nothing), or Decline. ``f_*``: per
     operand / output, its ragged flags; ``x_*``: its shape, None at ragged dims."""
-    ragged = [j for j, f in enumerate(f_in) if any(f)]
+    ragged = _ragged_inputs(f_in)
     name, kind = inner.op.name, inner.op.kind
     if not ragged:
         if any(any(f) for f in f_out):
@@ -782,7 +806,7 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         w = _arg(inner, 1, "weight")
         if j != 0 or (type(w) is LazyTensor and any(f_in[_where(inner, w)])):
             raise Decline("linear with a ragged weight")
-        return Action(tuple(ragged), "zero") if f_in[0][-1] else None
+        return Action(ragged, "zero") if f_in[0][-1] else None
     if name == "matmul":
         a, b = x, _arg(inner, 1, "other")
         ja, jb = j, _where(inner, b)
@@ -790,7 +814,7 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
             jb >= 0 and f_in[jb][0 if len(f_in[jb]) == 1 else -2]
         )
         del a
-        return Action(tuple(ragged), "zero") if contracted else None
+        return Action(ragged, "zero") if contracted else None
     if name in _ORDERED:
         return _ordered_action(inner, name, j, f_in)
     if name == "addmm" and inner.func is torch.einsum:
@@ -872,7 +896,7 @@ def _attention_action(inner, f_in: list) -> Action | None:
             raise Decline("attention ragged in a batch or feature dim")
     rows = bool(fq and fq[-2])
     keys = bool(fk and fk[-2]) or bool(fv and fv[-2])
-    ragged = tuple(j for j, f in enumerate(f_in) if any(f))  # (x passed twice: both)
+    ragged = _ragged_inputs(f_in)
     if not keys:
         return None  # (ragged queries alone: rows)
     if fk is None or fv is None or not (fk[-2] and fv[-2]):
@@ -912,7 +936,7 @@ def _mha_action(inner, f_in: list) -> Action | None:
     fq, fk, fv = (f_in[_where(inner, t)] for t in (q, k, v))
     if fq[1] or fk[1] or fv[1] or fk[0] != fv[0]:
         raise Decline("multi-head attention ragged in a feature dim")
-    ragged = tuple(j for j, f in enumerate(f_in) if any(f))
+    ragged = _ragged_inputs(f_in)
     return Action(ragged, "zero", keys=_where(inner, k)) if fk[0] else None
 
 
@@ -974,8 +998,6 @@ def _sequences_action(inner, f_in: list) -> Action | None:
 
 
 def _sequences(inner, ins, lens, n):
-    from acrobat.ops import _ORIGINAL_FORWARD, _batched_hx
-
     module, _, *states = inner.args
     rnn = torch.nn.utils.rnn
     packed = rnn.pack_padded_sequence(ins[0], lens.cpu(), batch_first=True, enforce_sorted=False)
@@ -1061,7 +1083,7 @@ def _ordered_action(inner, name: str, j: int, f_in: list) -> Action | None:
         return None
     if not (p == "fro" or (isinstance(p, (int, float)) and p >= 0)):
         raise Decline(f"{name} with p={p!r} over a ragged dim")  # (a zero pad counts)
-    return Action(tuple(k for k, f in enumerate(f_in) if any(f)), "zero")
+    return Action(_ragged_inputs(f_in), "zero")
 
 
 def _sorted(dim: int, descending: bool, indices_only: bool):
@@ -1092,7 +1114,7 @@ def _einsum_action(inner, f_in: list) -> Action | None:
         ragged_labels |= {c for c, f in zip(term, flags) if f}
     if not ragged_labels - set(out):
         return None
-    return Action(tuple(k for k, f in enumerate(f_in) if any(f)), "zero")
+    return Action(_ragged_inputs(f_in), "zero")
 
 
 def _first_lazy(inner, tensors) -> int:

@@ -344,18 +344,10 @@ class Scan:
                 elman = self.recurrence(split) if config.FAST_RECURRENCE else None
             else:  # the rest of each step padded (its family: padding.split_family)
                 elman = None
-                fam, rest, lens = padded
-
-                def step(ins, a):
-                    return fam.run(rest, ins, lens[:a], a)
-
+                step = padded[0].stepper(padded[1], padded[2])
         elif padded is not None:
             elman = None
-            fam, trace, lens = padded
-
-            def step(ins, a):
-                return fam.run(trace, ins, lens[:a], a)
-
+            step = padded[0].stepper(padded[1], padded[2])
         else:
             elman = None
             # the program as generated code (its elementwise region as one kernel call

@@ -125,13 +125,11 @@ def family(nodes: list):
     folded trace skips the work on zeros."""
     n0 = nodes[0]
     extra = n0.op.extra
-    padded = extra.get("padded")
-    if n0.op.kind == "scan" and config.PAD_RAGGED:  # loops of a padded family's traces
-        padded = extra["scan"].trace.op.extra.get("padded")
-        if padded is not None and n0.sig[0] is n0.op:
-            return padded[0].loops
-    elif padded is not None and n0.sig[0] is n0.op and config.PAD_RAGGED:  # (not in a
-        return padded[0]  # grad mode of its own)
+    if config.PAD_RAGGED:  # a padded family's traces, or loops over them
+        scan = n0.op.kind == "scan"
+        padded = (extra["scan"].trace.op.extra if scan else extra).get("padded")
+        if padded is not None and n0.sig[0] is n0.op:  # (not in a grad mode of its own)
+            return padded[0].loops if scan else padded[0]
     lift = extra.get("lift") if config.MERGE_LIFTED else None
     if lift is None:
         return n0.sig
