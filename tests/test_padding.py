@@ -90,19 +90,23 @@ pooled = acrobat.autobatch(POOL)
 lengths = st.lists(st.integers(1, 9), min_size=2, max_size=12)
 
 
+def check_chunked(f, data, ns: list, rank: int, module) -> None:
+    """map == eager, its block calls one padded batch per chunk of sizes (padding.chunks,
+    ``rank`` ragged dims in the widest value), not one per size; gradients alike."""
+    rows = [(n, ns.count(n)) for n in sorted(set(ns), reverse=True)]
+    with torch.no_grad():
+        stats = check_map(f, data)
+    assert block_batches(stats) == len(padding.chunks(rows, rank)), stats.by_op
+    stats = check_grads(f, data, module, atol=1e-5)
+    assert block_batches(stats) == len(padding.chunks(rows, rank)), stats.by_op
+
+
 @settings(max_examples=15, deadline=None)
 @given(lengths, st.integers(0, 2**16))
 def test_self_attention_over_token_tensors(ns, seed):
     g = torch.Generator().manual_seed(seed)
     data = [torch.randint(WORDS, (n,), generator=g) for n in ns]
-    with torch.no_grad():
-        stats = check_map(self_attention, data)
-    # one padded batch per chunk of sizes (padding.chunks), not one per size
-    sizes = sorted({n for n in ns}, reverse=True)
-    rows = [(n, ns.count(n)) for n in sizes]
-    assert block_batches(stats) == len(padding.chunks(rows, 2)), stats.by_op
-    stats = check_grads(self_attention, data, ATT, atol=1e-5)
-    assert block_batches(stats) == len(padding.chunks(rows, 2)), stats.by_op
+    check_chunked(self_attention, data, ns, 2, ATT)  # ([n, n] scores: 2 ragged dims)
 
 
 @settings(max_examples=15, deadline=None)
@@ -110,13 +114,7 @@ def test_self_attention_over_token_tensors(ns, seed):
 def test_a_stacked_list_is_one_ragged_argument(ns, seed):
     g = torch.Generator().manual_seed(seed)
     data = [[torch.randn(DIM, generator=g) for _ in range(n)] for n in ns]
-    with torch.no_grad():
-        stats = check_map(pooled, data)
-    sizes = sorted({n for n in ns}, reverse=True)
-    rows = [(n, ns.count(n)) for n in sizes]
-    assert block_batches(stats) == len(padding.chunks(rows, 1)), stats.by_op
-    stats = check_grads(pooled, data, POOL, atol=1e-5)
-    assert block_batches(stats) == len(padding.chunks(rows, 1)), stats.by_op
+    check_chunked(pooled, data, ns, 1, POOL)
 
 
 def test_off_is_a_batch_per_size():
