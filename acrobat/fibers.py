@@ -103,6 +103,8 @@ class RecordMode(TorchFunctionMode):
                 "and replayed, so the draw would repeat for every call; draw the noise "
                 "outside the block and pass it in"
             )
+        if rt is not None and rt.fresh and graph.builds(rt, func, args):
+            return graph.construct(rt, func, args, kwargs)
         return func(*args, **kwargs)
 
 

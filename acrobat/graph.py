@@ -117,7 +117,8 @@ class Runtime:
         "tracer", "ready", "blocked", "main", "pool", "failed", "all_fibers", "live", "phased",
         "thread", "nodes", "deferred", "py_rows", "shared",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
-        "grad_regions", "grad_resume", "object_inputs", "object_owner", "__weakref__",
+        "grad_regions", "grad_resume", "object_inputs", "object_owner", "fresh", "built",
+        "__weakref__",
     )  # fmt: skip
     _ids = itertools.count(1)
 
@@ -170,6 +171,11 @@ class Runtime:
         # instance that read it
         self.object_inputs: dict = {}
         self.object_owner: dict = {}
+        # id(hoisted new tensor) -> (its hoist key, the recording stamp when it was made),
+        # while no other instance has it and nothing has read it: in-place writes may still
+        # build it (construct); id(built tensor) -> its _version after the last such write
+        self.fresh: dict[int, tuple] = {}
+        self.built: dict[int, int] = {}
 
 
 class GradTag:
@@ -708,6 +714,8 @@ def hoist(func, args, kwargs):
         key, hit = None, None
     if hit is not None:
         return _hoisted_hit(rt, args, kwargs, hit)
+    if rt.fresh:
+        _read(rt, args, kwargs)
     out = func(*args, **kwargs)
     if key is not None:
         rt.hoisted[key] = out
@@ -716,6 +724,8 @@ def hoist(func, args, kwargs):
         rt.hoist_keepalive.append(args)  # ids in the key must stay unique during the run
         if isinstance(out, torch.Tensor):
             rt.hoisted_versions.append((out, out._version, func))
+            if func in ALLOCATING:
+                rt.fresh[id(out)] = (key, _stamp(rt))
     if rt.tracer is not None:
         rt.tracer.note_hoist(args, kwargs, out)
     return out
@@ -727,23 +737,119 @@ def _hoisted_hit(rt, args, kwargs, hit):
     there, was reused by later maps that train, and the parameter got no gradient."""
     if rt.tracer is not None:
         rt.tracer.note_hoist(args, kwargs, hit)
+    if rt.fresh:
+        rt.fresh.pop(id(hit), None)  # another instance (or use) has it now
     return hit
+
+
+# ---- constants built in place ---------------------------------------------------------
+# ``m = torch.zeros(n, n); m[0] = 1``, ``torch.zeros_like(mask, dtype=f).masked_fill_(mask,
+# -inf)`` (nn.MultiheadAttention's bool masks): a new tensor written in place right after it
+# is made, all operands real. The hoisting cache would hand the one tensor to every instance,
+# so the writes of one would show in all. While the tensor is fresh (no other instance got it
+# from the cache, no hoisted op read it, nothing was recorded since it was made: no lazy op
+# can read it yet, and no trace was entered or left), a write makes it this instance's own
+# (it leaves the cache) and the result is cached under how it was built: (how it was made,
+# the write). An instance that builds the same value gets the first one back from the write
+# (the in-place op's result), so the ops that read it still batch across instances. Any
+# other write into a shared constant is refused at the end of the map (check_hoisted).
+
+# ops whose results are new tensors
+ALLOCATING = PURE_FACTORIES | {
+    torch.empty, torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like,
+}  # fmt: skip
+
+# in-place methods and functions that are not writes of values into the tensor, or draw them
+_NOT_BUILDING = frozenset(
+    {"requires_grad_", "share_memory_", "detach_", "set_", "resize_", "resize_as_",
+     "as_strided_", "squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_",
+     "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "cauchy_",
+     "geometric_", "log_normal_", "retain_grad"}
+)  # fmt: skip
+_AUGMENTED = frozenset(
+    {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+     "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"}
+)  # fmt: skip
+
+
+def _stamp(rt) -> tuple:
+    """What has been recorded so far: unchanged while no node was recorded (and the same
+    block, or none, is being traced)."""
+    tracer = rt.tracer
+    count = sum(map(len, rt.buckets.values())) + rt.nodes + rt.deferred
+    return (count, tracer, len(tracer.nodes) if tracer is not None else 0)
+
+
+def _read(rt, args, kwargs) -> None:
+    """A hoisted op reads ``args``: the fresh tensors among them are fresh no more (the op's
+    cached result must not go stale)."""
+    fresh = rt.fresh
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            fresh.pop(id(a), None)
+        elif type(a) is tuple or type(a) is list:
+            _read(rt, a, {})
+
+
+def builds(rt, func, args) -> bool:
+    """Whether ``func(*args)`` (no lazy operand) writes into a fresh tensor: see construct."""
+    return bool(args) and id(args[0]) in rt.fresh
+
+
+def construct(rt, func, args, kwargs):
+    """Run ``func(*args, **kwargs)``, an in-place write into the fresh tensor ``args[0]``,
+    all operands real (see the section comment); returns its result."""
+    target = args[0]
+    made, stamp = rt.fresh.pop(id(target))
+    name = getattr(func, "__name__", "")
+    building = name in _AUGMENTED or (
+        name.endswith("_") and not name.startswith("_") and name not in _NOT_BUILDING
+    )
+    if not building or _stamp(rt) != stamp:
+        return func(*args, **kwargs)  # as before this: check_hoisted tells if it was shared
+    rest = args[1:]
+    if rt.fresh:
+        _read(rt, rest, kwargs)
+    try:
+        inputs: list = []
+        key = ("built", made, func, tuple([freeze(a, inputs) for a in rest]))
+        key += freeze_kwargs(kwargs, inputs)
+    except (AcrobatError, TypeError):
+        return func(*args, **kwargs)
+    if rt.hoisted.get(made) is target:
+        del rt.hoisted[made]  # the next instance that makes it gets a new one
+    rt.factory_keys.pop(id(target), None)  # (a trace keys it by identity from now on)
+    out = func(*args, **kwargs)
+    rt.built[id(target)] = target._version
+    rt.hoist_keepalive.append(args)
+    if out is not target and out is not None:  # (x[i] = v returns None)
+        return out
+    rt.fresh[id(target)] = (key, stamp)  # its instance may go on building it
+    same = rt.hoisted.get(key)
+    if same is None:
+        rt.hoisted[key] = target
+    elif out is not None:  # built the same way by another instance: that one, shared
+        rt.fresh.pop(id(same), None)
+        return same
+    return out
 
 
 def check_hoisted(rt) -> None:
     """A hoisted result is shared by every instance: writing into it in place (``h[0] = 1``
-    on a ``torch.zeros`` made inside the instance) would leak into the other instances."""
+    on a ``torch.zeros`` made inside the instance, after an op read it) would leak into the
+    other instances. Writes that built a fresh tensor (construct) are not such writes."""
+    built = rt.built
     for tensor, version, func in rt.hoisted_versions:
-        if tensor._version != version:
+        if tensor._version != version and tensor._version != built.get(id(tensor)):
             name = getattr(func, "__name__", str(func))
             raise AcrobatError(
-                f"a tensor made by {name}(...) inside instance code was modified in place. "
-                "acrobat computes values that depend only on parameters and constants once "
-                "for the whole map (all instances share them), so an in-place write would "
-                "change every instance's value. Build the tensor without in-place writes "
-                "(torch.zeros / torch.full or x.new_zeros / x.new_full instead of "
-                "x.new(...).fill_(v); torch.tensor(list), torch.where, torch.cat) or pass it "
-                "as a per-instance argument."
+                f"a tensor made by {name}(...) inside instance code was modified in place "
+                "after it was shared or read. acrobat computes values that depend only on "
+                "parameters and constants once for the whole map (all instances share them), "
+                "so such a write would change every instance's value. A new tensor may be "
+                "written in place right after it is made (before an op reads it); otherwise "
+                "build it without in-place writes (torch.where, torch.cat, torch.tensor(list)) "
+                "or pass it as a per-instance argument."
             )
 
 

@@ -2421,6 +2421,8 @@ def factory_call(func, size):
         if rt is not None and rt.fiber is not None and rt.tracer is None:
             hit = rt.hoisted.get((func, (size,), ()))  # graph.hoist's key for func(int)
             if hit is not None and rt.thread == threading.get_ident():
+                if rt.fresh:  # (graph._hoisted_hit: another instance has it now)
+                    rt.fresh.pop(id(hit), None)
                 return hit
     return func(size)
 

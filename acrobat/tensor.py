@@ -365,8 +365,9 @@ class LazyTensor(_LazyBase):
 
     def new(self, *args, **kwargs):
         """The legacy constructor: ``x.new(2, 3)`` / ``x.new(torch.Size(...))`` an
-        uninitialized tensor of those sizes (a shared constant: fill it with
-        ``new_zeros``/``new_full``, not in place), ``x.new(data)`` a tensor of the data."""
+        uninitialized tensor of those sizes (a constant: filled in place right after, as in
+        ``x.new(2, 3).fill_(v)``, it is built as ``graph.construct`` says), ``x.new(data)``
+        a tensor of the data."""
         if (
             len(args) == 1
             and isinstance(args[0], (list, tuple))

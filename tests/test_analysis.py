@@ -583,8 +583,9 @@ def test_factory_calls_outside_a_map_make_fresh_tensors():
 def write_into_constant(x):
     for _ in range(2):
         m = torch.zeros(3)
-        m[0] = 1.0  # in place into the map's shared constant
-    return x + m
+        y = x + m  # a recorded op reads the constant before the write
+        m[0] = 1.0  # in place into the map's shared constant (y must not see it)
+    return y
 
 
 def test_factory_calls_keep_the_in_place_write_check():

@@ -239,8 +239,9 @@ def test_in_place_write_into_a_shared_constant_is_an_error():
     @acrobat.autobatch
     def f(x, i):
         mask = torch.zeros(4)  # constant: made once and shared by all instances
-        mask[i] = 1.0  # an in-place write would leak into the other instances
-        return x * mask
+        y = x * mask  # read by a recorded op, which runs later
+        mask[i] = 1.0  # an in-place write would leak into y and the other instances
+        return y + mask
 
     with pytest.raises(acrobat.AcrobatError, match=r"modified in place"):
         f.map([torch.randn(4) for _ in range(3)], [0, 1, 2])

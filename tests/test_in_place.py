@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import acrobat
+from tests.helpers import check_grads
 
 # (name, update of y by x): each keeps y's shape and dtype
 UPDATES = {
@@ -254,3 +255,131 @@ def test_parts_and_fills_stay_refused():
 
     with pytest.raises(acrobat.UnsupportedOpError, match="x\\[i\\] = v"):
         f.map([torch.randn(3)])
+
+
+# ---- constants built in place (graph.construct) --------------------------------------------
+# A new tensor made inside the instance (torch.zeros, torch.full, torch.zeros_like, ...) is
+# hoisted: one object for every instance. Written in place right after it is made, with
+# real operands only, it becomes the instance's own, and instances that build the same value
+# share one again (their reading ops batch).
+
+
+@given(
+    picks=st.lists(st.lists(st.integers(0, 3), max_size=3), min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_constants_written_right_after_they_are_made_equal_eager(picks, seed):
+    torch.manual_seed(seed)
+
+    @acrobat.autobatch
+    def f(x, where):
+        mask = torch.zeros(4)
+        for i in where:  # per-instance positions: each instance its own mask
+            mask[i] = 1.0 + i
+        mask.mul_(2.0)
+        scale = torch.ones(4).add_(1.0).mul_(3.0)  # every instance builds the same
+        return x * mask + scale
+
+    xs = [torch.randn(4) for _ in picks]
+    got = f.map(xs, picks)
+    for out, x, where in zip(got, xs, picks):
+        torch.testing.assert_close(out, f.eager(x, where))
+
+
+def test_a_constant_built_the_same_way_is_shared_and_batches():
+    @acrobat.autobatch
+    def built(x):
+        bias = torch.zeros_like(x).masked_fill_(torch.arange(4) >= 2, -1.0)
+        return torch.tanh(x + bias)
+
+    @acrobat.autobatch
+    def written(x):
+        bias = torch.where(torch.arange(4) >= 2, -1.0, 0.0)  # a shared constant
+        return torch.tanh(x + bias)
+
+    xs = [torch.randn(4) for _ in range(8)]
+    got, stats = built.map(xs, stats=True)
+    _, plain = written.map(xs, stats=True)
+    for out, x in zip(got, xs):
+        torch.testing.assert_close(out, written.eager(x))
+    assert stats.batches == plain.batches, (stats, plain)
+
+
+def test_multihead_attention_with_a_bool_mask_made_in_the_instance():
+    # nn.MultiheadAttention turns a bool mask into a float one in place
+    # (torch.zeros_like(mask, dtype=...).masked_fill_(mask, -inf)): the mask is a constant
+    # of the map, so the fill wrote into a tensor every instance shared and the map raised
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    @acrobat.autobatch
+    def f(x, attention, float_mask=False):
+        n = x.shape[0]
+        causal = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+        keep = torch.zeros(1, n, dtype=torch.bool)
+        if float_mask:
+            causal = torch.zeros(n, n).masked_fill(causal, float("-inf"))
+            keep = torch.zeros(1, n)
+        y, _ = attention(x[None], x[None], x[None], attn_mask=causal, key_padding_mask=keep)
+        return y[0].sum(0)
+
+    for sizes in ([5] * 6, [2, 3, 5, 3, 2, 4]):
+        xs = [torch.randn(n, 8) for n in sizes]
+        with torch.no_grad():
+            got, stats = f.map(xs, attention=attention, stats=True)
+            _, floats = f.map(xs, attention=attention, float_mask=True, stats=True)
+            for out, x in zip(got, xs):
+                torch.testing.assert_close(out, f.eager(x, attention=attention))
+        assert stats.batches == floats.batches, (stats, floats)
+        check_grads(f, xs, attention, attention=attention)
+
+
+def test_a_constant_built_inside_a_block_equals_eager():
+    lin = nn.Linear(4, 4)
+
+    @acrobat.block
+    def cell(lin, x):
+        gate = torch.full((4,), 0.5)
+        gate[1:3] = 2.0
+        return lin(x) * gate
+
+    @acrobat.autobatch
+    def f(x, lin):
+        return cell(lin, cell(lin, x))
+
+    xs = [torch.randn(4) for _ in range(5)]
+    with torch.no_grad():
+        got = f.map(xs, lin=lin)
+        for out, x in zip(got, xs):
+            torch.testing.assert_close(out, f.eager(x, lin=lin))
+
+
+def _read_then_write(x):
+    m = torch.zeros(3)
+    doubled = m * 2.0  # a hoisted op reads it: its cached result must not go stale
+    m.add_(1.0)
+    return x + doubled + m
+
+
+def _shared_then_write(x):
+    m = torch.zeros(3)
+    if x.sum() > 0:  # a value read: other instances run and get the same constant
+        pass
+    m[0] = 1.0
+    return x + m
+
+
+@pytest.mark.parametrize("fn", [_read_then_write, _shared_then_write])
+def test_writes_into_constants_that_were_read_or_shared_stay_refused(fn):
+    f = acrobat.autobatch(fn)
+    with pytest.raises(acrobat.AcrobatError, match="modified in place"):
+        f.map([torch.randn(3) for _ in range(4)])
+
+
+def test_random_fills_of_constants_stay_refused():
+    @acrobat.autobatch
+    def f(x):
+        return x + torch.empty(3).normal_()  # eager draws per instance; a constant would not
+
+    with pytest.raises(acrobat.AcrobatError, match="modified in place"):
+        f.map([torch.randn(3) for _ in range(3)])
