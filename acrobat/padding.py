@@ -47,6 +47,7 @@ derivative that is not finite at zero (``q / x``) runs per size when gradients a
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -834,7 +835,113 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         if j != 0 or any(f_in[0][-k:]) or len(ragged) != 1:
             raise Decline("layer_norm over a ragged dim")
         return None
+    if name == "loss":
+        return _loss_action(inner, f_in)
     raise Decline(f"{name} ({kind}) of a ragged value")
+
+
+# ---- losses over a ragged dim -------------------------------------------------------------
+# A sequence's loss (``F.cross_entropy(logits, tokens[1:])``, ``F.mse_loss(y, target)``)
+# with the tokens ragged: the per-entry losses of the padded batch (reduction "none"), the
+# pads' inputs and targets set to harmless values first (a pad's target the ignored class)
+# and their losses to zero, then summed per row and, for "mean", divided by the row's own
+# count: its real, not ignored entries (weighted by their classes' weights where given).
+
+_F = torch.nn.functional
+_CLASS_LOSSES = frozenset({_F.cross_entropy, _F.nll_loss})
+# elementwise losses and the value their pads get (a probability for binary cross entropy)
+_ENTRY_LOSSES = {
+    _F.mse_loss: 0.0, _F.l1_loss: 0.0, _F.smooth_l1_loss: 0.0, _F.huber_loss: 0.0,
+    _F.binary_cross_entropy: 0.5, _F.binary_cross_entropy_with_logits: 0.0,
+}  # fmt: skip
+
+
+def _loss_action(inner, f_in: list) -> Action:
+    func = inner.func
+    try:
+        bound = inspect.signature(func).bind(*inner.args, **(inner.kwargs or {}))
+    except (TypeError, ValueError):
+        raise Decline("a loss whose arguments do not bind") from None
+    bound.apply_defaults()
+    kw = dict(bound.arguments)
+    x, target = kw.pop("input"), kw.pop("target")
+    reduction = kw.get("reduction", "mean")
+    if (
+        type(x) is not LazyTensor
+        or type(target) is not LazyTensor
+        or reduction not in ("mean", "sum", "none")
+        or kw.get("size_average") is not None
+        or kw.get("reduce") is not None
+        or any(type(v) is LazyTensor for v in kw.values())
+    ):
+        raise Decline("a loss with legacy, per-instance or unknown options")
+    fx, ft = f_in[_where(inner, x)], f_in[_where(inner, target)]
+    if func in _CLASS_LOSSES:
+        if (
+            x.ndim != 2
+            or fx[1]
+            or target.dtype.is_floating_point
+            or ft != fx[:1]
+            or kw.get("label_smoothing", 0.0)
+        ):
+            raise Decline("a class loss other than of (n, classes) scores and n classes")
+        return Action((), "zero", run=_class_loss(func, kw, reduction, fx[0].offset))
+    if func in _ENTRY_LOSSES:
+        if fx != ft or x.shape != target.shape:
+            raise Decline("an elementwise loss of operands ragged apart")
+        return Action((), "zero", run=_entry_loss(func, kw, reduction, fx))
+    raise Decline(f"{getattr(func, '__name__', func)} of a ragged value")
+
+
+def _class_loss(func, kw: dict, reduction: str, offset: int):
+    ignore = kw.get("ignore_index", -100)
+    weight = kw.get("weight")
+
+    def run(inner, ins, lens, n):
+        x, target = (
+            ins[_where(inner, _arg(inner, 0, "input"))],
+            ins[_where(inner, _arg(inner, 1, "target"))],
+        )
+        size = x.shape[1]
+        real = torch.arange(size, device=x.device) < (lens + offset).view(n, 1)
+        target = torch.where(real, target, ignore)  # (the scores' pads are not read)
+        options = {**kw, "reduction": "none"}
+        per = func(x.reshape(n * size, -1), target.reshape(-1), **options).view(n, size)
+        per = torch.where(real, per, 0.0)
+        if reduction == "none":
+            return (per,)
+        total = per.sum(1)
+        if reduction == "sum":
+            return (total,)
+        counted = target != ignore
+        if weight is None:
+            return (total / counted.sum(1),)
+        w = weight[torch.where(counted, target, 0)]
+        return (total / torch.where(counted, w, 0.0).sum(1),)
+
+    return run
+
+
+def _entry_loss(func, kw: dict, reduction: str, flags: tuple):
+    fill = _ENTRY_LOSSES[func]
+
+    def run(inner, ins, lens, n):
+        x, target = (
+            ins[_where(inner, _arg(inner, 0, "input"))],
+            ins[_where(inner, _arg(inner, 1, "target"))],
+        )
+        real = _mask({}, flags, x, lens)
+        x, target = torch.where(real, x, fill), torch.where(real, target, fill)
+        per = torch.where(real, func(x, target, **{**kw, "reduction": "none"}), 0.0)
+        if reduction == "none":
+            return (per,)
+        dims = tuple(range(1, per.ndim))
+        total = per.sum(dims)
+        if reduction == "sum":
+            return (total,)
+        return (total / real.expand(per.shape).sum(dims),)
+
+    return run
 
 
 def _train_safe(inner, f_in: list, f_out: list) -> bool:
@@ -1059,9 +1166,11 @@ def _ordered_action(inner, name: str, j: int, f_in: list) -> Action | None:
         return Action((0,), "low" if descending else "high", run=run)
     if name == "topk":
         dim = _dims(_arg(inner, 2, "dim", -1), rank)[0]
-        return Action((0,), "low" if _arg(inner, 3, "largest", True) else "high") if flags[
-            dim
-        ] else None
+        return (
+            Action((0,), "low" if _arg(inner, 3, "largest", True) else "high")
+            if flags[dim]
+            else None
+        )
     if name == "kthvalue":
         if inner.func in (torch.median, torch.Tensor.median):
             dim = _arg(inner, 1, "dim")
@@ -1148,14 +1257,18 @@ def _check_index(index, flags: tuple) -> tuple | None:
             if flags[d] and p < 0:
                 raise Decline("a ragged dim indexed from its end")
         elif type(p) is slice:
-            # a ragged dim whole, without a fixed prefix (x[k:]), or only its first k
+            # a ragged dim whole, without a fixed prefix (x[k:]) or suffix (x[:-k],
+            # x[k:-j]: sliced off the padded rows, the longest row loses its last j and
+            # every other row's last j fall into its padding), or only its first k
             # entries (x[:k]; every member has them, or its shape would not fit)
             start, stop = p.start or 0, p.stop
             if flags[d] and not (
                 p.step in (None, 1)
                 and type(start) is int
                 and start >= 0
-                and (stop is None or (type(stop) is int and stop >= 0 and not start))
+                and (
+                    stop is None or (type(stop) is int and (stop < 0 or (stop >= 0 and not start)))
+                )
             ):
                 raise Decline("a ragged dim sliced from its end")
         else:

@@ -567,3 +567,37 @@ def test_padded_attention_modules_on_cuda(default_device):
         for t, y in zip(tokens, got):
             torch.testing.assert_close(y, model(t), atol=1e-5, rtol=1e-5)
         check_grads(g, tokens, model, atol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_padded_losses_and_bool_masks_on_cuda(default_device):
+    """A language model's cross_entropy over its tokens (tokens[:-1] scored against
+    tokens[1:]) as one padded batch on a GPU, and nn.MultiheadAttention given a bool mask
+    made in the instance (a constant built in place there): values and gradients as
+    eager's."""
+    from tests.test_padding import LanguageModel, block_batches, class_loss
+
+    torch.manual_seed(2)
+    lm = LanguageModel()
+    f = acrobat.autobatch(class_loss)
+    data = [torch.randint(30, (n,)) for n in (3, 6, 2, 6, 4, 5)]
+    shared = {"model": lm, "loss": torch.nn.functional.cross_entropy, "reduction": "mean"}
+    with torch.no_grad():
+        got, stats = f.map(data, weight=None, stats=True, **shared)
+    assert block_batches(stats) == 1, stats.by_op
+    for t, y in zip(data, got):
+        assert y.device.type == "cuda"
+        torch.testing.assert_close(y, f.eager(t, weight=None, **shared), atol=1e-5, rtol=1e-5)
+    check_grads(f, data, lm, atol=1e-5, weight=None, **shared)
+
+    attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    @acrobat.autobatch
+    def attend(x, attention):
+        n = x.shape[0]
+        causal = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+        return attention(x[None], x[None], x[None], attn_mask=causal)[0][0].sum(0)
+
+    xs = [torch.randn(n, 8) for n in (4, 4, 2, 4)]
+    check_grads(attend, xs, attention, atol=1e-5, attention=attention)

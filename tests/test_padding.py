@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -90,15 +91,20 @@ pooled = acrobat.autobatch(POOL)
 lengths = st.lists(st.integers(1, 9), min_size=2, max_size=12)
 
 
-def check_chunked(f, data, ns: list, rank: int, module) -> None:
-    """map == eager, its block calls one padded batch per chunk of sizes (padding.chunks,
-    ``rank`` ragged dims in the widest value), not one per size; gradients alike."""
+def check_chunked(f, data, ns: list, rank: int, module, **shared) -> None:
+    """map == eager, each of its blocks' calls one padded batch per chunk of sizes
+    (padding.chunks, ``rank`` ragged dims in the widest value), not one per size;
+    gradients alike."""
     rows = [(n, ns.count(n)) for n in sorted(set(ns), reverse=True)]
-    with torch.no_grad():
-        stats = check_map(f, data)
-    assert block_batches(stats) == len(padding.chunks(rows, rank)), stats.by_op
-    stats = check_grads(f, data, module, atol=1e-5)
-    assert block_batches(stats) == len(padding.chunks(rows, rank)), stats.by_op
+    chunks = len(padding.chunks(rows, rank))
+    for grad in (False, True):
+        if grad:
+            stats = check_grads(f, data, module, atol=1e-5, **shared)
+        else:
+            with torch.no_grad():
+                stats = check_map(f, data, **shared)
+        blocks = sum(1 for k in stats.by_op if k.startswith("block:"))
+        assert blocks and block_batches(stats) == blocks * chunks, stats.by_op
 
 
 @settings(max_examples=15, deadline=None)
@@ -161,8 +167,21 @@ REDUCTIONS = [
     ("tail", lambda x: x[1:].sum(0), True),
     ("tail_mean", lambda x: x[1:].mean(0) + x[1:, 1:].amax(0).sum(), True),
     ("head", lambda x: x[:2].sum(0), True),
-    ("drop_last", lambda x: x[:-1].sum(0), False),
-    ("cls", lambda x: torch.softmax(torch.cat([x[:1] * 0 + 1, x, ]), 0).mean(0), True),
+    ("drop_last", lambda x: x[:-1].sum(0) + x[:-1].mean(0), True),
+    ("middle", lambda x: x[1:-1].sum(0) * 2, True),
+    (
+        "cls",
+        lambda x: torch.softmax(
+            torch.cat(
+                [
+                    x[:1] * 0 + 1,
+                    x,
+                ]
+            ),
+            0,
+        ).mean(0),
+        True,
+    ),
     ("cls_real", lambda x: torch.cat([torch.ones(2, DIM), x]).logsumexp(0), True),
     ("suffix", lambda x: torch.cat([x, torch.ones(1, DIM)]).sum(0), False),
     ("cat_ragged", lambda x: torch.cat([x, x]).sum(0), False),
@@ -489,7 +508,6 @@ def test_many_sizes_in_one_map_keep_the_run():
 
 # ---- scaled_dot_product_attention ------------------------------------------------------------
 
-F = nn.functional
 
 
 def heads(x):
@@ -741,3 +759,68 @@ def test_the_size_as_a_python_number_pads():
     g = torch.Generator().manual_seed(21)
     data = [[torch.randn(DIM, generator=g) for _ in range(n)] for n in (3, 6, 1, 6, 4, 2)]
     check_padded(Averages(), data)
+
+
+# ---- losses over the tokens (padding._loss_action) -------------------------------------
+
+
+class LanguageModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.out = nn.Linear(DIM, WORDS)
+
+
+LM = LanguageModel()
+
+
+def class_loss(tokens, model, loss, reduction, weight):
+    """A class loss of each token's next-token scores (class 0 ignored by cross_entropy)."""
+    scores = model.out(torch.tanh(model.emb(tokens[:-1])))
+    if loss is F.nll_loss:
+        return F.nll_loss(scores.log_softmax(-1), tokens[1:], weight, reduction=reduction)
+    return F.cross_entropy(scores, tokens[1:], weight, ignore_index=0, reduction=reduction)
+
+
+def entry_loss(tokens, model, loss, reduction, weight):
+    """An elementwise loss of a probability per token against one made of the next."""
+    y = torch.sigmoid(model.out(torch.tanh(model.emb(tokens[:-1])))[:, 0])
+    return loss(y, tokens[1:].float() / WORDS, reduction=reduction)
+
+
+LOSSES = [F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss,
+          F.huber_loss, F.binary_cross_entropy, F.binary_cross_entropy_with_logits]  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(2, 9), min_size=2, max_size=10),
+    st.sampled_from(LOSSES),
+    st.sampled_from(["mean", "sum", "none"]),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+def test_losses_over_the_tokens(ns, loss, reduction, weighted, seed):
+    g = torch.Generator().manual_seed(seed)
+    data = []
+    for n in ns:  # some targets the ignored class 0, never the first
+        t = torch.randint(WORDS, (n,), generator=g)
+        t[1] = t[1].clamp(min=1)
+        data.append(t)
+    classes = loss in (F.cross_entropy, F.nll_loss)
+    weight = torch.rand(WORDS, generator=g) + 0.5 if weighted and classes else None
+    f = acrobat.autobatch(class_loss if classes else entry_loss)
+    shared = {"model": LM, "loss": loss, "reduction": reduction, "weight": weight}
+    check_chunked(f, data, [n - 1 for n in ns], 1, LM, **shared)
+
+
+def test_a_loss_with_options_it_has_no_rule_for_keeps_a_batch_per_size():
+    @acrobat.autobatch
+    def smoothed(tokens, model):
+        scores = model.out(torch.tanh(model.emb(tokens[:-1])))
+        return F.cross_entropy(scores, tokens[1:], label_smoothing=0.1)
+
+    with torch.no_grad():
+        stats = check_map(smoothed, tokens(3, (3, 5, 4, 5)), model=LM)
+    assert block_batches(stats) == 3, stats.by_op  # sizes 3, 4, 5 apart
