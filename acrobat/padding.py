@@ -77,7 +77,8 @@ _NEUTRAL = {
     "log_softmax": "low", "amin": "high", "min": "high", "argmin": "high",
 }  # fmt: skip
 # elementwise ops whose pads may raise (an integer division by a zero pad) or draw
-_NOT_ELEMENTWISE = frozenset({"floor_divide", "remainder", "dropout", "rand_like"})
+_NOT_ELEMENTWISE = frozenset({"dropout", "rand_like"})
+_DIVIDING = frozenset({"floor_divide", "remainder"})  # elementwise but for their divisor
 
 
 # What the padded rows of a floating-point argument hold (tests set NaN: a pad that
@@ -503,7 +504,10 @@ def _same_program(a, b, grown: list | None = None) -> bool:
         b.arg_dtypes[max(i, 0) if i >= 0 else vb.packed[0]] for i in vb.args
     ]:
         return False
-    if not _same(a.out_spec, b.out_spec, va.pos, vb.pos) or [
+    # a call's Python constants and real tensors among its results come from its own
+    # trace (block._finish_call), so they may differ with the size (a region returning n
+    # or its causal mask); only what the batch computes must be one program
+    if not _same_spec(a.out_spec, b.out_spec) or [
         s if s[0] != "arg" else ("arg", va.args.index(s[1]) if s[1] in va.args else None)
         for s in a.out_sources if s[0] != "real"
     ] != [
@@ -511,12 +515,7 @@ def _same_program(a, b, grown: list | None = None) -> bool:
         for s in b.out_sources if s[0] != "real"
     ]:  # fmt: skip
         return False
-    if not _same(
-        [s[1] for s in a.out_sources if s[0] == "real"],
-        [s[1] for s in b.out_sources if s[0] == "real"],
-        va.pos,
-        vb.pos,
-    ):
+    if [s[0] == "real" for s in a.out_sources] != [s[0] == "real" for s in b.out_sources]:
         return False
     packed = va.packed[2] if va.packed is not None else -1
     for k, (x, y) in enumerate(zip(a.nodes, b.nodes)):
@@ -547,6 +546,20 @@ def _same_program(a, b, grown: list | None = None) -> bool:
             grown[start:] = [(k, i, ta, tb) for i, (ta, tb) in enumerate(grown[start:])]
             grown.extend((k, ("number", p), x.args[p], y.args[p]) for p in sized)
     return True
+
+
+def _same_spec(x, y) -> bool:
+    """Whether two block output specs (block._unflatten's) package alike, their
+    constants aside."""
+    if x[0] == "const" or y[0] == "const":
+        return x[0] == y[0]
+    if x[0] != y[0]:
+        return False
+    if x[0] == "leaf":
+        return x[1] == y[1]
+    if x[0] is dict:
+        return x[1].keys() == y[1].keys() and all(_same_spec(x[1][k], y[1][k]) for k in x[1])
+    return len(x[1]) == len(y[1]) and all(_same_spec(u, v) for u, v in zip(x[1], y[1]))
 
 
 _PLAIN = (int, float, bool, str, complex, type(None), type(Ellipsis), torch.dtype,
@@ -764,7 +777,13 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
     if name in _LAYOUT:
         return None
     if kind in ("elementwise", "factory"):
-        if name in _NOT_ELEMENTWISE or _broadcasts_ragged(f_in, f_out[0]):
+        if name in _DIVIDING:  # (pads in the dividend stay in the pads; a pad divisor
+            d = _arg(inner, 1, "other")  # of an integer tensor raises)
+            if type(d) is LazyTensor and any(f_in[_where(inner, d)]):
+                raise Decline(f"{name} by a ragged divisor")
+        elif name in _NOT_ELEMENTWISE:
+            raise Decline(name)
+        if _broadcasts_ragged(f_in, f_out[0]):
             raise Decline(name)
         return None
     x = _arg(inner, 0, "input")
@@ -1038,10 +1057,15 @@ def _mha_action(inner, f_in: list) -> Action | None:
     if m is None and _arg(inner, 24, "is_causal", False):
         raise Decline("multi-head attention causal without a mask")
     q, k, v = (_arg(inner, i, name) for i, name in enumerate(("query", "key", "value")))
-    if not all(type(t) is LazyTensor and t.ndim == 2 for t in (q, k, v)):
+    # one instance's (L, E) sequences, or a batch of one ((L, 1, E): the module given x[None])
+    if not all(
+        type(t) is LazyTensor and (t.ndim == 2 or (t.ndim == 3 and t.shape[1] == 1))
+        and t.ndim == q.ndim
+        for t in (q, k, v)
+    ):  # fmt: skip
         raise Decline("multi-head attention of batched or real operands")
     fq, fk, fv = (f_in[_where(inner, t)] for t in (q, k, v))
-    if fq[1] or fk[1] or fv[1] or fk[0] != fv[0]:
+    if any(any(f[1:]) for f in (fq, fk, fv)) or fk[0] != fv[0]:
         raise Decline("multi-head attention ragged in a feature dim")
     ragged = _ragged_inputs(f_in)
     return Action(ragged, "zero", keys=_where(inner, k)) if fk[0] else None
@@ -1051,16 +1075,26 @@ def _attention(inner, ins: list, key_mask: torch.Tensor, n: int) -> tuple:
     """A padded batch of scaled_dot_product_attention or multi-head attention, masked to
     the real keys."""
     if inner.func is torch.nn.functional.multi_head_attention_forward:
-        it = iter([x.transpose(0, 1) for x in ins])  # (batched: sequence-first)
+        one = ins[0].ndim == 4  # (n, L, 1, E): each instance a batch of one
+        it = iter([(x[:, :, 0] if one else x).transpose(0, 1) for x in ins])  # (L, n, E)
         args = substitute(inner.args, it)
         kwargs = {k: substitute(v, it) for k, v in (inner.kwargs or {}).items()}
-        pads = ~key_mask[..., 0]  # (n, S): True at the keys to ignore
+        pads = ~key_mask.flatten(2)[..., 0]  # (n, S): True at the keys to ignore
+        given = _arg(inner, 16, "attn_mask")
+        if given is not None and given.dtype.is_floating_point:  # (a mask of its type)
+            pads = torch.zeros(pads.shape, dtype=given.dtype, device=pads.device).masked_fill(
+                pads, -math.inf
+            )
         if len(args) > 14:
             args = (*args[:14], pads, *args[15:])
         else:
             kwargs["key_padding_mask"] = pads
         out, weights = inner.func(*args, **kwargs)
-        return (out.transpose(0, 1), weights)
+        out = out.transpose(0, 1)
+        if one:
+            out = out.unsqueeze(2)
+            weights = weights.unsqueeze(1) if weights is not None else None
+        return (out, weights)
     it = iter(ins)
     parts = []
     for i in range(4):
