@@ -77,7 +77,6 @@ _NEUTRAL = {
     "log_softmax": "low", "amin": "high", "min": "high", "argmin": "high",
 }  # fmt: skip
 # elementwise ops whose pads may raise (an integer division by a zero pad) or draw
-_NOT_ELEMENTWISE = frozenset({"dropout", "rand_like"})
 _DIVIDING = frozenset({"floor_divide", "remainder"})  # elementwise but for their divisor
 
 
@@ -403,9 +402,9 @@ def split_family(scans: list) -> Family | None:
 
 
 def _eligible(trace) -> bool:
-    extra = trace.op.extra
+    extra = trace.op.extra  # (random ops too: the pads draw, nothing reads them)
     return (
-        extra.get("pure", False)
+        "pure" in extra
         and "lookup" not in extra
         and "lift" not in extra
         and bool(trace.nodes)
@@ -776,13 +775,12 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         return None
     if name in _LAYOUT:
         return None
-    if kind in ("elementwise", "factory"):
+    if kind in ("elementwise", "factory"):  # (dropout and rand_like draw for the pads
+        # too: harmless, nothing reads them; no batch draws what the eager loop would)
         if name in _DIVIDING:  # (pads in the dividend stay in the pads; a pad divisor
             d = _arg(inner, 1, "other")  # of an integer tensor raises)
             if type(d) is LazyTensor and any(f_in[_where(inner, d)]):
                 raise Decline(f"{name} by a ragged divisor")
-        elif name in _NOT_ELEMENTWISE:
-            raise Decline(name)
         if _broadcasts_ragged(f_in, f_out[0]):
             raise Decline(name)
         return None
@@ -998,7 +996,7 @@ _SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"
 
 
 def _attention_action(inner, f_in: list) -> Action | None:
-    """``F.scaled_dot_product_attention`` without dropout: ragged queries are rows
+    """``F.scaled_dot_product_attention``: ragged queries are rows
     (nothing to do); ragged keys and values are zeroed at their pads and the call gets a
     mask of the real keys (and-ed into a boolean ``attn_mask``, -inf in a float one); a
     causal call needs its queries and keys ragged alike (row i then reads keys up to i,
@@ -1008,8 +1006,6 @@ def _attention_action(inner, f_in: list) -> Action | None:
     if inner.func is not torch.nn.functional.scaled_dot_product_attention:
         raise Decline(f"attention by {inner.func!r}")
     q, k, v = (_arg(inner, i, _SDPA[i]) for i in range(3))
-    if _arg(inner, 4, "dropout_p", 0.0):
-        raise Decline("attention with dropout")
     m = _arg(inner, 3, "attn_mask")
     if type(m) is LazyTensor and any(f_in[_where(inner, m)][:-2]):
         raise Decline("an attention mask ragged in a batch dim")
@@ -1049,8 +1045,6 @@ def _mha_action(inner, f_in: list) -> Action | None:
     for pos, name, default in _MHA_DEFAULTS:
         if _arg(inner, pos, name, default) is not default:
             raise Decline(f"multi-head attention with {name}")
-    if _arg(inner, 10, "dropout_p", 0.0) and _arg(inner, 13, "training", True):
-        raise Decline("multi-head attention with dropout")
     m = _arg(inner, 16, "attn_mask")
     if m is not None and (type(m) is LazyTensor or m.ndim != 2):
         raise Decline("multi-head attention with a per-instance or per-head mask")
@@ -1112,8 +1106,9 @@ def _attention(inner, ins: list, key_mask: torch.Tensor, n: int) -> tuple:
             mask = given & mask
         else:
             mask = torch.where(mask, given, -math.inf)
-    scale = _arg(inner, 6, "scale")
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scale, p = _arg(inner, 6, "scale"), _arg(inner, 4, "dropout_p", 0.0)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = sdpa(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
     return (out,)
 
 

@@ -898,3 +898,52 @@ def test_a_block_returning_its_size_pads():
     with torch.no_grad():
         stats = check_map(f, data)
     assert block_batches(stats) == 1, stats.by_op
+
+
+# ---- dropout in training: the pads draw too, nothing reads them ---------------------------
+
+
+def test_dropout_over_ragged_tokens_pads_and_keeps_its_distribution():
+    @acrobat.autobatch
+    def f(x):
+        return F.dropout(x, 0.5, training=True).sum(0)  # each entry 0 or 2 before the sum
+
+    g = torch.Generator().manual_seed(5)
+    ns = [int(n) for n in torch.randint(2, 10, (64,), generator=g)]
+    torch.manual_seed(0)
+    got, stats = f.map([torch.ones(n, DIM) for n in ns], stats=True)
+    assert block_batches(stats) == len(padding.chunks(
+        [(n, ns.count(n)) for n in sorted(set(ns), reverse=True)], 1
+    )), stats.by_op  # fmt: skip
+    sums = torch.stack(got)  # (NaN pads would show)
+    assert torch.isfinite(sums).all()
+    assert (sums % 2 == 0).all() and (sums <= 2 * torch.tensor(ns)[:, None]).all()
+    assert abs(sums.sum().item() / (DIM * sum(ns)) - 1) < 0.1  # the expected total: sum(n)
+
+
+class TrainedLayer(nn.Module):
+    """A TransformerEncoderLayer with dropout, trained: its attention and feed-forward
+    dropouts run in the padded batch."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        torch.manual_seed(14)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.layer = nn.TransformerEncoderLayer(DIM, 2, 16, dropout=p, batch_first=True)
+        self.head = nn.Linear(DIM, 3)
+
+    def forward(self, tokens):
+        return self.head(self.layer(self.emb(tokens)[None])[0].mean(0))
+
+
+def test_an_encoder_layer_with_dropout_trains_padded():
+    data = tokens(15, (3, 7, 5, 5, 2, 6, 4))
+    exact = TrainedLayer(0.0).train()  # dropout 0 in training mode: eager's values
+    check_padded(exact, data)
+    model = TrainedLayer(0.3).train()
+    f = acrobat.autobatch(model)
+    got, stats = f.map(data, stats=True)
+    assert block_batches(stats) == 1, stats.by_op
+    torch.stack(got).square().sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
