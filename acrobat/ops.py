@@ -1406,6 +1406,31 @@ for _name, _aliases in {
     _add(Op(_name, vmap_rule, "vmap", _aliases, doc="batched by torch.vmap"))
 
 
+_POOLS_2D = frozenset(
+    {F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.max_pool2d_with_indices}
+)
+
+
+def pool_rule(node, xs, n):
+    """A pool of one instance's unbatched ``(C, L)`` (``(C, H, W)``) input: the rows are
+    the pool's batch, one call; of a batch of its own (``(N, C, L)``, a sentence given as
+    ``h[None]``): the rows' batches flattened into one. (torch.vmap runs some pools,
+    adaptive max pooling among them, through a slow per-row fallback.)"""
+    x = node.args[0] if node.args else None
+    spatial = 2 if node.func in _POOLS_2D else 1
+    if type(x) is not LazyTensor or len(xs) != 1 or x.ndim not in (spatial + 1, spatial + 2):
+        return vmap_rule(node, xs, n)
+    flat = xs[0] if x.ndim == spatial + 1 else xs[0].reshape(n * x.shape[0], *x.shape[1:])
+    out = node.func(flat, *node.args[1:], **(node.kwargs or {}))
+    outs = out if isinstance(out, tuple) else (out,)
+    if x.ndim == spatial + 2:
+        outs = tuple(o.reshape(n, x.shape[0], *o.shape[1:]) for o in outs)
+    return tuple(outs)
+
+
+TABLE["pool"].rule = pool_rule
+
+
 def _special_one_hot(func, args, kwargs):
     """``F.one_hot(t)`` sizes its result by the largest value: refused; with
     ``num_classes`` a vmap batch."""

@@ -56,6 +56,8 @@ from acrobat import config
 from acrobat.graph import LazyTensor, substitute
 from acrobat.ops import _ORIGINAL_FORWARD, _align, _arg, _batched_hx
 
+_F = torch.nn.functional
+
 # ops that only move entries (each output entry is one input entry, or a copy of one)
 _LAYOUT = frozenset(
     {"transpose", "t", "permute", "unsqueeze", "squeeze", "expand", "contiguous", "clone",
@@ -528,7 +530,7 @@ def _same_program(a, b, grown: list | None = None) -> bool:
             return False
         start = len(grown) if grown is not None else 0
         xa, ya = x.args, y.args
-        if grown is not None and x.op.name in _SIZED and not x.kwargs:
+        if grown is not None and x.op.name in _SIZED and (not x.kwargs or x.op.name == "pool"):
             sized = [
                 p
                 for p, (u, w) in enumerate(zip(xa, ya))
@@ -697,7 +699,12 @@ def _form(a, b):
         f_out = [flags[(k, j)] for j in range(len(inner.info.metas))]
         x_out = [fixed[(k, j)] for j in range(len(inner.info.metas))]
         in_flags.append(f_in)
-        if k in numbers:  # (an elementwise op given the size as a Python number)
+        if k in numbers and inner.op.name == "pool":  # (a window the whole ragged dim)
+            found = numbers[k]
+            if len(found) != 1 or found[0][0] != 1:
+                raise Decline("a pool sized by n other than in its window")
+            actions.append(_pool_action(inner, f_in, found[0][1]))
+        elif k in numbers:  # (an elementwise op given the size as a Python number)
             actions.append(Action((), "zero", run=_sized(numbers[k])))
         else:
             actions.append(_action(inner, f_in, x_in, f_out, x_out))
@@ -710,7 +717,7 @@ def _form(a, b):
 
 
 # elementwise ops that may take the size as a Python number (x / n, x * (1.0 / n)...)
-_SIZED = frozenset({"add", "sub", "mul", "div"})
+_SIZED = frozenset({"add", "sub", "mul", "div", "pool"})  # (pool: a window of n)
 
 
 def _sized(numbers: list):
@@ -854,7 +861,72 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         return None
     if name == "loss":
         return _loss_action(inner, f_in)
+    if name == "conv":
+        return _conv_action(inner, f_in)
+    if name == "pool":
+        return _pool_action(inner, f_in)
     raise Decline(f"{name} ({kind}) of a ragged value")
+
+
+# ---- convolutions and pooling along a ragged dim (a CNN over a sentence's tokens) ---------
+
+
+def _conv_action(inner, f_in: list) -> Action:
+    """``F.conv1d`` / ``conv2d`` of one instance's input, ragged along a spatial dim, by
+    real weights: the pads zeroed, as the convolution's own zero padding is, so every
+    real output reads what it reads in eager (stride 1 there: its outputs are then
+    ``n`` plus a constant, each row's real ones first)."""
+    x = _arg(inner, 0, "input")
+    if _where(inner, x) != 0 or len(inner.inputs) != 1:
+        raise Decline("a convolution with per-instance weights")
+    spatial = 1 if inner.func is _F.conv1d else 2
+    flags = f_in[0]
+    if any(flags[:-spatial]):
+        raise Decline("a convolution ragged in its channels")
+    stride = _arg(inner, 3, "stride", 1)
+    strides = (stride,) * spatial if type(stride) is int else tuple(stride)
+    if any(f and st != 1 for f, st in zip(flags[-spatial:], strides)):
+        raise Decline("a strided convolution along a ragged dim")
+    return Action((0,), "zero")
+
+
+# pools over a whole ragged dim, one output: the pads' value and whether it is a mean
+_WHOLE_POOLS = {
+    _F.adaptive_max_pool1d: ("low", False), _F.adaptive_avg_pool1d: ("zero", True),
+    _F.max_pool1d: ("low", False), _F.avg_pool1d: ("zero", True),
+}  # fmt: skip
+
+
+def _pool_action(inner, f_in: list, window: int | None = None) -> Action:
+    """``F.adaptive_max_pool1d(h, 1)`` / ``adaptive_avg_pool1d(h, 1)`` over a ragged last
+    dim, and ``F.max_pool1d(h, n)`` / ``avg_pool1d(h, n)`` whose window is the whole
+    ragged dim (``window``: its offset from n, found when the family forms): a reduction
+    of each row's real entries (pads -inf for a max, zero for a mean, rescaled)."""
+    func = inner.func
+    if (
+        func not in _WHOLE_POOLS
+        or len(inner.inputs) != 1
+        or _where(inner, _arg(inner, 0, "input")) != 0
+        or any(f_in[0][:-1])
+    ):
+        raise Decline("a pool along a ragged dim")
+    flags: tuple = f_in[0]
+    if func in (_F.adaptive_max_pool1d, _F.adaptive_avg_pool1d):
+        size = _arg(inner, 1, "output_size")
+        if size not in (1, (1,), [1]) or _arg(inner, 2, "return_indices", False):
+            raise Decline("an adaptive pool to more than one entry")
+    elif (
+        window is None
+        or window != flags[-1].offset
+        or len(inner.args) != 2
+        or _arg(inner, 2, "stride") is not None
+        or _arg(inner, 3, "padding", 0) not in (0, (0,))
+        or _arg(inner, 4, "dilation", 1) not in (1, (1,))
+        or _arg(inner, 6, "return_indices", False)
+    ):
+        raise Decline("a pool whose window is not the whole ragged dim")
+    neutral, mean = _WHOLE_POOLS[func]
+    return Action((0,), neutral, (len(flags) - 1,) if mean else ())
 
 
 # ---- losses over a ragged dim -------------------------------------------------------------
@@ -864,7 +936,6 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
 # and their losses to zero, then summed per row and, for "mean", divided by the row's own
 # count: its real, not ignored entries (weighted by their classes' weights where given).
 
-_F = torch.nn.functional
 _CLASS_LOSSES = frozenset({_F.cross_entropy, _F.nll_loss})
 # elementwise losses and the value their pads get (a probability for binary cross entropy)
 _ENTRY_LOSSES = {

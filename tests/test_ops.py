@@ -1458,6 +1458,11 @@ add(
             F.adaptive_max_pool1d(x, 1),
             plain(F.max_pool2d(x.unsqueeze(0), 1, return_indices=True)),
             plain(F.adaptive_max_pool1d(x, 2, return_indices=True)),
+            # unbatched inputs (ops.pool_rule: the rows are the batch; above, each
+            # instance a batch of its own, flattened into the rows)
+            F.max_pool1d(x[0], 2),
+            plain(F.adaptive_max_pool1d(x[0], 1, return_indices=True)),
+            F.avg_pool2d(x, 2, ceil_mode=True),
         ),
         x=X("b 2 4"),
     ),

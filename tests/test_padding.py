@@ -135,6 +135,8 @@ def test_off_is_a_batch_per_size():
 
 # (name, fn of x: [n, DIM] -> any, padded?): padded False = the op reads the padding in a
 # way no mask fixes, so the trace stays on its own and the map is still correct
+CONV = torch.randn(4, DIM, 3, generator=torch.Generator().manual_seed(3))  # (out, in, width)
+
 REDUCTIONS = [
     ("sum0", lambda x: x.sum(0), True),
     ("sum_all", lambda x: x.sum(), True),
@@ -214,6 +216,20 @@ REDUCTIONS = [
     ("layer_norm", lambda x: nn.functional.layer_norm(x, (DIM,)).sum(0), True),
     ("where", lambda x: torch.where(x > 0, x, -x).sum(0), True),
     ("remainder", lambda x: (x % 0.75).sum(0) + torch.floor_divide(x, 2).amax(0), True),
+    ("conv1d_same", lambda x: F.conv1d(x.T, CONV, padding=1).amax(-1), True),
+    ("conv1d_valid", lambda x: F.conv1d(x.T[None], CONV[:, :, :2], CONV[:, 0, 0]).sum(-1)[0], True),
+    ("conv1d_dilated", lambda x: F.conv1d(x.T, CONV, padding=2, dilation=2).mean(-1), True),
+    ("conv1d_strided", lambda x: F.conv1d(x.T, CONV, padding=1, stride=2).sum(-1), False),
+    (
+        "conv2d",
+        lambda x: F.conv2d(x[None, None], CONV[:1, None, :2], padding=1).sum(-2).flatten(),
+        True,
+    ),
+    ("adaptive_max", lambda x: F.adaptive_max_pool1d(x.T, 1)[:, 0], True),
+    ("adaptive_avg", lambda x: F.adaptive_avg_pool1d(x.T[None], 1).flatten(), True),
+    ("max_pool_whole", lambda x: F.max_pool1d(x.T, x.shape[0]).flatten(), True),
+    ("avg_pool_whole", lambda x: F.avg_pool1d(x.T[None], x.shape[0]).flatten(), True),
+    ("max_pool_pairs", lambda x: F.max_pool1d(x.T, 2).sum(-1), False),
     ("remainder_by_ragged", lambda x: torch.remainder(3.0, x.abs() + 1).sum(0), False),
 ]
 
@@ -509,7 +525,6 @@ def test_many_sizes_in_one_map_keep_the_run():
 
 
 # ---- scaled_dot_product_attention ------------------------------------------------------------
-
 
 
 def heads(x):
@@ -947,3 +962,27 @@ def test_an_encoder_layer_with_dropout_trains_padded():
     torch.stack(got).square().sum().backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+class TextCNN(nn.Module):
+    """A convolutional sentence classifier as people write it: filters over the token
+    embeddings (channels first), max over time by ``max``, a whole-window pool or an
+    adaptive one."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(16)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.conv = nn.Conv1d(DIM, 6, 3, padding=1)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        h = torch.relu(self.conv(self.emb(tokens).T[None]))  # (1, 6, n)
+        n = h.shape[-1]
+        whole = F.max_pool1d(h, n) + F.avg_pool1d(h, n)
+        adaptive = F.adaptive_max_pool1d(h, 1) - F.adaptive_avg_pool1d(h, 1)
+        return self.head((whole + adaptive + h.amax(-1, keepdim=True))[0, :, 0])
+
+
+def test_a_convolutional_classifier_pads():
+    check_padded(TextCNN().train(), tokens(17, (3, 7, 5, 5, 2, 6, 4)))
