@@ -819,7 +819,7 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         return None
     if name == "getitem":
         if j < 0 or len(inner.inputs) != 1:
-            raise Decline("getitem with tensor indices")
+            return _tensor_index_action(inner, f_in)
         end = _check_index(inner.args[1], f_in[0])
         if end is None:
             return None
@@ -861,11 +861,52 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         return None
     if name == "loss":
         return _loss_action(inner, f_in)
+    if name == "index_select":
+        return _gather_action(inner, f_in)
     if name == "conv":
         return _conv_action(inner, f_in)
     if name == "pool":
         return _pool_action(inner, f_in)
     raise Decline(f"{name} ({kind}) of a ragged value")
+
+
+# ---- lookups by per-instance indices (a tag's score: em.gather(1, tags[:, None]),
+# transitions[tags[:-1], tags[1:]]): the indices' pads read entry 0, real ones read as in
+# eager (a per-instance index is below its own sizes)
+
+
+def _integer(t) -> bool:
+    return type(t) is LazyTensor and not t.dtype.is_floating_point and t.dtype != torch.bool
+
+
+def _tensor_index_action(inner, f_in: list) -> Action:
+    """``table[i]`` / ``table[k, i, j]`` of a real tensor by per-instance integer indices
+    ragged alike: their pads set to 0."""
+    base, index = inner.args
+    parts = index if type(index) is tuple else (index,)
+    lazy = [p for p in parts if type(p) is LazyTensor]
+    if type(base) is LazyTensor or not all(_integer(p) for p in lazy):
+        raise Decline("getitem of a per-instance tensor, or by other than integer tensors")
+    flags = {f_in[_where(inner, p)] for p in lazy}
+    if len(flags) != 1:
+        raise Decline("indices ragged apart")
+    return Action(_ragged_inputs(f_in), "zero")
+
+
+def _gather_action(inner, f_in: list) -> Action | None:
+    """``torch.gather(x, dim, index)`` and ``index_select(x, dim, index)`` by a
+    per-instance index: its pads set to 0; a gather's index ragged where ``x`` is, but
+    along ``dim``."""
+    x, dim, index = _arg(inner, 0, "input"), _arg(inner, 1, "dim"), _arg(inner, 2, "index")
+    if not _integer(index) or type(dim) is not int:
+        raise Decline("a lookup by a real or non-integer index")
+    fi = f_in[_where(inner, index)]
+    if inner.func in (torch.gather, torch.Tensor.gather):
+        fx = f_in[_where(inner, x)] if type(x) is LazyTensor else (False,) * len(fi)
+        d = _dims(dim, len(fx))[0]
+        if len(fx) != len(fi) or any(a != b for k, (a, b) in enumerate(zip(fx, fi)) if k != d):
+            raise Decline("a gather whose index is ragged apart from its input")
+    return Action((_where(inner, index),), "zero") if any(fi) else None
 
 
 # ---- convolutions and pooling along a ragged dim (a CNN over a sentence's tokens) ---------

@@ -216,6 +216,18 @@ REDUCTIONS = [
     ("layer_norm", lambda x: nn.functional.layer_norm(x, (DIM,)).sum(0), True),
     ("where", lambda x: torch.where(x > 0, x, -x).sum(0), True),
     ("remainder", lambda x: (x % 0.75).sum(0) + torch.floor_divide(x, 2).amax(0), True),
+    ("gather", lambda x: x.gather(1, (x.abs() * 3).long() % DIM).sum(0), True),
+    ("gather_by_real", lambda x: x.gather(0, torch.zeros(1, DIM, dtype=torch.long))[0], False),
+    (
+        "index_select",
+        lambda x: CONV[0].index_select(0, (x[:, 0].abs() * 3).long() % DIM).sum(0),
+        True,
+    ),
+    (
+        "table_pairs",
+        lambda x: CONV[1, (x[:, 0] * 3).long() % DIM, (x[:, 1] * 3).long() % 3].sum() + x.sum(0),
+        True,
+    ),
     ("conv1d_same", lambda x: F.conv1d(x.T, CONV, padding=1).amax(-1), True),
     ("conv1d_valid", lambda x: F.conv1d(x.T[None], CONV[:, :, :2], CONV[:, 0, 0]).sum(-1)[0], True),
     ("conv1d_dilated", lambda x: F.conv1d(x.T, CONV, padding=2, dilation=2).mean(-1), True),
@@ -986,3 +998,25 @@ class TextCNN(nn.Module):
 
 def test_a_convolutional_classifier_pads():
     check_padded(TextCNN().train(), tokens(17, (3, 7, 5, 5, 2, 6, 4)))
+
+
+class GoldPath(nn.Module):
+    """A tagger's gold-path score (a CRF's numerator): emissions picked by each token's
+    tag, transitions looked up by consecutive tags."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(18)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.proj = nn.Linear(DIM, 5)
+        self.trans = nn.Parameter(torch.randn(5, 5))
+
+    def forward(self, tokens):
+        em = self.proj(torch.tanh(self.emb(tokens)))
+        tags = tokens % 5
+        gold = em.gather(1, tags[:, None]).sum() + self.trans[tags[:-1], tags[1:]].sum()
+        return gold - em.logsumexp(-1).sum()
+
+
+def test_a_gold_path_score_pads():
+    check_padded(GoldPath(), tokens(19, (3, 7, 5, 5, 2, 6, 4)))
