@@ -917,7 +917,7 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
                 continue
             elif _code_like(a):
                 _remember(known, a)
-            elif _state_tuple(a):  # a namedtuple of tensors (an LSTM's State(h, c)):
+            elif _state_tuple(a):  # a (named)tuple of tensors (an LSTM's State(h, c)):
                 lazy = True  # keyed by its type and fields, as a block's argument
             elif t is list and id(a) in stacked and a and _all_lazy(a):
                 # a list of per-instance tensors the run only stacks: a trace per
@@ -939,6 +939,11 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
         out = AutoBlock.__call__(self, *args)
         if _retraces(self.block):
             self.disabled = True  # a new trace per call: scalars that change every time
+        elif self.block.sizes_apart and config.PAD_RAGGED:
+            # per-instance values with two sizes that vary apart (a pair's source and
+            # target lengths): a trace per pair of sizes, batches of about one; op by op,
+            # each op batches with those of its own shape (packed sequences: all of them)
+            self.disabled = True
         return out
 
     def _tensors(self, rt, args: tuple) -> list:
@@ -1144,15 +1149,19 @@ def _remember(known: dict, a) -> None:
 
 
 def _state_tuple(a) -> bool:
-    """A namedtuple holding a lazy tensor, its other fields tensors or scalars."""
-    if not is_namedtuple(a):
+    """A namedtuple holding a lazy tensor, its other fields tensors or scalars (an LSTM's
+    State(h, c)); a plain tuple of tensors, one lazy (an instance given as (adjacency,
+    features), unpacked inside the run; not with numbers, which code may turn into
+    tensors that the run's trace would then hold)."""
+    plain = type(a) is tuple
+    if not plain and not is_namedtuple(a):
         return False
     lazy = False
     for v in a:
         t = type(v)
         if t is graph.LazyTensor:
             lazy = True
-        elif not (t in _REGION_ARGS or isinstance(v, torch.Tensor)):
+        elif not (isinstance(v, torch.Tensor) or (t in _REGION_ARGS and not plain)):
             return False
     return lazy
 

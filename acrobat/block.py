@@ -557,6 +557,8 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         self.cache: OrderedDict = OrderedDict()
         self.run_traces = 0  # traces made during the map run self.traces_run
         self.traces_run = 0
+        # two traces were one program up to two sizes that vary apart (padding.SizesApart)
+        self.sizes_apart = False
         functools.update_wrapper(self, fn)
 
     def _call(self, *args, **kwargs):

@@ -726,8 +726,41 @@ def _run_padded_scans(nodes: list, stats) -> bool:
         return True
     if scan.carried or not scan.sequences:
         stats.launches += top.launches * max(len(active) - 1, 0)
-    _finish_batch(rows, outs, n, stats, t0, t1)
+    if not rest.ragged_out:
+        _finish_batch(rows, outs, n, stats, t0, t1)
+        return True
+    _account(rows, n, stats, t0, t1)
+    _cut_scan_outputs(rows, outs, sizes, rest.out_flags, scan.carried)
     return True
+
+
+def _cut_scan_outputs(rows: list, outs: tuple, sizes: list, flags: tuple, k: int) -> None:
+    """The outputs of a padded batch of loops (rows: its nodes; the first ``k`` outputs
+    the carried states, then each step's outputs, of the step program's ``flags``) given
+    to the nodes by size: each size its own rows, ragged outputs cut to it. A step's
+    output holds only the rows still looping then (rows sort longest loop first): a row
+    past them reads row 0 there, a value its node never reads."""
+    per = max(len(flags) - k, 1)
+    out_flags = [flags[i] if i < k else flags[k + (i - k) % per] for i in range(len(outs))]
+    by_size: dict = {}
+    for r, size in enumerate(sizes):
+        by_size.setdefault(size, []).append(r)
+    device = outs[0].device if outs else torch.device("cpu")
+    for size, where in by_size.items():
+        index: dict = {}  # rows in an output -> the index of this size's rows there
+        mine = []
+        for o, f in zip(outs, out_flags):
+            m = o.shape[0]
+            if m not in index:
+                index[m] = index_tensor([r if r < m else 0 for r in where], device)
+            part = o.index_select(0, index[m])
+            mine.append(part[(slice(None), *padding.cut(f, size))].contiguous() if any(f) else part)
+        base = next(_batches) << _BATCH_SHIFT
+        for i, r in enumerate(where):
+            nd = rows[r]
+            nd.outs = tuple(mine)
+            nd.row = i
+            nd.slot = base + i
 
 
 def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:

@@ -113,6 +113,11 @@ class Decline(Exception):
     """A program the family cannot pad (internal: the trace stays on its own)."""
 
 
+class SizesApart(Decline):
+    """Two traces that are one program up to two sizes that vary apart (a sentence pair's
+    source and target lengths): no family; the block notes it (``Block.sizes_apart``)."""
+
+
 class Action:
     """What one op of the program needs before / after its batched rule: its operands
     ``masked`` (positions among the op's inputs) set to the ``neutral`` value at their
@@ -201,13 +206,11 @@ class Family:
 
     def loops_pad(self, scan) -> bool:
         """Whether loops over this family's traces (``scan``: one of them) may run
-        padded: no list packed, every output and every element of a fixed shape (a
-        part cut out of the body: :func:`split_family`)."""
-        return (
-            self.packed < 0
-            and not self.ragged_out
-            and not any(any(f) for f in self.arg_flags[: scan.sequences])
-        )
+        padded: no list packed, every element of a fixed shape (a part cut out of the
+        body: :func:`split_family`). Ragged outputs (a state of n rows: a graph's node
+        states, layer after layer) are cut to each row's size at the end
+        (executor._cut_scan_outputs)."""
+        return self.packed < 0 and not any(any(f) for f in self.arg_flags[: scan.sequences])
 
     def size_of(self, trace) -> int | None:
         """The trace's ragged size if it fits the family (fixed dims equal, ragged dims all
@@ -342,7 +345,10 @@ def join(block, trace) -> None:
 
 
 def _join(block, trace) -> None:
-    _join_among(trace, reversed(block.cache.values()))
+    try:
+        _join_among(trace, reversed(block.cache.values()))
+    except SizesApart:
+        block.sizes_apart = True
 
 
 def _join_among(trace, candidates) -> None:
@@ -365,6 +371,8 @@ def _join_among(trace, candidates) -> None:
             continue
         try:
             formed = _form(other, trace)
+        except SizesApart:
+            raise
         except Decline:
             continue
         if formed is not None:
@@ -660,8 +668,10 @@ def _form(a, b):
                 continue
             if na is None:
                 na, nb = p, q
-            if p - na != q - nb:
-                return None  # a second ragged size: not one family
+            if p - na != q - nb:  # a second ragged size: not one family
+                if type(key) is tuple and key[0] == "arg":  # (the arguments' own: two
+                    raise SizesApart(key)  # sizes apart, not 2n made of n inside)
+                return None
             f.append(Ragged(p - na))
         flags[key] = f = tuple(f)
         fixed[key] = tuple(None if fl else p for p, fl in zip(x, f))

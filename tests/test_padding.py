@@ -1020,3 +1020,78 @@ class GoldPath(nn.Module):
 
 def test_a_gold_path_score_pads():
     check_padded(GoldPath(), tokens(19, (3, 7, 5, 5, 2, 6, 4)))
+
+
+# ---- loops whose carried state is ragged (a graph's node states, layer after layer) -------
+
+
+class GraphNet(nn.Module):
+    """Message passing over one instance's graph, given as (adjacency, node ids): the
+    node states carried through a loop of layers (executor._cut_scan_outputs cuts each
+    graph's rows at the end)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(20)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.own = nn.Linear(DIM, DIM)
+        self.msg = nn.Linear(DIM, DIM)
+        self.out = nn.Linear(DIM, 2)
+
+    def forward(self, graph):
+        adj, ids = graph
+        h = self.emb(ids)
+        deg = adj.sum(1, keepdim=True) + 1
+        for _ in range(3):
+            h = torch.tanh(self.own(h) + self.msg(adj @ h) / deg)
+        return self.out(h.mean(0)), h
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=2, max_size=8), st.integers(0, 2**16))
+def test_a_loop_carrying_ragged_states_pads(ns, seed):
+    g = torch.Generator().manual_seed(seed)
+    data = [
+        ((torch.rand(n, n, generator=g) < 0.4).float(), torch.randint(WORDS, (n,), generator=g))
+        for n in ns
+    ]
+    model = GraphNet()
+    f = acrobat.autobatch(model)
+    rows = [(n, ns.count(n)) for n in sorted(set(ns), reverse=True)]
+    chunks = len(padding.chunks(rows, 2))  # (adj: n x n)
+    with torch.no_grad():
+        stats = check_map(f, data)  # (the states h cut to each graph's n)
+    loops = sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:"))
+    assert loops == 1, stats.by_op  # (a padded batch of loops is not cut into chunks)
+    assert block_batches(stats) <= 2 * chunks, stats.by_op
+
+    def loss(outputs):
+        return sum(y.square().sum() + h.square().sum() for y, h in outputs)
+
+    model.zero_grad()
+    loss(f.map(data)).backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss([model(x) for x in data]).backward()
+    for a, b in zip(got, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_a_run_over_two_sizes_apart_records_op_by_op():
+    """A pair of per-instance tensors whose lengths vary apart: no family pads them, and a
+    trace per pair of lengths makes batches of about one, so the run records op by op
+    from there on (each op batching with those of its shape)."""
+    lin = nn.Linear(DIM, DIM)
+
+    def f(pair, lin):
+        a, b = pair
+        return torch.tanh(lin(a)).sum(0) * torch.sigmoid(lin(b)).mean(0)
+
+    g = acrobat.autobatch(f)
+    lengths = [(1, 2), (3, 1), (2, 5), (4, 4), (2, 2), (5, 1)]
+    data = [(torch.randn(s, DIM), torch.randn(t, DIM)) for s, t in lengths]
+    with torch.no_grad():
+        check_map(g, data, lin=lin)
+        stats = check_map(g, data, lin=lin)
+    assert not [k for k in stats.by_op if k.startswith("block:")], stats.by_op
+    assert stats.by_op["linear"][0] <= 2 * 5, stats.by_op  # (a batch per length at most)

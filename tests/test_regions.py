@@ -1016,3 +1016,24 @@ def test_namedtuple_states_pass_through_blocks_and_regions(seed, lengths):
     region = stats.by_op.get(f"block:ls_run (test_regions.py, line {line})", [0, 0])
     assert region[1] == sum(lengths) - len(lengths)
     assert not any(n in stats.by_op for n in ("linear", "sigmoid", "tanh", "chunk"))
+
+
+def test_a_run_given_a_tuple_of_per_instance_tensors_is_one_block():
+    """``adj, ids = graph`` inside the run: the tuple argument is keyed by its fields, as a
+    block's is (before, a run given any container ran op by op)."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 4)
+
+    def f(graph, emb):
+        adj, ids = graph
+        h = emb(ids)
+        return torch.tanh(adj @ h + h).sum(0)
+
+    g = acrobat.autobatch(f)
+    data = [(torch.rand(3, 3), torch.randint(10, (3,))) for _ in range(5)]
+    with torch.no_grad():
+        got, stats = g.map(data, emb=emb, stats=True)
+    assert [k for k in stats.by_op if k.startswith("block:")], stats.by_op
+    assert "embedding" not in stats.by_op and "matmul" not in stats.by_op, stats.by_op
+    for out, x in zip(got, data):
+        assert_close_tree(out, f(x, emb))

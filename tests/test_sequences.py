@@ -183,6 +183,9 @@ def test_an_encoder_state_starting_a_decoder_trains_like_eager():
     model = Seq2Seq()
     pairs = [(torch.randn(s, D), torch.randn(t, D)) for s, t in ((3, 2), (5, 4), (1, 1), (4, 6))]
     with torch.no_grad():
+        check_map(translate, pairs, model=model)
+        # (the run's first calls are a block each, until two of its traces differ in two
+        # sizes apart, a pair's lengths: from then on it records op by op)
         stats = check_map(translate, pairs, model=model)
     assert stats.by_op["sequences"] == [2, 2 * len(pairs)]  # one call each: encoder, decoder
     check_grads(translate, pairs, model, atol=1e-5, rtol=1e-4, model=model)
