@@ -1,0 +1,240 @@
+"""Plain per-instance code as people write it for sequences, pairs and graphs of many
+sizes: acrobat against the eager loop, and against itself with padding off.
+
+The seven benchmark models (bench/run.py) are trees, stacks and loops; these are the
+other shapes of work users bring: a language model's loss over its tokens, a causal
+transformer trained with dropout, a text CNN, a tagger, self-attention, message passing
+over graphs, an encoder-decoder over sentence pairs, a BiLSTM-CRF. Each is written once
+for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
+nodes) in rounds that alternate the systems (the order shuffled each round), and
+checked against the eager loop's outputs. Times are medians of ``--rounds`` rounds, in
+milliseconds; "step" rows time forward and backward of the summed outputs.
+
+    python -m bench.patterns                    # every pattern, batch 64
+    python -m bench.patterns --only lm_gru,text_cnn --rounds 21 --out /tmp/patterns.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import acrobat
+
+VOCAB, HIDDEN, TAGS = 200, 32, 6
+
+
+class Model(nn.Module):
+    """Every layer the patterns use, one instance shared by all."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(VOCAB, HIDDEN)
+        self.pos = nn.Embedding(64, HIDDEN)
+        self.gru = nn.GRU(HIDDEN, HIDDEN)
+        self.lstm = nn.LSTM(HIDDEN, HIDDEN // 2, bidirectional=True)
+        self.out = nn.Linear(HIDDEN, VOCAB)
+        self.layer = nn.TransformerEncoderLayer(HIDDEN, 2, 64, dropout=0.1, batch_first=True)
+        self.conv = nn.Conv1d(HIDDEN, 64, 3, padding=1)
+        self.cls = nn.Linear(64, 5)
+        self.qkv = nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.head = nn.Linear(HIDDEN, 5)
+        self.tags = nn.Linear(HIDDEN, TAGS)
+        self.trans = nn.Parameter(torch.randn(TAGS, TAGS) * 0.1)
+        self.own = nn.Linear(HIDDEN, HIDDEN)
+        self.msg = nn.Linear(HIDDEN, HIDDEN)
+        self.decoder = nn.GRU(HIDDEN, HIDDEN)
+
+
+def lm_gru(tokens, m):
+    h, _ = m.gru(m.emb(tokens[:-1]))
+    return F.cross_entropy(m.out(h), tokens[1:])
+
+
+def causal_lm(tokens, m):
+    n = tokens.shape[0] - 1
+    x = m.emb(tokens[:-1]) + m.pos(torch.arange(n))
+    causal = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    h = m.layer(x[None], src_mask=causal)[0]
+    return F.cross_entropy(m.out(h), tokens[1:])
+
+
+def text_cnn(tokens, m):
+    h = torch.relu(m.conv(m.emb(tokens).T))
+    return m.cls(h.max(-1).values)
+
+
+def tagger(tokens, m):
+    h, _ = m.lstm(m.emb(tokens))
+    return F.cross_entropy(m.tags(h), tokens % TAGS)
+
+
+def self_attention(tokens, m):
+    h = m.emb(tokens)
+    q, k, v = m.qkv(h).chunk(3, -1)
+    a = torch.softmax(q @ k.T / HIDDEN**0.5, -1)
+    return m.head(torch.tanh((a @ v).mean(0)))
+
+
+def message_passing(graph, m):
+    adj, ids = graph
+    h = m.emb(ids)
+    deg = adj.sum(1, keepdim=True) + 1
+    for _ in range(3):
+        h = torch.tanh(m.own(h) + m.msg(adj @ h) / deg)
+    return m.head(h.mean(0))
+
+
+def encoder_decoder(pair, m):
+    source, target = pair
+    _, state = m.gru(m.emb(source)[:, None])
+    decoded, _ = m.decoder(m.emb(target[:-1])[:, None], state)
+    return F.cross_entropy(m.out(decoded[:, 0]), target[1:])
+
+
+def crf_nll(tokens, m):
+    h, _ = m.lstm(m.emb(tokens))
+    em = m.tags(h)
+    tags = tokens % TAGS
+    alpha = em[0]
+    for t in range(1, tokens.shape[0]):
+        alpha = torch.logsumexp(alpha[:, None] + m.trans, 0) + em[t]
+    gold = em.gather(1, tags[:, None]).sum() + m.trans[tags[:-1], tags[1:]].sum()
+    return torch.logsumexp(alpha, 0) - gold
+
+
+@dataclass
+class Pattern:
+    fn: Callable
+    data: str  # "tokens", "graphs" or "pairs"
+    train: bool  # time a training step (forward + backward), else inference
+
+
+PATTERNS = {
+    "lm_gru": Pattern(lm_gru, "tokens", True),
+    "causal_lm": Pattern(causal_lm, "tokens", True),
+    "text_cnn": Pattern(text_cnn, "tokens", False),
+    "tagger": Pattern(tagger, "tokens", True),
+    "self_attention": Pattern(self_attention, "tokens", False),
+    "message_passing": Pattern(message_passing, "graphs", False),
+    "encoder_decoder": Pattern(encoder_decoder, "pairs", False),
+    "crf_nll": Pattern(crf_nll, "tokens", False),
+}
+
+
+def make_data(kind: str, batch: int, seed: int = 1) -> list:
+    """``batch`` instances: token tensors of 3-20 tokens, (adjacency, ids) graphs of 3-20
+    nodes, or (source, target) pairs of independent lengths."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [int(n) for n in torch.randint(3, 21, (batch,), generator=g)]
+    if kind == "tokens":
+        return [torch.randint(VOCAB, (n,), generator=g) for n in lengths]
+    if kind == "graphs":
+        out = []
+        for n in lengths:
+            a = (torch.rand(n, n, generator=g) < 0.3).float()
+            out.append(((a + a.T > 0).float(), torch.randint(VOCAB, (n,), generator=g)))
+        return out
+    others = [int(n) for n in torch.randint(3, 21, (batch,), generator=g)]
+    return [
+        (torch.randint(VOCAB, (s,), generator=g), torch.randint(VOCAB, (t,), generator=g))
+        for s, t in zip(lengths, others)
+    ]
+
+
+def _close(a, b) -> bool:
+    return all(torch.allclose(x, y, atol=1e-4, rtol=1e-4) for x, y in zip(a, b))
+
+
+def measure(name: str, batch: int, rounds: int) -> dict:
+    """Median times (ms) of the eager loop, acrobat with padding off and on; acrobat's
+    batches; whether its outputs matched the eager loop's (in eval mode: no dropout)."""
+    p = PATTERNS[name]
+    model = Model()
+    data = make_data(p.data, batch)
+    f = acrobat.autobatch(p.fn)
+    with torch.no_grad():
+        model.eval()
+        want = [p.fn(x, model) for x in data]
+        got = f.map(data, m=model)
+    model.train(p.train)
+
+    def eager():
+        outs = [p.fn(x, model) for x in data]
+        if p.train:
+            torch.stack(outs).sum().backward()
+
+    def mapped(pad: bool):
+        def run():
+            with acrobat.config.override(PAD_RAGGED=pad):
+                outs = f.map(data, m=model)
+            if p.train:
+                torch.stack(outs).sum().backward()
+
+        return run
+
+    # (acrobat first: the traces its warm-up makes join their padding families; with
+    # padding off the same traces run, their batches not joined)
+    systems = {"acrobat": mapped(True), "pad off": mapped(False), "eager": eager}
+    times: dict = {k: [] for k in systems}
+    with torch.set_grad_enabled(p.train):
+        for run in systems.values():  # warm-up: traces, kernels, caches
+            run()
+            run()
+        for _ in range(rounds):
+            order = list(systems)
+            random.shuffle(order)
+            for k in order:
+                t = time.perf_counter()
+                systems[k]()
+                times[k].append(time.perf_counter() - t)
+            model.zero_grad(set_to_none=True)
+        with acrobat.config.override(PAD_RAGGED=True):
+            _, stats = f.map(data, m=model, stats=True)
+    out = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    out.update(batches=stats.batches, ok=_close(got, want))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(PATTERNS))
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    lines = [
+        f"batch {args.batch}, median of {args.rounds} rounds (ms), torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads",
+        "",
+        "| pattern | timed | eager | acrobat, pad off | acrobat | x eager | batches | = eager |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    print("\n".join(lines), flush=True)
+    for name in args.only.split(","):
+        r = measure(name, args.batch, args.rounds)
+        line = (
+            f"| {name} | {'step' if PATTERNS[name].train else 'map'} | {r['eager']:.2f} | "
+            f"{r['pad off']:.2f} | {r['acrobat']:.2f} | {r['eager'] / r['acrobat']:.2f}x | "
+            f"{r['batches']} | {'yes' if r['ok'] else 'NO'} |"
+        )
+        lines.append(line)
+        print(line, flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
