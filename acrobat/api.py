@@ -5,15 +5,48 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 import types
 import warnings
 import weakref
+
+import torch
 
 from acrobat import analysis, config, fibers, graph, memory, objects, ops
 from acrobat.errors import AcrobatError, AcrobatWarning
 from acrobat.stats import Stats
 
 _LAST_STATS: Stats | None = None
+
+
+class _MapChoice:
+    """The online choice between the batched map and the eager loop for one key of a
+    function (config.MAP_CHOICE; Astra's work-conserving trials): the two alternate, the
+    batched map first, until each has run ``TRIALS`` times after an untimed first run
+    (traces, kernels, caches); then the faster by its best time per instance, the eager
+    loop only if 10% faster."""
+
+    TRIALS = 2
+
+    __slots__ = ("runs", "choice")
+
+    def __init__(self):
+        self.runs: dict[str, list[float]] = {"map": [], "eager": []}
+        self.choice: str | None = None
+
+    def next(self) -> str:
+        if self.choice is not None:
+            return self.choice
+        return "map" if len(self.runs["map"]) <= len(self.runs["eager"]) else "eager"
+
+    def note(self, variant: str, seconds: float, instances: int) -> None:
+        if self.choice is not None:
+            return
+        runs = self.runs[variant]
+        runs.append(seconds / instances)
+        if all(len(r) > self.TRIALS for r in self.runs.values()):
+            best = {k: min(r[1:]) for k, r in self.runs.items()}
+            self.choice = "eager" if best["eager"] < 0.9 * best["map"] else "map"
 
 
 class Autobatched:
@@ -27,6 +60,7 @@ class Autobatched:
         # the torch functions with a stand-in that its maps have called (ops.fast_functions)
         self._calls: frozenset = frozenset()
         self._warned_objects = False  # the unbatched-objects warning, given once
+        self._choices: dict = {}  # key -> _MapChoice (config.MAP_CHOICE)
 
     def __get__(self, obj, objtype=None):
         """On a method (``@acrobat.autobatch`` in a class body), ``model.encode`` is the
@@ -86,6 +120,18 @@ class Autobatched:
         _LAST_STATS = st
         if lengths[0] == 0:
             return ([], st) if stats else []
+        choice = self._choice(lengths[0], shared) if config.MAP_CHOICE and not stats else None
+        if choice is not None and choice.next() == "eager":
+            t0 = time.perf_counter()
+            try:
+                results = [self.fn(*args, **shared) for args in zip(*columns)]
+            except Exception:  # the batched map raises it as acrobat does: naming the
+                results = None  # instance, the op and the line
+            if results is not None:
+                choice.note("eager", time.perf_counter() - t0, lengths[0])
+                st.eager_loop = True
+                return results
+        t0 = time.perf_counter()
         if config.HOLD_MEMORY and not memory.held():
             memory.hold()  # freed buffers serve the next mini-batch (acrobat/memory.py)
         ops.MISSED.clear()
@@ -100,6 +146,8 @@ class Autobatched:
             if ops.MISSED:  # called without their stand-ins in place: in from the next map
                 self._calls = self._calls | ops.MISSED
                 ops.MISSED.clear()
+        if choice is not None:
+            choice.note("map", time.perf_counter() - t0, lengths[0])
         if st.nodes == 0 and not self._warned_objects:
             found = objects.attributes_with_tensors([tuple(c[0] for c in columns)])
             if found:
@@ -114,6 +162,24 @@ class Autobatched:
                     stacklevel=2,
                 )
         return (results, st) if stats else results
+
+    def _choice(self, n: int, shared: dict) -> _MapChoice | None:
+        """The choice for a map of ``n`` instances with ``shared`` arguments: keyed by the
+        batch size's power of two, the grad mode and the modules passed (not inside
+        another map, where the function is the instance's own call)."""
+        if graph.RT is not None:
+            return None
+        key = (
+            n.bit_length(),
+            torch.is_grad_enabled(),
+            tuple((k, id(v)) for k, v in shared.items() if isinstance(v, torch.nn.Module)),
+        )
+        found = self._choices.get(key)
+        if found is None:
+            if len(self._choices) > 64:  # (modules made anew every call: keys that never repeat)
+                self._choices.clear()
+            found = self._choices[key] = _MapChoice()
+        return found
 
 
 def autobatch(fn) -> Autobatched:

@@ -33,6 +33,7 @@ class Stats:
         "batches_lower_bound",
         "dead",
         "shared",
+        "eager_loop",
     )
 
     def __init__(self):
@@ -41,6 +42,7 @@ class Stats:
         self.batches_lower_bound = 0  # computed only with config.VERIFY or DEBUG
         self.dead = 0  # recorded nodes nothing could read: not executed (config.PRUNE_DEAD)
         self.shared = 0  # nodes / loop elements given another's row (DISTINCT_ROWS)
+        self.eager_loop = False  # the map ran as the eager loop (config.MAP_CHOICE)
         self.t_record = self.t_schedule = self.t_gather = self.t_kernel = self.t_total = 0.0
         self.by_op: dict[str, list[int]] = {}  # op name -> [batches, nodes]
 

@@ -8,7 +8,9 @@ over graphs, an encoder-decoder over sentence pairs, a BiLSTM-CRF. Each is writt
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
 nodes) in rounds that alternate the systems (the order shuffled each round), and
 checked against the eager loop's outputs. Times are medians of ``--rounds`` rounds, in
-milliseconds; "step" rows time forward and backward of the summed outputs.
+milliseconds; "step" rows time forward and backward of the summed outputs. The last
+columns run the pattern with ``config.MAP_CHOICE`` on (the benches turn it off, see
+bench/__init__.py) and say what it kept: the batched map or the eager loop.
 
     python -m bench.patterns                    # every pattern, batch 64
     python -m bench.patterns --only lm_gru,text_cnn --rounds 21 --out /tmp/patterns.md
@@ -183,14 +185,23 @@ def measure(name: str, batch: int, rounds: int) -> dict:
 
         return run
 
+    chosen = acrobat.autobatch(p.fn)  # (a function of its own: its choice's trials)
+
+    def choosing():
+        with acrobat.config.override(MAP_CHOICE=True):
+            outs = chosen.map(data, m=model)
+        if p.train:
+            torch.stack(outs).sum().backward()
+
     # (acrobat first: the traces its warm-up makes join their padding families; with
     # padding off the same traces run, their batches not joined)
     systems = {"acrobat": mapped(True), "pad off": mapped(False), "eager": eager}
+    systems["choice"] = choosing
     times: dict = {k: [] for k in systems}
     with torch.set_grad_enabled(p.train):
-        for run in systems.values():  # warm-up: traces, kernels, caches
-            run()
-            run()
+        for run in systems.values():  # warm-up: traces, kernels, caches (and the
+            for _ in range(7):  # choice's trials: 3 of each variant)
+                run()
         for _ in range(rounds):
             order = list(systems)
             random.shuffle(order)
@@ -203,6 +214,7 @@ def measure(name: str, batch: int, rounds: int) -> dict:
             _, stats = f.map(data, m=model, stats=True)
     out = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     out.update(batches=stats.batches, ok=_close(got, want))
+    out["chose"] = next(iter(chosen._choices.values())).choice or "-"
     return out
 
 
@@ -218,8 +230,9 @@ def main() -> None:
         f"batch {args.batch}, median of {args.rounds} rounds (ms), torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads",
         "",
-        "| pattern | timed | eager | acrobat, pad off | acrobat | x eager | batches | = eager |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| pattern | timed | eager | acrobat, pad off | acrobat | x eager | batches | = eager "
+        "| MAP_CHOICE on | it chose |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     print("\n".join(lines), flush=True)
     for name in args.only.split(","):
@@ -227,7 +240,7 @@ def main() -> None:
         line = (
             f"| {name} | {'step' if PATTERNS[name].train else 'map'} | {r['eager']:.2f} | "
             f"{r['pad off']:.2f} | {r['acrobat']:.2f} | {r['eager'] / r['acrobat']:.2f}x | "
-            f"{r['batches']} | {'yes' if r['ok'] else 'NO'} |"
+            f"{r['batches']} | {'yes' if r['ok'] else 'NO'} | {r['choice']:.2f} | {r['chose']} |"
         )
         lines.append(line)
         print(line, flush=True)

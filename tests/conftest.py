@@ -23,8 +23,10 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _verify_graph():
-    """Every test runs with the graph verifier on (graph.lint at each flush), and without
-    fused kernels (each new block program would compile one); tests/test_fusion.py runs
-    the fused paths explicitly."""
-    with acrobat.config.override(VERIFY=True, KERNEL_BACKEND="off"):
+    """Every test runs with the graph verifier on (graph.lint at each flush), without
+    fused kernels (each new block program would compile one; tests/test_fusion.py runs
+    the fused paths explicitly), and with every map batched: the online choice of the
+    eager loop (config.MAP_CHOICE) would run some of a test's later maps as the eager
+    loop; tests/test_map_choice.py runs it explicitly."""
+    with acrobat.config.override(VERIFY=True, KERNEL_BACKEND="off", MAP_CHOICE=False):
         yield
