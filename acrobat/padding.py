@@ -854,10 +854,8 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         return _ordered_action(inner, name, j, f_in)
     if name == "addmm" and inner.func is torch.einsum:
         return _einsum_action(inner, f_in)
-    if name == "attention":
-        return _attention_action(inner, f_in)
-    if name == "sequence_batch":
-        return _sequences_action(inner, f_in)
+    if name in _ACTIONS:  # (ops with rules of their own, below)
+        return _ACTIONS[name](inner, f_in)
     if name == "embedding":
         w = _arg(inner, 1, "weight")
         if j != 0 or type(w) is LazyTensor:
@@ -869,14 +867,6 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         if j != 0 or any(f_in[0][-k:]) or len(ragged) != 1:
             raise Decline("layer_norm over a ragged dim")
         return None
-    if name == "loss":
-        return _loss_action(inner, f_in)
-    if name == "index_select":
-        return _gather_action(inner, f_in)
-    if name == "conv":
-        return _conv_action(inner, f_in)
-    if name == "pool":
-        return _pool_action(inner, f_in)
     raise Decline(f"{name} ({kind}) of a ragged value")
 
 
@@ -1253,6 +1243,13 @@ def _sequences_action(inner, f_in: list) -> Action | None:
         return _sequences(inner, ins, lens + offset, n)
 
     return Action((), "zero", run=run)
+
+
+# op name -> its rule (inner, operand flags) -> Action | None, or Decline
+_ACTIONS = {
+    "attention": _attention_action, "sequence_batch": _sequences_action, "loss": _loss_action,
+    "index_select": _gather_action, "conv": _conv_action, "pool": _pool_action,
+}  # fmt: skip
 
 
 def _sequences(inner, ins, lens, n):
