@@ -658,15 +658,26 @@ def _run_scan(nodes: list, n: int, stats, t0: float) -> None:
 def _run_padded_scans(nodes: list, stats) -> bool:
     """A batch of loops over several traces of one padding family (scheduler.family):
     one scan with its ragged operands padded to the largest size, each step the
-    family's padded program (Scan.run's ``padded``); where the loops cannot pad
-    (padding.Family.loops_pad) one scan per trace. False where the batch holds loops
-    of one trace (run as usual by the caller)."""
+    family's padded program (Scan.run's ``padded``), sizes cut into runs whose padded
+    work stays within config.PAD_WASTE as a block's (padding.chunks); where the loops
+    cannot pad (padding.Family.loops_pad) one scan per trace. False where the batch holds
+    loops of one trace (run as usual by the caller)."""
     groups = _by_op(nodes)
     if len(groups) == 1:
         return False
     scans = [op.extra["scan"] for op in groups]
     size = {op: s.trace.op.extra["padded"][1] for op, s in zip(groups, scans)}
     fam = scans[0].trace.op.extra["padded"][0]
+    largest_first = sorted(groups, key=lambda op: -size[op])
+    runs = padding.chunks([(size[op], len(groups[op])) for op in largest_first], fam.rank)
+    if len(runs) > 1:
+        for run in runs:
+            part = [nd for i in run for nd in groups[largest_first[i]]]
+            if len(run) == 1:
+                _run_scan(part, len(part), stats, time.perf_counter())
+            else:
+                _run_padded_scans(part, stats)  # (one run: padded as one)
+        return True
     rest = fam  # (the family of the steps' programs: a split's rest where the body is cut)
     if scans[0].split is not None:
         order = sorted(zip(scans, groups), key=lambda sg: -size[sg[1]])

@@ -1062,7 +1062,7 @@ def test_a_loop_carrying_ragged_states_pads(ns, seed):
     with torch.no_grad():
         stats = check_map(f, data)  # (the states h cut to each graph's n)
     loops = sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:"))
-    assert loops == 1, stats.by_op  # (a padded batch of loops is not cut into chunks)
+    assert loops == chunks, stats.by_op  # (loops cut into runs of sizes as blocks are)
     assert block_batches(stats) <= 2 * chunks, stats.by_op
 
     def loss(outputs):
@@ -1095,3 +1095,21 @@ def test_a_run_over_two_sizes_apart_records_op_by_op():
         stats = check_map(g, data, lin=lin)
     assert not [k for k in stats.by_op if k.startswith("block:")], stats.by_op
     assert stats.by_op["linear"][0] <= 2 * 5, stats.by_op  # (a batch per length at most)
+
+
+def test_loops_over_sizes_far_apart_run_in_chunks():
+    """A padded batch of loops is cut into runs of sizes as a block's is (padding.chunks):
+    graphs of 1 and 12 nodes do not pad the small ones to 12 x 12."""
+    model = GraphNet()
+    f = acrobat.autobatch(model)
+    g = torch.Generator().manual_seed(4)
+    ns = [12, 11, 12, 1, 2, 1, 2, 1, 1, 2, 1, 1, 2]
+    data = [
+        ((torch.rand(n, n, generator=g) < 0.4).float(), torch.randint(WORDS, (n,), generator=g))
+        for n in ns
+    ]
+    rows = [(n, ns.count(n)) for n in sorted(set(ns), reverse=True)]
+    assert len(padding.chunks(rows, 2)) == 2
+    with torch.no_grad():
+        stats = check_map(f, data)
+    assert sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:")) == 2, stats.by_op
