@@ -1245,10 +1245,35 @@ def _sequences_action(inner, f_in: list) -> Action | None:
     return Action((), "zero", run=run)
 
 
+def _pad_action(inner, f_in: list) -> Action | None:
+    """``F.pad(x, pad, value=v)`` with constant padding along a ragged dim (a sentence's
+    boundary positions before a convolution): the pads set to ``v`` first, so each row's
+    own trailing padding is already in place after its real entries."""
+    x, pad = _arg(inner, 0, "input"), _arg(inner, 1, "pad")
+    if _where(inner, x) != 0 or len(inner.inputs) != 1 or not isinstance(pad, (tuple, list)):
+        raise Decline("F.pad of other than one per-instance tensor")
+    flags = f_in[0]
+    dims = [len(flags) - 1 - k for k in range(len(pad) // 2)]  # (pairs from the last dim)
+    if not any(flags[d] for d in dims if d >= 0):
+        return None
+    mode, value = _arg(inner, 2, "mode", "constant"), _arg(inner, 3, "value", None)
+    if mode != "constant" or not all(type(p) is int and p >= 0 for p in pad):
+        raise Decline("F.pad of a ragged dim other than by a constant")
+    value = 0.0 if value is None else value
+
+    def run(inner, ins, lens, n):
+        x = ins[0]
+        x = torch.where(_mask({}, flags, x, lens), x, value)
+        return inner.op.rule(inner, [x], n)
+
+    return Action((), "zero", run=run)
+
+
 # op name -> its rule (inner, operand flags) -> Action | None, or Decline
 _ACTIONS = {
     "attention": _attention_action, "sequence_batch": _sequences_action, "loss": _loss_action,
     "index_select": _gather_action, "conv": _conv_action, "pool": _pool_action,
+    "pad": _pad_action,
 }  # fmt: skip
 
 
