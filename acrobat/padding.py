@@ -879,14 +879,19 @@ def _integer(t) -> bool:
     return type(t) is LazyTensor and not t.dtype.is_floating_point and t.dtype != torch.bool
 
 
-def _tensor_index_action(inner, f_in: list) -> Action:
+def _tensor_index_action(inner, f_in: list) -> Action | None:
     """``table[i]`` / ``table[k, i, j]`` of a real tensor by per-instance integer indices
-    ragged alike: their pads set to 0."""
+    ragged alike, and ``x[heads]`` of a per-instance tensor by one per-instance index
+    tensor (a parser's head of each token): the indices' pads set to 0."""
     base, index = inner.args
+    if type(base) is LazyTensor:  # x[heads]: rows of the instance's own tensor, each
+        if not _integer(index):  # index below its own size (a pad's reads row 0)
+            raise Decline("getitem of a per-instance tensor by other than one index tensor")
+        return Action((_where(inner, index),), "zero") if any(f_in[_where(inner, index)]) else None
     parts = index if type(index) is tuple else (index,)
     lazy = [p for p in parts if type(p) is LazyTensor]
-    if type(base) is LazyTensor or not all(_integer(p) for p in lazy):
-        raise Decline("getitem of a per-instance tensor, or by other than integer tensors")
+    if not all(_integer(p) for p in lazy):
+        raise Decline("getitem by other than integer tensors")
     flags = {f_in[_where(inner, p)] for p in lazy}
     if len(flags) != 1:
         raise Decline("indices ragged apart")
@@ -1478,7 +1483,7 @@ def _reduce_action(inner, name: str, j: int, f_in: list, f_out: list) -> Action 
             raise Decline(name)
         return None
     elif dim is None or (isinstance(dim, (tuple, list)) and not dim):
-        if name in ("argmax", "argmin"):
+        if name in ("argmax", "argmin") and rank != 1:  # (of one dim: an index there)
             raise Decline(f"{name} of the flattened value")  # an index into the padding
         reduced = list(range(rank))
     else:

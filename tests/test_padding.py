@@ -236,6 +236,7 @@ REDUCTIONS = [
     ("pad_fixed", lambda x: F.pad(x, (1, 1)).sum(0), True),
     ("pad_then_conv", lambda x: F.conv1d(F.pad(x.T, (1, 1)), CONV).amax(-1), True),
     ("pad_reflect", lambda x: F.pad(x.T[None], (1, 1), mode="reflect").sum(-1).flatten(), False),
+    ("rows_by_index", lambda x: x[x[:, 0].argsort()].cumsum(0)[-1] + x[x[:, 1].argmax()], True),
     ("conv1d_same", lambda x: F.conv1d(x.T, CONV, padding=1).amax(-1), True),
     ("conv1d_valid", lambda x: F.conv1d(x.T[None], CONV[:, :, :2], CONV[:, 0, 0]).sum(-1)[0], True),
     ("conv1d_dilated", lambda x: F.conv1d(x.T, CONV, padding=2, dilation=2).mean(-1), True),
@@ -1121,3 +1122,29 @@ def test_loops_over_sizes_far_apart_run_in_chunks():
     with torch.no_grad():
         stats = check_map(f, data)
     assert sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:")) == 2, stats.by_op
+
+
+class HeadScorer(nn.Module):
+    """A dependency parser's arc scores: each token's state against its head's,
+    ``h[heads]`` (rows of the instance's own tensor by per-instance indices), the
+    sentence given as (tokens, heads)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(21)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.dep = nn.Linear(DIM, DIM)
+
+    def forward(self, sentence):
+        tokens, heads = sentence
+        h = torch.tanh(self.emb(tokens))
+        return (self.dep(h) * h[heads]).sum(-1).logsumexp(0)
+
+
+def test_rows_by_per_instance_heads_pad():
+    g = torch.Generator().manual_seed(22)
+    data = [
+        (torch.randint(WORDS, (n,), generator=g), torch.randint(n, (n,), generator=g))
+        for n in (3, 7, 5, 5, 2, 6, 4)
+    ]
+    check_padded(HeadScorer(), data)
