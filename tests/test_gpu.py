@@ -601,3 +601,44 @@ def test_padded_losses_and_bool_masks_on_cuda(default_device):
 
     xs = [torch.randn(n, 8) for n in (4, 4, 2, 4)]
     check_grads(attend, xs, attention, atol=1e-5, attention=attention)
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_session_40_padding_rules_on_cuda(default_device):
+    """The padding rules of session 40 on a GPU, each model's map == eager in one padded
+    batch per block, values and gradients (tests/test_padding.py's models): a text CNN
+    (convolution, whole-window pools), a gold-path score (gather, a table by index pairs),
+    a head scorer (rows by per-instance indices, a tuple argument), a trained encoder layer
+    (dropout 0 in training mode); then message passing (a loop carrying ragged states)."""
+    from tests.test_padding import (
+        GoldPath,
+        GraphNet,
+        HeadScorer,
+        TextCNN,
+        TrainedLayer,
+        check_padded,
+    )
+
+    g = torch.Generator(device="cuda").manual_seed(22)
+    data = [torch.randint(30, (n,), generator=g) for n in (3, 7, 5, 5, 2, 6, 4)]
+    for model in (TextCNN().train(), GoldPath(), TrainedLayer(0.0).train()):
+        check_padded(model, data)
+    pairs = [
+        (torch.randint(30, (n,), generator=g), torch.randint(n, (n,), generator=g))
+        for n in (3, 7, 5, 5, 2, 6, 4)
+    ]
+    check_padded(HeadScorer(), pairs)
+    graphs = [
+        ((torch.rand(n, n, generator=g) < 0.4).float(), torch.randint(30, (n,), generator=g))
+        for n in (3, 5, 4, 5, 2)
+    ]
+    model = GraphNet()
+    f = acrobat.autobatch(model)
+    with torch.no_grad():
+        got = f.map(graphs)
+    for (y, h), x in zip(got, graphs):
+        want = model(x)
+        assert y.device.type == "cuda"
+        torch.testing.assert_close(y, want[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(h, want[1], atol=1e-5, rtol=1e-5)
