@@ -511,11 +511,7 @@ def _pad_run(fam, parts: list, stats) -> None:
             o[(rows, *padding.cut(flags, size))].contiguous() if any(flags) else o[rows]
             for o, flags in zip(outs, fam.out_flags)
         )
-        base = next(_batches) << _BATCH_SHIFT
-        for i, nd in enumerate(part):
-            nd.outs = mine
-            nd.row = i
-            nd.slot = base + i
+        _give(part, mine)
         r += len(part)
 
 
@@ -680,9 +676,10 @@ def _run_padded_scans(nodes: list, stats) -> bool:
         return True
     rest = fam  # (the family of the steps' programs: a split's rest where the body is cut)
     if scans[0].split is not None:
-        order = sorted(zip(scans, groups), key=lambda sg: -size[sg[1]])
         split_all = all(s.split is not None for s in scans)
-        rest = padding.split_family([s for s, _ in order]) if split_all else None
+        rest = (
+            padding.split_family([op.extra["scan"] for op in largest_first]) if split_all else None
+        )
     if (
         rest is None
         or not fam.loops_pad(scans[0])
@@ -699,6 +696,9 @@ def _run_padded_scans(nodes: list, stats) -> bool:
     scan = top.extra["scan"]
     big = size[top]
     sizes = [size[nd.op] for nd in rows]
+    by_size: dict = {}  # size -> its rows
+    for r, s in enumerate(sizes):
+        by_size.setdefault(s, []).append(r)
     xs = []
     for j in range(scan.fixed):
         column = [nd.inputs[j] for nd in rows]
@@ -707,9 +707,6 @@ def _run_padded_scans(nodes: list, stats) -> bool:
             xs.append(gather(column, n, stats))
             continue
         out = None
-        by_size: dict = {}
-        for r, s in enumerate(sizes):
-            by_size.setdefault(s, []).append(r)
         for s, where in by_size.items():
             x = gather([column[r] for r in where], len(where), stats)
             if out is None:
@@ -741,21 +738,19 @@ def _run_padded_scans(nodes: list, stats) -> bool:
         _finish_batch(rows, outs, n, stats, t0, t1)
         return True
     _account(rows, n, stats, t0, t1)
-    _cut_scan_outputs(rows, outs, sizes, rest.out_flags, scan.carried)
+    _cut_scan_outputs(rows, outs, by_size, rest.out_flags, scan.carried)
     return True
 
 
-def _cut_scan_outputs(rows: list, outs: tuple, sizes: list, flags: tuple, k: int) -> None:
-    """The outputs of a padded batch of loops (rows: its nodes; the first ``k`` outputs
-    the carried states, then each step's outputs, of the step program's ``flags``) given
-    to the nodes by size: each size its own rows, ragged outputs cut to it. A step's
-    output holds only the rows still looping then (rows sort longest loop first): a row
-    past them reads row 0 there, a value its node never reads."""
+def _cut_scan_outputs(rows: list, outs: tuple, by_size: dict, flags: tuple, k: int) -> None:
+    """The outputs of a padded batch of loops (rows: its nodes, ``by_size``: each size's
+    positions among them; the first ``k`` outputs the carried states, then each step's
+    outputs, of the step program's ``flags``) given to the nodes by size: each size its
+    own rows, ragged outputs cut to it. A step's output holds only the rows still looping
+    then (rows sort longest loop first): a row past them reads row 0 there, a value its
+    node never reads."""
     per = max(len(flags) - k, 1)
     out_flags = [flags[i] if i < k else flags[k + (i - k) % per] for i in range(len(outs))]
-    by_size: dict = {}
-    for r, size in enumerate(sizes):
-        by_size.setdefault(size, []).append(r)
     device = outs[0].device if outs else torch.device("cpu")
     for size, where in by_size.items():
         index: dict = {}  # rows in an output -> the index of this size's rows there
@@ -766,12 +761,7 @@ def _cut_scan_outputs(rows: list, outs: tuple, sizes: list, flags: tuple, k: int
                 index[m] = index_tensor([r if r < m else 0 for r in where], device)
             part = o.index_select(0, index[m])
             mine.append(part[(slice(None), *padding.cut(f, size))].contiguous() if any(f) else part)
-        base = next(_batches) << _BATCH_SHIFT
-        for i, r in enumerate(where):
-            nd = rows[r]
-            nd.outs = tuple(mine)
-            nd.row = i
-            nd.slot = base + i
+        _give([rows[r] for r in where], tuple(mine))
 
 
 def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
@@ -825,6 +815,11 @@ def _account(nodes: list, n: int, stats, t0: float, t1: float) -> None:
 def _finish_batch(nodes: list, outs, n: int, stats, t0: float, t1: float) -> None:
     """Account for a batch run and give every node its outputs, row and slot."""
     _account(nodes, n, stats, t0, t1)
+    _give(nodes, outs)
+
+
+def _give(nodes: list, outs) -> None:
+    """Node i of a new batch gets ``outs``, row i and its slot."""
     base = next(_batches) << _BATCH_SHIFT
     if _native is not None and type(nodes) is list:
         _native.finish_rows(nodes, outs, base)

@@ -201,7 +201,9 @@ def calls_record(rt: Runtime | None) -> TypeGuard[Runtime]:
     ``rt`` runs, no block is being traced, and the fiber is not inside a grad-mode region
     of its own, where calls run op by op); else the dispatcher runs its function as it
     is. ``_native.recording_rt`` is the same check in C."""
-    return rt is not None and rt.fiber is not None and rt.tracer is None and rt.fiber.grad is None
+    return (
+        rt is not None and rt.fiber is not None and rt.tracer is None and rt.fiber.grad is None
+    )
 
 
 def grad_tag(sig):

@@ -78,7 +78,7 @@ _NEUTRAL = {
     "amax": "low", "max": "low", "argmax": "low", "logsumexp": "low", "softmax": "low",
     "log_softmax": "low", "amin": "high", "min": "high", "argmin": "high",
 }  # fmt: skip
-# elementwise ops whose pads may raise (an integer division by a zero pad) or draw
+# elementwise ops whose pads may raise (an integer division by a zero pad)
 _DIVIDING = frozenset({"floor_divide", "remainder"})  # elementwise but for their divisor
 
 
@@ -1009,7 +1009,8 @@ def _loss_action(inner, f_in: list) -> Action:
         or any(type(v) is LazyTensor for v in kw.values())
     ):
         raise Decline("a loss with legacy, per-instance or unknown options")
-    fx, ft = f_in[_where(inner, x)], f_in[_where(inner, target)]
+    jx, jt = _where(inner, x), _where(inner, target)
+    fx, ft = f_in[jx], f_in[jt]
     if func in _CLASS_LOSSES:
         if (
             x.ndim != 2
@@ -1019,23 +1020,21 @@ def _loss_action(inner, f_in: list) -> Action:
             or kw.get("label_smoothing", 0.0)
         ):
             raise Decline("a class loss other than of (n, classes) scores and n classes")
-        return Action((), "zero", run=_class_loss(func, kw, reduction, fx[0].offset))
+        return Action((), "zero", run=_class_loss(func, kw, reduction, fx[0].offset, jx, jt))
     if func in _ENTRY_LOSSES:
         if fx != ft or x.shape != target.shape:
             raise Decline("an elementwise loss of operands ragged apart")
-        return Action((), "zero", run=_entry_loss(func, kw, reduction, fx))
+        return Action((), "zero", run=_entry_loss(func, kw, reduction, fx, jx, jt))
     raise Decline(f"{getattr(func, '__name__', func)} of a ragged value")
 
 
-def _class_loss(func, kw: dict, reduction: str, offset: int):
+def _class_loss(func, kw: dict, reduction: str, offset: int, jx: int, jt: int):
+    """The run of a class loss (scores and targets at operands ``jx``, ``jt``)."""
     ignore = kw.get("ignore_index", -100)
     weight = kw.get("weight")
 
     def run(inner, ins, lens, n):
-        x, target = (
-            ins[_where(inner, _arg(inner, 0, "input"))],
-            ins[_where(inner, _arg(inner, 1, "target"))],
-        )
+        x, target = ins[jx], ins[jt]
         size = x.shape[1]
         real = torch.arange(size, device=x.device) < (lens + offset).view(n, 1)
         target = torch.where(real, target, ignore)  # (the scores' pads are not read)
@@ -1056,14 +1055,12 @@ def _class_loss(func, kw: dict, reduction: str, offset: int):
     return run
 
 
-def _entry_loss(func, kw: dict, reduction: str, flags: tuple):
+def _entry_loss(func, kw: dict, reduction: str, flags: tuple, jx: int, jt: int):
+    """The run of an elementwise loss (input and target at operands ``jx``, ``jt``)."""
     fill = _ENTRY_LOSSES[func]
 
     def run(inner, ins, lens, n):
-        x, target = (
-            ins[_where(inner, _arg(inner, 0, "input"))],
-            ins[_where(inner, _arg(inner, 1, "target"))],
-        )
+        x, target = ins[jx], ins[jt]
         real = _mask({}, flags, x, lens)
         x, target = torch.where(real, x, fill), torch.where(real, target, fill)
         per = torch.where(real, func(x, target, **{**kw, "reduction": "none"}), 0.0)
@@ -1444,9 +1441,7 @@ def _check_index(index, flags: tuple) -> tuple | None:
                 p.step in (None, 1)
                 and type(start) is int
                 and start >= 0
-                and (
-                    stop is None or (type(stop) is int and (stop < 0 or (stop >= 0 and not start)))
-                )
+                and (stop is None or (type(stop) is int and (stop < 0 or not start)))
             ):
                 raise Decline("a ragged dim sliced from its end")
         else:
