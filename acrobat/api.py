@@ -21,32 +21,101 @@ _LAST_STATS: Stats | None = None
 
 class _MapChoice:
     """The online choice between the batched map and the eager loop for one key of a
-    function (config.MAP_CHOICE; Astra's work-conserving trials): the two alternate, the
-    batched map first, until each has run ``TRIALS`` times after an untimed first run
-    (traces, kernels, caches); then the faster by its best time per instance, the eager
-    loop only if 10% faster."""
+    function (config.MAP_CHOICE; Astra's work-conserving trials: every run computes the
+    map's real results).
+
+    Trials: the two alternate, the batched map first, each run timed per instance; the
+    first run of each is untimed (traces, kernels, caches). The choice is made as soon as
+    the numbers are clear: once the batched map's first timed run is ``CLEAR`` times
+    faster than even the eager loop's untimed first (the eager loop not tried again), or
+    once either is ``CLEAR`` times faster than the other in timed runs; else after
+    ``TRIALS`` timed runs each, the faster by its best time, the eager loop only if 10%
+    faster.
+
+    Re-checks: the kept variant's times are watched (the best of its last ``WINDOW``
+    runs), and the other runs again now and then, so a verdict made while traces were
+    still warming up, or before the data changed, does not stand for good. The next
+    re-check comes after ``RECHECK`` maps times the other's last ratio to the kept one
+    (a loop 8x slower is re-tried 8x less often: at most ~1/RECHECK of the time goes to
+    re-checks), the period doubling each time the verdict stands (up to ``RECHECK_MAX``
+    maps); the other takes over only if clearly faster than the kept one's recent best
+    (the eager loop: 10% faster; the batched map: faster)."""
 
     TRIALS = 2
+    CLEAR = 3.0
+    WINDOW = 8
+    RECHECK = 64
+    RECHECK_MAX = 1 << 16
 
-    __slots__ = ("runs", "choice")
+    __slots__ = ("runs", "choice", "recent", "ratio", "period", "due", "calls", "checking")
 
     def __init__(self):
         self.runs: dict[str, list[float]] = {"map": [], "eager": []}
         self.choice: str | None = None
+        self.recent: list[float] = []  # the kept variant's last seconds per instance
+        self.ratio = 1.0  # the other's time over the kept one's, when last measured
+        self.period = self.RECHECK  # maps between re-checks, before the ratio
+        self.due = 0  # the map count at which the other runs again
+        self.calls = 0  # maps since the choice
+        self.checking = False  # the run in flight is a re-check of the other
 
     def next(self) -> str:
-        if self.choice is not None:
-            return self.choice
-        return "map" if len(self.runs["map"]) <= len(self.runs["eager"]) else "eager"
+        choice = self.choice
+        if choice is None:
+            return "map" if len(self.runs["map"]) <= len(self.runs["eager"]) else "eager"
+        self.calls += 1
+        if self.calls >= self.due and self.recent:
+            self.checking = True
+            return "eager" if choice == "map" else "map"
+        return choice
 
     def note(self, variant: str, seconds: float, instances: int) -> None:
-        if self.choice is not None:
-            return
-        runs = self.runs[variant]
-        runs.append(seconds / instances)
-        if all(len(r) > self.TRIALS for r in self.runs.values()):
-            best = {k: min(r[1:]) for k, r in self.runs.items()}
-            self.choice = "eager" if best["eager"] < 0.9 * best["map"] else "map"
+        t = seconds / instances
+        if self.choice is None:
+            self._trial(variant, t)
+        elif variant == self.choice:
+            self.recent.append(t)
+            if len(self.recent) > self.WINDOW:
+                del self.recent[0]
+        elif self.checking:
+            self._recheck(variant, t)
+
+    def _trial(self, variant: str, t: float) -> None:
+        runs = self.runs
+        runs[variant].append(t)
+        maps, loops = runs["map"][1:], runs["eager"][1:]
+        if maps and runs["eager"] and not loops and maps[0] * self.CLEAR < runs["eager"][0]:
+            self._decide("map", maps[0], runs["eager"][0])
+        elif maps and loops and min(maps) * self.CLEAR < min(loops):
+            self._decide("map", min(maps), min(loops))
+        elif maps and loops and min(loops) * self.CLEAR < min(maps):
+            self._decide("eager", min(loops), min(maps))
+        elif len(maps) >= self.TRIALS and len(loops) >= self.TRIALS:
+            if min(loops) < 0.9 * min(maps):
+                self._decide("eager", min(loops), min(maps))
+            else:
+                self._decide("map", min(maps), min(loops))
+
+    def _decide(self, choice: str, kept: float, other: float) -> None:
+        self.choice = choice
+        self.recent = [kept]
+        self.period = self.RECHECK
+        self._schedule(other / kept)
+
+    def _schedule(self, ratio: float) -> None:
+        self.ratio = max(ratio, 1.0)
+        self.calls = 0
+        self.due = int(self.period * self.ratio)
+
+    def _recheck(self, variant: str, t: float) -> None:
+        self.checking = False
+        kept = min(self.recent)
+        better = t < 0.9 * kept if variant == "eager" else t < kept
+        if better:
+            self._decide(variant, t, kept)
+        else:
+            self.period = min(2 * self.period, self.RECHECK_MAX)
+            self._schedule(t / kept)
 
 
 class Autobatched:

@@ -199,9 +199,13 @@ HOLD_MEMORY: bool = bool(_env_int("ACROBAT_HOLD_MEMORY", 1))
 #: Per function, batch-size bucket (powers of two), grad mode and module arguments, the
 #: first maps time the batched map against the eager loop on the real work (each trial
 #: computes the map's results), then keep the faster (the eager loop only where it beat
-#: the batched map by 10%; api._MapChoice). A map asked for ``stats=True`` always runs
-#: batched. Small batches of per-instance work that is a few large ops (a text CNN over 8
-#: sentences: 1.9 ms batched, 0.8 eager) then run as the eager loop. Read at every map.
+#: the batched map by 10%; api._MapChoice; decided early when one is 3x faster), and
+#: re-check the verdict now and then (the other variant run once after 64 maps times its
+#: slowdown, the period doubling while the verdict stands: at most ~1/64 of the time goes
+#: to re-checks, and a verdict made while traces warmed up is revised). A map asked for
+#: ``stats=True`` always runs batched. Small batches of per-instance work that is a few
+#: large ops (a text CNN over 8 sentences: 1.9 ms batched, 0.8 eager) then run as the
+#: eager loop. Read at every map.
 MAP_CHOICE: bool = bool(_env_int("ACROBAT_MAP_CHOICE", 1))
 
 #: ``torch.stack(parts)`` / ``torch.cat(parts)`` along dim 0 of lazy parts of one shape
