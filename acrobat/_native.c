@@ -3176,7 +3176,117 @@ static PyObject *stack_mark(PyObject *mod, PyObject *unused) {
     return PyLong_FromVoidPtr((void *)&here);
 }
 
+/* module_state(m, hooks, plain): the state of the module tree under ``m`` that a block's
+ * trace depends on (block._module_state), flat: per module, depth first (m.modules()'s
+ * order), its id, its ``training`` flag, the count and the ids of its own parameters,
+ * likewise of its buffers, per hook dict named in ``hooks`` the count and the keys (the
+ * handles' ids), and the count and (name, value) pairs of its attributes whose value's
+ * type is in ``plain`` (names not starting with "_"). Equal tuples: the same state. */
+static PyObject *module_state(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2])) {
+        PyErr_SetString(PyExc_TypeError, "module_state(m, hooks, plain)");
+        return NULL;
+    }
+    PyObject *hooks = a[1], *plain = a[2];
+    PyObject *out = PyList_New(0), *todo = PyList_New(0), *seen = PySet_New(NULL);
+    PyObject *result = NULL;
+    if (out == NULL || todo == NULL || seen == NULL || PyList_Append(todo, a[0]) < 0)
+        goto done;
+    while (PyList_GET_SIZE(todo) > 0) {
+        Py_ssize_t last = PyList_GET_SIZE(todo) - 1;
+        PyObject *m = PyList_GET_ITEM(todo, last);
+        Py_INCREF(m);
+        if (PyList_SetSlice(todo, last, last + 1, NULL) < 0) { Py_DECREF(m); goto done; }
+        PyObject *key = PyLong_FromVoidPtr(m);
+        int found = key == NULL ? -1 : PySet_Contains(seen, key);
+        if (found != 0 || PySet_Add(seen, key) < 0) {
+            Py_XDECREF(key);
+            Py_DECREF(m);
+            if (found == 1) continue;
+            goto done;
+        }
+        PyObject *d = PyObject_GenericGetDict(m, NULL);
+        Py_DECREF(m);
+        if (d == NULL || !PyDict_Check(d)) {
+            Py_DECREF(key);
+            Py_XDECREF(d);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a module without a __dict__");
+            goto done;
+        }
+        int bad = PyList_Append(out, key) < 0;
+        Py_DECREF(key);
+        PyObject *training = PyDict_GetItemString(d, "training");  /* borrowed */
+        bad = bad || PyList_Append(out, training != NULL ? training : Py_None) < 0;
+        static const char *tables[] = {"_parameters", "_buffers"};
+        for (int k = 0; k < 2 && !bad; k++) {
+            PyObject *table = PyDict_GetItemString(d, tables[k]);
+            Py_ssize_t count = table != NULL && PyDict_Check(table) ? PyDict_GET_SIZE(table) : 0;
+            PyObject *c = PyLong_FromSsize_t(count);
+            bad = c == NULL || PyList_Append(out, c) < 0;
+            Py_XDECREF(c);
+            PyObject *k_, *v;
+            Py_ssize_t pos = 0;
+            while (!bad && count > 0 && PyDict_Next(table, &pos, &k_, &v)) {
+                PyObject *id = PyLong_FromVoidPtr(v);
+                bad = id == NULL || PyList_Append(out, id) < 0;
+                Py_XDECREF(id);
+            }
+        }
+        for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(hooks) && !bad; h++) {
+            PyObject *table = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(hooks, h));
+            Py_ssize_t count = table != NULL && PyDict_Check(table) ? PyDict_GET_SIZE(table) : 0;
+            PyObject *c = PyLong_FromSsize_t(count);
+            bad = c == NULL || PyList_Append(out, c) < 0;
+            Py_XDECREF(c);
+            PyObject *k_, *v;
+            Py_ssize_t pos = 0;
+            while (!bad && count > 0 && PyDict_Next(table, &pos, &k_, &v))
+                bad = PyList_Append(out, k_) < 0;
+        }
+        Py_ssize_t at = PyList_GET_SIZE(out), count = 0;
+        bad = bad || PyList_Append(out, Py_None) < 0;  /* the count, set below */
+        PyObject *k_, *v;
+        Py_ssize_t pos = 0;
+        while (!bad && PyDict_Next(d, &pos, &k_, &v)) {
+            if (!PyUnicode_Check(k_) || PyUnicode_GET_LENGTH(k_) == 0 ||
+                PyUnicode_READ_CHAR(k_, 0) == '_')
+                continue;
+            int is_plain = 0;
+            for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(plain); t++)
+                if ((PyObject *)Py_TYPE(v) == PyTuple_GET_ITEM(plain, t)) { is_plain = 1; break; }
+            if (!is_plain) continue;
+            bad = PyList_Append(out, k_) < 0 || PyList_Append(out, v) < 0;
+            count++;
+        }
+        if (!bad) {
+            PyObject *c = PyLong_FromSsize_t(count);
+            if (c == NULL) bad = 1;
+            else PyList_SetItem(out, at, c);  /* steals c */
+        }
+        PyObject *children = bad ? NULL : PyDict_GetItemString(d, "_modules");
+        if (children != NULL && PyDict_Check(children) && PyDict_GET_SIZE(children) > 0) {
+            PyObject *vals = PyDict_Values(children);
+            if (vals == NULL) bad = 1;
+            for (Py_ssize_t i = vals == NULL ? 0 : PyList_GET_SIZE(vals) - 1; i >= 0 && !bad; i--) {
+                PyObject *c = PyList_GET_ITEM(vals, i);
+                if (c != Py_None) bad = PyList_Append(todo, c) < 0;
+            }
+            Py_XDECREF(vals);
+        }
+        Py_DECREF(d);
+        if (bad || PyErr_Occurred()) goto done;
+    }
+    result = PyList_AsTuple(out);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(todo);
+    Py_XDECREF(seen);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"module_state", (PyCFunction)(void (*)(void))module_state, METH_FASTCALL,
+     "module_state(m, hooks, plain): the flat state of m's module tree (block._module_state)"},
     {"stack_mark", (PyCFunction)stack_mark, METH_NOARGS,
      "stack_mark(): an address on the caller's C stack (fibers' worker pools)"},
     {"setup", (PyCFunction)setup, METH_VARARGS,

@@ -5,6 +5,7 @@ records those identities and is traced again when one changed (block.Trace.deps)
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -202,3 +203,57 @@ def test_a_module_is_checked_once_per_map_for_all_its_traces(monkeypatch):
     assert reads.count(id(m)) == 1
     m.head = nn.Linear(4, 3)  # seen by both traces in the next map
     _check(uses_module, m=m)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["C", "python"])
+def test_module_state_tells_every_kind_of_change(monkeypatch, native):
+    """block._module_state (the C one, and the Python one used without the extension):
+    equal while nothing changed, different after each change a trace depends on, equal
+    again when the change is undone."""
+    import importlib
+
+    block_module = importlib.import_module("acrobat.block")
+    if not native:
+        monkeypatch.setattr(block_module, "_native", None)
+    elif block_module._native is None:
+        pytest.skip("the C extension is not built")
+    state = block_module._module_state
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Sequential(nn.Linear(4, 4), nn.Dropout()))
+    m.register_buffer("z", torch.zeros(2))
+    first = state(m)
+    assert state(m) == first
+    m.eval()
+    assert state(m) != first
+    m.train()
+    assert state(m) == first
+    hook = m[2].register_forward_hook(lambda *a: None)
+    assert state(m) != first
+    hook.remove()
+    assert state(m) == first
+    m[2][1].p = 0.3  # a plain attribute
+    assert state(m) != first
+    m[2][1].p = 0.5
+    assert state(m) == first
+    z = m.z
+    m.z = torch.ones(2)  # a buffer replaced
+    assert state(m) != first
+    m.z = z
+    assert state(m) == first
+    old = m[2][0]
+    m[2][0] = nn.Linear(4, 4)  # a layer replaced
+    assert state(m) != first
+    m[2][0] = old
+    assert state(m) == first
+    weight = m[0].weight
+    m[0].weight = nn.Parameter(torch.randn(4, 3))  # a parameter replaced
+    assert state(m) != first
+    m[0].weight = weight
+    assert state(m) == first
+    m[1].extra = nn.Linear(2, 2)  # a layer added
+    assert state(m) != first
+    del m[1].extra
+    assert state(m) == first
+    shared = nn.Linear(2, 2)
+    m.a, m.b = shared, shared  # one module under two names: read once, like modules()
+    assert len([x for x in m.modules() if x is shared]) == 1
+    assert state(m) != first
