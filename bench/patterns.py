@@ -4,7 +4,8 @@ sizes: acrobat against the eager loop, and against itself with padding off.
 The seven benchmark models (bench/run.py) are trees, stacks and loops; these are the
 other shapes of work users bring: a language model's loss over its tokens, a causal
 transformer trained with dropout, a text CNN, a tagger, self-attention, message passing
-over graphs, an encoder-decoder over sentence pairs, a BiLSTM-CRF. Each is written once
+over graphs (a dense adjacency; an edge list, whose node and edge counts vary apart), an
+encoder-decoder over sentence pairs, a BiLSTM-CRF. Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
 nodes) in rounds that alternate the systems (the order shuffled each round), and
 checked against the eager loop's outputs. Times are medians of ``--rounds`` rounds, in
@@ -56,6 +57,7 @@ class Model(nn.Module):
         self.own = nn.Linear(HIDDEN, HIDDEN)
         self.msg = nn.Linear(HIDDEN, HIDDEN)
         self.decoder = nn.GRU(HIDDEN, HIDDEN)
+        self.edge = nn.Linear(2 * HIDDEN, HIDDEN)
 
 
 def lm_gru(tokens, m):
@@ -97,6 +99,16 @@ def message_passing(graph, m):
     return m.head(h.mean(0))
 
 
+def edge_gnn(graph, m):
+    ids, edges = graph  # edges: (2, E) source and target node of each edge
+    h = m.emb(ids)
+    src, dst = edges[0], edges[1]
+    for _ in range(2):
+        msg = torch.relu(m.edge(torch.cat([h[src], h[dst]], -1)))
+        h = torch.tanh(h + torch.zeros_like(h).index_add(0, dst, msg))
+    return m.head(h.mean(0))
+
+
 def encoder_decoder(pair, m):
     source, target = pair
     _, state = m.gru(m.emb(source)[:, None])
@@ -118,7 +130,7 @@ def crf_nll(tokens, m):
 @dataclass
 class Pattern:
     fn: Callable
-    data: str  # "tokens", "graphs" or "pairs"
+    data: str  # "tokens", "graphs", "edges" or "pairs"
     train: bool  # time a training step (forward + backward), else inference
 
 
@@ -129,6 +141,7 @@ PATTERNS = {
     "tagger": Pattern(tagger, "tokens", True),
     "self_attention": Pattern(self_attention, "tokens", False),
     "message_passing": Pattern(message_passing, "graphs", False),
+    "edge_gnn": Pattern(edge_gnn, "edges", False),
     "encoder_decoder": Pattern(encoder_decoder, "pairs", False),
     "crf_nll": Pattern(crf_nll, "tokens", False),
 }
@@ -136,7 +149,8 @@ PATTERNS = {
 
 def make_data(kind: str, batch: int, seed: int = 1) -> list:
     """``batch`` instances: token tensors of 3-20 tokens, (adjacency, ids) graphs of 3-20
-    nodes, or (source, target) pairs of independent lengths."""
+    nodes, (ids, edge list) graphs of 3-20 nodes and 1 to 2n edges, or (source, target)
+    pairs of independent lengths."""
     g = torch.Generator().manual_seed(seed)
     lengths = [int(n) for n in torch.randint(3, 21, (batch,), generator=g)]
     if kind == "tokens":
@@ -147,6 +161,14 @@ def make_data(kind: str, batch: int, seed: int = 1) -> list:
             a = (torch.rand(n, n, generator=g) < 0.3).float()
             out.append(((a + a.T > 0).float(), torch.randint(VOCAB, (n,), generator=g)))
         return out
+    if kind == "edges":  # (ids, edges): n nodes, 1 to 2n edges, two sizes apart
+        return [
+            (
+                torch.randint(VOCAB, (n,), generator=g),
+                torch.randint(n, (2, int(torch.randint(1, 2 * n, (), generator=g))), generator=g),
+            )
+            for n in lengths
+        ]
     others = [int(n) for n in torch.randint(3, 21, (batch,), generator=g)]
     return [
         (torch.randint(VOCAB, (s,), generator=g), torch.randint(VOCAB, (t,), generator=g))
