@@ -268,7 +268,6 @@ def _fiber_main(rt: Runtime, fiber: Fiber) -> None:
 # fibers run on pooled worker greenlets, one pool per thread, so a fork costs a switch at
 # most (none when the worker that ran the fiber before it is free).
 _LOCAL = threading.local()
-_POOL_MAX = 1024
 
 
 def _pool() -> list:
@@ -322,7 +321,7 @@ def _worker() -> None:
             nxt.glet = me
             rt.fiber = fiber = nxt
             continue
-        if len(pool) >= _POOL_MAX:
+        if len(pool) >= config.FIBER_POOL:
             if nxt is not None:
                 rt.ready.appendleft(nxt)
             return  # to the parent, the driver

@@ -542,3 +542,47 @@ def _same_python(g, w):
         assert abs(g - w) <= 1, (g, w)  # (v * 10).long() of a value at a rounding edge
     else:
         assert g == w, (g, w)
+
+
+def _fork_tree(x, depth):
+    if depth == 0:
+        return x * 1
+    a = acrobat.fork(_fork_tree, x, depth - 1)
+    b = acrobat.fork(_fork_tree, x, depth - 1)
+    return a.result() + b.result()
+
+
+@acrobat.autobatch
+def fork_tree(x, depth):
+    return _fork_tree(x, depth)
+
+
+def test_the_worker_pool_keeps_what_a_map_needed_up_to_its_cap(monkeypatch):
+    """Fibers run on parked worker greenlets (config.FIBER_POOL per thread): a map that
+    holds more fibers at once than the pool has makes the rest anew, and they park for
+    the next map, which then makes none; past the cap, workers end instead."""
+    from acrobat import fibers
+
+    made = []
+    real = fibers._start
+
+    def counting(rt, fiber):  # (the one place a worker greenlet is made)
+        made.append(1)
+        return real(rt, fiber)
+
+    monkeypatch.setattr(fibers, "_start", counting)
+    xs = [torch.randn(3) for _ in range(8)]  # 8 instances x 31 fibers
+    fibers._LOCAL.pool_mark = None  # (the next map starts without parked workers)
+    with torch.no_grad():
+        want = [fork_tree.eager(x, 4) for x in xs]
+        assert_close_tree(fork_tree.map(xs, depth=4), want)
+        first = len(made)  # the most fibers the map held at once
+        assert first > 16 and len(fibers._pool()) == first
+        assert_close_tree(fork_tree.map(xs, depth=4), want)
+        assert len(made) == first  # every fiber of the second map on a parked worker
+        with acrobat.config.override(FIBER_POOL=16):
+            assert_close_tree(fork_tree.map(xs, depth=4), want)
+            assert len(fibers._pool()) == 16
+            made.clear()
+            assert_close_tree(fork_tree.map(xs, depth=4), want)
+            assert len(made) == first - 16  # the rest made anew
