@@ -119,6 +119,14 @@ MERGE_LIFTED: bool = bool(_env_int("ACROBAT_MERGE_LIFTED", 1))
 #: batch per size. ``PAD_WASTE``: a padded batch is cut where its padded work (rows x
 #: size ** ragged dims) would exceed this many times the true work.
 PAD_RAGGED: bool = bool(_env_int("ACROBAT_PAD_RAGGED", 1))
+
+#: With PAD_RAGGED, a block's traces whose arguments vary in two or more sizes apart (a
+#: graph's node and edge counts, a sentence pair's two lengths) form one family too, each
+#: size padded on its own (padding.Ragged's ``sym``): a batch is cut into runs whose
+#: largest member is at least as large as every other in every size (its program serves
+#: them all) and whose padded work stays within PAD_WASTE. 0: such a block records op by
+#: op, each op batched per shape (padding.SizesApart).
+PAD_APART: bool = bool(_env_int("ACROBAT_PAD_APART", 1))
 PAD_WASTE: float = float(os.environ.get("ACROBAT_PAD_WASTE", "3"))
 
 #: Tensors in the attributes of the user's objects among a map's arguments (a tree of

@@ -435,7 +435,7 @@ def _run_padded(nodes: list, stats) -> bool:
     groups = _by_op(nodes)
     if len(groups) == 1:
         return False
-    by_size = sorted(groups.values(), key=lambda g: -g[0].op.extra["padded"][1])
+    by_size = sorted(groups.values(), key=lambda g: -padding.volume(g[0].op.extra["padded"][1]))
     fam = by_size[0][0].op.extra["padded"][0]
     if not fam.train_safe and torch.is_grad_enabled():
         for part in by_size:
@@ -664,7 +664,7 @@ def _run_padded_scans(nodes: list, stats) -> bool:
     scans = [op.extra["scan"] for op in groups]
     size = {op: s.trace.op.extra["padded"][1] for op, s in zip(groups, scans)}
     fam = scans[0].trace.op.extra["padded"][0]
-    largest_first = sorted(groups, key=lambda op: -size[op])
+    largest_first = sorted(groups, key=lambda op: -padding.volume(size[op]))
     runs = padding.chunks([(size[op], len(groups[op])) for op in largest_first], fam.rank)
     if len(runs) > 1:
         for run in runs:
@@ -692,7 +692,7 @@ def _run_padded_scans(nodes: list, stats) -> bool:
     t0 = time.perf_counter()
     rows = sorted(nodes, key=_trip_count)  # (longest first, as _run_scan)
     n = len(rows)
-    top = max(groups, key=size.__getitem__)
+    top = largest_first[0]  # (one run: it is at least as large as every other member)
     scan = top.extra["scan"]
     big = size[top]
     sizes = [size[nd.op] for nd in rows]

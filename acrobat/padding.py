@@ -54,7 +54,7 @@ import torch
 
 from acrobat import config
 from acrobat.graph import LazyTensor, substitute
-from acrobat.ops import _ORIGINAL_FORWARD, _align, _arg, _batched_hx
+from acrobat.ops import _ORIGINAL_FORWARD, _align, _arg, _batched_hx, _sequence_form
 
 _F = torch.nn.functional
 
@@ -89,24 +89,28 @@ FILL = 0.0
 
 class Ragged:
     """A ragged dim's entry in a value's flags: truthy, its size ``n + offset`` (a value
-    after ``cat([cls, x])`` is one longer than ``x``; ``x[1:]`` one shorter)."""
+    after ``cat([cls, x])`` is one longer than ``x``; ``x[1:]`` one shorter). ``sym``: which
+    of the family's sizes ``n`` is (a graph's nodes 0, its edges 1: sizes that vary apart;
+    a family of one size has only 0)."""
 
-    __slots__ = ("offset",)
+    __slots__ = ("offset", "sym")
 
-    def __init__(self, offset: int = 0):
+    def __init__(self, offset: int = 0, sym: int = 0):
         self.offset = offset
+        self.sym = sym
 
     def __bool__(self) -> bool:
         return True
 
     def __eq__(self, other) -> bool:
-        return type(other) is Ragged and other.offset == self.offset
+        return type(other) is Ragged and other.offset == self.offset and other.sym == self.sym
 
     def __hash__(self) -> int:
-        return hash((Ragged, self.offset))
+        return hash((Ragged, self.offset, self.sym))
 
     def __repr__(self) -> str:
-        return f"n{self.offset:+d}" if self.offset else "n"
+        name = "n" if self.sym == 0 else f"n{self.sym}"
+        return f"{name}{self.offset:+d}" if self.offset else name
 
 
 class Decline(Exception):
@@ -157,8 +161,20 @@ class Family:
             flags[("arg", v)] if i >= 0 else flags[(self.packed, 0)]
             for v, i in enumerate(first.args)
         ]
-        # ragged dims of the widest value
-        self.rank = max(sum(1 for d in f if d) for f in flags.values())
+        # how many sizes vary apart (1: one n); per size, the ragged dims of the widest
+        # value in it (a family of one size: that count alone)
+        self.syms = 1 + max((d.sym for f in flags.values() for d in f if d), default=0)
+        ranks = tuple(
+            max(sum(1 for d in f if d and d.sym == s) for f in flags.values())
+            for s in range(self.syms)
+        )
+        self.rank = ranks[0] if self.syms == 1 else ranks
+        # per program op: the one size its ragged operands and results have (what an
+        # action's run is given the sizes of; several: an op without a run, any of them)
+        self.op_sym: list[int] = []
+        for f_in, f_out in zip(in_flags, op_flags):
+            found = {d.sym for f in (*f_in, *f_out) for d in f if d}
+            self.op_sym.append(min(found, default=0))
         self.loops = Loops(self)  # what loops over its traces batch under
         # real tensors hoisted at each size (pos(arange(n))): per (op, position), the
         # largest member's and its n; every member's is a prefix of it (_prefix_of), so a
@@ -174,8 +190,9 @@ class Family:
         update = {}
         for k, i, _, t in grown:
             if type(i) is tuple:  # a Python number of the size
-                offset, kind = self.numbers.get((k, i[1]), (None, None))
-                if offset is None or type(t) is not kind or t != n + offset:
+                offset, kind, sym = self.numbers.get((k, i[1]), (None, None, 0))
+                size = n[sym] if type(n) is tuple else n
+                if offset is None or type(t) is not kind or t != size + offset:
                     return False
                 continue
             found = self.widest.get((k, i))
@@ -198,8 +215,14 @@ class Family:
 
         return step
 
-    def shape(self, key, size: int) -> tuple:
-        """The value ``key``'s per-instance shape at ragged size ``size``."""
+    def shape(self, key, size) -> tuple:
+        """The value ``key``'s per-instance shape at ragged size ``size`` (a tuple of sizes
+        where they vary apart)."""
+        if type(size) is tuple:
+            return tuple(
+                size[f.sym] + f.offset if d is None else d
+                for d, f in zip(self.fixed[key], self.flags[key])
+            )
         return tuple(
             size + f.offset if d is None else d for d, f in zip(self.fixed[key], self.flags[key])
         )
@@ -212,23 +235,25 @@ class Family:
         (executor._cut_scan_outputs)."""
         return self.packed < 0 and not any(any(f) for f in self.arg_flags[: scan.sequences])
 
-    def size_of(self, trace) -> int | None:
+    def size_of(self, trace) -> int | tuple | None:
         """The trace's ragged size if it fits the family (fixed dims equal, ragged dims all
         one size), else None."""
-        n = None
+        ns: list = [None] * self.syms
         for key, shape in view(trace).shapes.items():
             fixed = self.fixed.get(key)
             if fixed is None or len(fixed) != len(shape):
                 return None
             for size, want, f in zip(shape, fixed, self.flags[key]):
                 if want is None:
-                    if n is None:
-                        n = size - f.offset
-                    elif size - f.offset != n:
+                    if ns[f.sym] is None:
+                        ns[f.sym] = size - f.offset
+                    elif size - f.offset != ns[f.sym]:
                         return None
                 elif size != want:
                     return None
-        return n
+        if self.syms == 1:
+            return ns[0]
+        return None if None in ns else tuple(ns)
 
     def run(self, trace, xs: list, lens: torch.Tensor, n: int) -> tuple:
         """``trace``'s program (the chunk's largest member) on operands padded to its size,
@@ -256,14 +281,14 @@ class Family:
             if act is not None and act.keys >= 0:
                 out = _attention(inner, ins, _mask(masks, flags[act.keys], ins[act.keys], lens), n)
             elif act is not None and act.run is not None:
-                out = act.run(inner, ins, lens, n)
+                out = act.run(inner, ins, _column(lens, self.op_sym[k]), n)
             else:
                 out = inner.op.rule(inner, ins, n)
             if act is not None and act.mean:
                 o = out[0]
                 ratio = torch.ones((), dtype=o.dtype, device=o.device)
                 for d in act.mean:  # (padded / true count of each ragged dim it averaged)
-                    true = (lens + flags[0][d].offset).to(o.dtype)
+                    true = _sizes(lens, flags[0][d]).to(o.dtype)
                     ratio = ratio * (ins[0].shape[d + 1] / true)
                 out = (o * ratio.view(n, *(1,) * (o.ndim - 1)), *out[1:])
             if clean:
@@ -284,14 +309,28 @@ class Loops:
         self.family = family
 
 
+def _sizes(lens: torch.Tensor, f: Ragged) -> torch.Tensor:
+    """Each row's size of ragged dim ``f``: ``lens`` holds one size per row (a family of
+    one size) or one column per size (sizes apart)."""
+    return (lens if lens.ndim == 1 else lens[:, f.sym]) + f.offset
+
+
+def _column(lens: torch.Tensor, sym: int) -> torch.Tensor:
+    """The sizes ``n`` of the family's size ``sym`` per row (``lens`` itself for one size)."""
+    return lens if lens.ndim == 1 else lens[:, sym]
+
+
 def _clean(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """``x`` with zeros at its pads (autograd: see the module's docstring)."""
     return torch.where(_mask(masks, flags, x, lens), x, _value("zero", x.dtype))
 
 
-def cut(flags: tuple, size: int) -> tuple:
+def cut(flags: tuple, size) -> tuple:
     """The index of one row's real entries in a padded value of ``flags`` (without the
-    rows' dim), for a member of ragged size ``size``."""
+    rows' dim), for a member of ragged size ``size`` (a tuple of sizes where they vary
+    apart)."""
+    if type(size) is tuple:
+        return tuple(slice(0, size[f.sym] + f.offset) if f else slice(None) for f in flags)
     return tuple(slice(0, size + f.offset) if f else slice(None) for f in flags)
 
 
@@ -314,7 +353,7 @@ def _mask(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> tor
             size = x.shape[d + 1]
             shape = [n] + [1] * len(flags)
             shape[d + 1] = size
-            real = (lens + f.offset).view(n, 1)
+            real = _sizes(lens, f).view(n, 1)
             part = (torch.arange(size, device=x.device) < real).view(shape)
             m = part if m is None else m & part
     assert m is not None
@@ -348,7 +387,90 @@ def _join(block, trace) -> None:
     try:
         _join_among(trace, reversed(block.cache.values()))
     except SizesApart:
-        block.sizes_apart = True
+        if not (config.PAD_APART and _join_all(block, trace)):
+            block.sizes_apart = True
+        return
+    if (
+        "padded" not in trace.op.extra
+        and config.PAD_APART
+        and any("padded" in t.op.extra for t in block.cache.values() if t is not trace)
+    ):
+        _join_all(block, trace)
+
+
+def _join_all(block, trace) -> bool:
+    """The family formed anew over ``trace`` and every trace of ``block`` that is the
+    same program (a dim seen fixed in the family's first two traces may vary in a later
+    one: a pair's source length alike in the first two pairs); True if it formed. Sizes
+    are told apart by how they vary over all the traces."""
+    traces = [trace]
+    grown: list = [[]]
+    for t in block.cache.values():
+        if t is trace or not _eligible(t) or t.arg_shapes == trace.arg_shapes:
+            continue
+        g: list = []
+        if view(t).shapes.keys() == view(trace).shapes.keys() and _same_program(trace, t, g):
+            traces.append(t)
+            grown.append(g)
+    if len(traces) < 2:
+        return False
+    try:
+        formed = _form_many(traces, grown)
+    except Decline:
+        return False
+    if formed is None:
+        return False
+    fam, sizes = formed
+    for t, n in zip(traces, sizes):
+        t.op.extra["padded"] = (fam, n)
+    return True
+
+
+def _form_many(traces: list, grown: list):
+    """(a family of ``traces``, each one's size) or None: a dim is ragged where its size
+    varies over the traces, and two ragged dims are one size where they differ by a
+    constant in every trace (``grown[i]``: :func:`_same_program` of the first and the
+    i-th)."""
+    shapes = [view(t).shapes for t in traces]
+    flags: dict = {}
+    fixed: dict = {}
+    bases: list = []  # per size: its n in each trace
+    for key, x in shapes[0].items():
+        column = [sh[key] for sh in shapes]
+        if any(len(c) != len(x) for c in column):
+            return None
+        f: list = []
+        for d in range(len(x)):
+            sizes = [c[d] for c in column]
+            if len(set(sizes)) == 1:
+                f.append(False)
+                continue
+            sym = next(
+                (s for s, b in enumerate(bases) if len({p - q for p, q in zip(sizes, b)}) == 1),
+                -1,
+            )
+            if sym < 0:
+                if bases and not (type(key) is tuple and key[0] == "arg"):
+                    return None
+                bases.append(sizes)
+                sym = len(bases) - 1
+            f.append(Ragged(sizes[0] - bases[sym][0], sym))
+        flags[key] = tuple(f)
+        fixed[key] = tuple(None if fl else p for p, fl in zip(x, flags[key]))
+    if not bases:
+        return None
+    syms = [(b[0], b[1]) for b in bases]
+    formed = _form_flags(traces[0], traces[1], grown[1], flags, fixed, syms)
+    if formed is None:
+        return None
+    fam = formed[0]
+    sizes = [formed[1], formed[2]]
+    for t, g in zip(traces[2:], grown[2:]):
+        n = fam.size_of(t)
+        if n is None or not fam.fits(g, n):
+            return None
+        sizes.append(n)
+    return fam, sizes
 
 
 def _join_among(trace, candidates) -> None:
@@ -615,24 +737,37 @@ def _grown(x: torch.Tensor, y: torch.Tensor) -> bool:
         )
 
 
-def _prefix_of(small: torch.Tensor, big: torch.Tensor, n_small: int, n_big: int) -> bool:
+def _prefix_of(small: torch.Tensor, big: torch.Tensor, n_small, n_big) -> bool:
     """Whether real tensor ``small`` (of a member of size ``n_small``) is ``big`` (of one
     of size ``n_big`` >= it) cut to its shape, every dim that differs by n_big - n_small:
     then ``big`` serves both (a smaller member's pads read big's further entries, as
     they read any pad)."""
     with torch._C.DisableTorchFunction(), torch.no_grad():
         for p, q in zip(small.shape, big.shape):
-            if p != q and q - p != n_big - n_small:
-                return False
+            if p > q or (p != q and type(n_big) is not tuple and q - p != n_big - n_small):
+                return False  # (sizes apart: which size a dim follows is not known here)
         return bool(torch.equal(small, big[tuple(slice(0, p) for p in small.shape)]))
 
 
-def _wider(a: torch.Tensor, na: int, b: torch.Tensor, nb: int) -> tuple | None:
+def _wider(a: torch.Tensor, na, b: torch.Tensor, nb) -> tuple | None:
     """(the larger of real tensors ``a`` and ``b``, hoisted for members of sizes ``na`` and
-    ``nb``, and its size) if the smaller is a prefix of it, else None."""
+    ``nb``, and its size) if the smaller is a prefix of it, else None. (Sizes apart, tuples:
+    the larger by the tensors' shapes.)"""
+    if type(na) is tuple:
+        with torch._C.DisableTorchFunction():
+            a_in_b = all(p <= q for p, q in zip(a.shape, b.shape))
+        return (b, nb) if a_in_b and _prefix_of(a, b, na, nb) else _wider_apart(a, na, b, nb)
     if na <= nb:
         return (b, nb) if _prefix_of(a, b, na, nb) else None
     return (a, na) if _prefix_of(b, a, nb, na) else None
+
+
+def _wider_apart(a: torch.Tensor, na: tuple, b: torch.Tensor, nb: tuple) -> tuple | None:
+    """:func:`_wider` of sizes apart when ``b`` is not a prefix of ``a``'s shape: ``b``
+    within ``a``, or None."""
+    with torch._C.DisableTorchFunction():
+        b_in_a = all(q <= p for p, q in zip(a.shape, b.shape))
+    return (a, na) if b_in_a and _prefix_of(b, a, nb, na) else None
 
 
 def _equal_tensors(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -656,7 +791,7 @@ def _form(a, b):
         return None
     flags: dict = {}
     fixed: dict = {}
-    na = nb = None
+    syms: list = []  # per size: (its n in a, in b)
     for key, x in sa.items():
         y = sb[key]
         if len(x) != len(y):
@@ -666,31 +801,58 @@ def _form(a, b):
             if p == q:
                 f.append(False)
                 continue
-            if na is None:
-                na, nb = p, q
-            if p - na != q - nb:  # a second ragged size: not one family
-                if type(key) is tuple and key[0] == "arg":  # (the arguments' own: two
-                    raise SizesApart(key)  # sizes apart, not 2n made of n inside)
-                return None
-            f.append(Ragged(p - na))
+            sym = _sym_of(syms, p, q)
+            if sym < 0:  # a ragged size of its own
+                if syms and not (type(key) is tuple and key[0] == "arg"):
+                    return None  # (made inside of two sizes, n * m: not padded)
+                if syms and not config.PAD_APART:
+                    raise SizesApart(key)
+                syms.append((p, q))
+                sym = len(syms) - 1
+            f.append(Ragged(p - syms[sym][0], sym))
         flags[key] = f = tuple(f)
         fixed[key] = tuple(None if fl else p for p, fl in zip(x, f))
-    if na is None:
+    if not syms:
         return None
-    assert nb is not None
+    try:
+        return _form_flags(a, b, grown, flags, fixed, syms)
+    except Decline as exc:
+        if len(syms) > 1:  # (as before sizes apart could pad: the block goes op by op)
+            raise SizesApart(str(exc)) from None
+        raise
+
+
+def _sym_of(syms: list, p: int, q: int) -> int:
+    """The size among ``syms`` a dim of size ``p`` in one trace and ``q`` in the other is
+    (at a constant offset from its n in both), or -1."""
+    for s, (na, nb) in enumerate(syms):
+        if p - na == q - nb:
+            return s
+    return -1
+
+
+def _form_flags(a, b, grown: list, flags: dict, fixed: dict, syms: list):
+    """:func:`_form` once the values' ragged dims are known: the family, or None."""
+    va = view(a)
+    apart = len(syms) > 1
+    na = syms[0][0] if not apart else tuple(p for p, _ in syms)
+    nb = syms[0][1] if not apart else tuple(q for _, q in syms)
     widest: dict = {}  # (op, position) -> (the largest member's real tensor there, its n)
-    numbers: dict = {}  # op -> [(argument position, offset, type)]: n + offset there
+    numbers: dict = {}  # op -> [(argument position, offset, type, size)]: n + offset there
     for k, i, ta, tb in grown:
         if type(i) is tuple:  # ("number", position)
-            if ta - na != tb - nb:
+            sym = _sym_of(syms, ta, tb)
+            if sym < 0:
                 return None  # (a number that is not n + a constant)
-            numbers.setdefault(k, []).append((i[1], ta - na, type(ta)))
+            numbers.setdefault(k, []).append((i[1], ta - syms[sym][0], type(ta), sym))
             continue
         wider = _wider(ta, na, tb, nb)
         if wider is None:
             return None  # (two different real tensors, not one at two sizes)
         widest[(k, i)] = wider
     packed = va.packed[2] if va.packed is not None else -1
+    if packed >= 0 and apart:
+        raise Decline("a packed list with sizes apart")
     if packed >= 0 and not flags[(packed, 0)][0]:
         return None  # (lists of one length: the size is another dim's)
     in_flags: list = []
@@ -709,6 +871,10 @@ def _form(a, b):
         f_out = [flags[(k, j)] for j in range(len(inner.info.metas))]
         x_out = [fixed[(k, j)] for j in range(len(inner.info.metas))]
         in_flags.append(f_in)
+        if apart and k in numbers:  # (each number's size the op's one ragged size)
+            found_syms = {d.sym for f in (*f_in, *f_out) for d in f if d}
+            if len(found_syms) != 1 or any(e[3] not in found_syms for e in numbers[k]):
+                raise Decline("a number of one size where another is ragged")
         if k in numbers and inner.op.name == "pool":  # (a window the whole ragged dim)
             found = numbers[k]
             if len(found) != 1 or found[0][0] != 1:
@@ -718,11 +884,21 @@ def _form(a, b):
             actions.append(Action((), "zero", run=_sized(numbers[k])))
         else:
             actions.append(_action(inner, f_in, x_in, f_out, x_out))
+        act = actions[-1]
+        if (
+            apart
+            and act is not None
+            and act.run is not None
+            and len({d.sym for f in (*f_in, *f_out) for d in f if d}) > 1
+        ):
+            raise Decline(f"{inner.op.name} over sizes apart")  # (its run: one size)
         train_safe = train_safe and _train_safe(inner, f_in, f_out)
     out_flags = tuple(flags[va.key(t)] for t in a.out_lazies)
     fam = Family(a.op.name, flags, fixed, in_flags, actions, op_flags, train_safe, out_flags, va)
     fam.widest = widest
-    fam.numbers = {(k, p): (c, kind) for k, found in numbers.items() for p, c, kind in found}
+    fam.numbers = {
+        (k, p): (c, kind, sym) for k, found in numbers.items() for p, c, kind, sym in found
+    }
     return fam, na, nb
 
 
@@ -739,7 +915,7 @@ def _sized(numbers: list):
         shape, dtype = inner.info.metas[0]
         it = iter(ins)
         args = [_align(a, it, n, len(shape)) for a in inner.args]
-        for pos, offset, _ in numbers:
+        for pos, offset, _, _ in numbers:  # (lens: the sizes of the op's one ragged size)
             args[pos] = (lens + offset).to(dtype).view(n, *(1,) * len(shape))
         return (inner.func(*args),)
 
@@ -786,6 +962,8 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
     operand / output, its ragged flags; ``x_*``: its shape, None at ragged dims."""
     ragged = _ragged_inputs(f_in)
     name, kind = inner.op.name, inner.op.kind
+    if name == "scatter":  # (its base may be a real tensor hoisted at each size)
+        return _scatter_action(inner, f_in, f_out)
     if not ragged:
         if any(any(f) for f in f_out):
             raise Decline(f"{name} makes a ragged value from fixed ones")
@@ -912,6 +1090,32 @@ def _gather_action(inner, f_in: list) -> Action | None:
         if len(fx) != len(fi) or any(a != b for k, (a, b) in enumerate(zip(fx, fi)) if k != d):
             raise Decline("a gather whose index is ragged apart from its input")
     return Action((_where(inner, index),), "zero") if any(fi) else None
+
+
+def _scatter_action(inner, f_in: list, f_out: list) -> Action | None:
+    """``base.index_add(dim, index, source)`` / ``scatter_add(dim, index, src)`` (a graph's
+    messages summed into its nodes, ``zeros_like(h).index_add(0, dst, msg)``): the pads
+    of the index set to 0 and of the source to 0, so they add zeros to entry 0; a
+    plain ``scatter`` declines (a pad would overwrite entry 0). The base may be ragged,
+    or a real tensor hoisted at each size (its pads hold what it holds there)."""
+    func = inner.func
+    if func in (torch.index_add, torch.Tensor.index_add):
+        names = ("input", "dim", "index", "source")
+    elif func in (torch.scatter_add, torch.Tensor.scatter_add):
+        names = ("input", "dim", "index", "src")
+    else:
+        raise Decline("scatter (not an add) over a ragged value")
+    dim, index, src = (_arg(inner, k, name) for k, name in enumerate(names) if k > 0)
+    if type(dim) is not int or (type(index) is LazyTensor and not _integer(index)):
+        raise Decline("scatter by a real or non-integer index")
+    masked = tuple(
+        _where(inner, t)
+        for t in (index, src)
+        if type(t) is LazyTensor and any(f_in[_where(inner, t)])
+    )
+    if not masked and not any(f_out[0]):
+        return None
+    return Action(masked, "zero") if masked else None
 
 
 # ---- convolutions and pooling along a ragged dim (a CNN over a sentence's tokens) ---------
@@ -1231,15 +1435,19 @@ def _sequences_action(inner, f_in: list) -> Action | None:
     ``(L, features)`` sequence, L ragged: the padded batch packed by its true lengths
     (``pack_padded_sequence``), so the final states are each sequence's own and the
     output's pads zero."""
-    x = inner.args[1]
-    if type(x) is not LazyTensor or x.ndim != 2:
+    module, x = inner.args[0], inner.args[1]
+    form = _sequence_form(module, x)  # (T, D), or a batch of one: (1, T, D) / (T, 1, D)
+    if form is None:
         raise Decline("a sequence module over batched or real sequences")
     fx = f_in[_where(inner, x)]
-    if fx[1] or any(any(f) for t, f in zip(inner.inputs, f_in) if t is not x):
+    time = 1 if form == "batch_first" else 0
+    if any(f for d, f in enumerate(fx) if d != time) or any(
+        any(f) for t, f in zip(inner.inputs, f_in) if t is not x
+    ):
         raise Decline("a sequence module with ragged features or states")
-    if not fx[0]:
+    if not fx[time]:
         return None
-    offset = fx[0].offset
+    offset = fx[time].offset
 
     def run(inner, ins, lens, n):
         return _sequences(inner, ins, lens + offset, n)
@@ -1282,10 +1490,13 @@ _ACTIONS = {
 def _sequences(inner, ins, lens, n):
     module, _, *states = inner.args
     rnn = torch.nn.utils.rnn
-    packed = rnn.pack_padded_sequence(ins[0], lens.cpu(), batch_first=True, enforce_sorted=False)
+    X = ins[0]
+    if X.ndim == 4:  # (a batch of one sequence each: (n, 1, T, D) or (n, T, 1, D))
+        X = X.reshape(n, X.shape[2] if module.batch_first else X.shape[1], X.shape[-1])
+    packed = rnn.pack_padded_sequence(X, lens.cpu(), batch_first=True, enforce_sorted=False)
     spec = tuple(None if type(h) is LazyTensor else h for h in states)
     out, state = _ORIGINAL_FORWARD[type(module)](module, packed, _batched_hx(spec, ins[1:], n))
-    out, _ = rnn.pad_packed_sequence(out, batch_first=True, total_length=ins[0].shape[1])
+    out, _ = rnn.pad_packed_sequence(out, batch_first=True, total_length=X.shape[1])
     finals = state if type(module) is torch.nn.LSTM else (state,)
     metas = inner.info.metas
     return (
@@ -1494,10 +1705,27 @@ def _reduce_action(inner, name: str, j: int, f_in: list, f_out: list) -> Action 
 # ---- running ----------------------------------------------------------------------------
 
 
-def chunks(sizes: list, rank: int) -> list:
+def volume(size) -> int:
+    """A member's size as one number to order by: ``n``, or the product of its sizes
+    apart."""
+    return size if type(size) is not tuple else math.prod(size)
+
+
+def _work(size, rank) -> int:
+    if type(size) is not tuple:
+        return size**rank
+    return math.prod(n**r for n, r in zip(size, rank))
+
+
+def chunks(sizes: list, rank) -> list:
     """``sizes`` (n, rows) of a batch's members, largest n first, cut into runs whose
     padded work (rows * n_max ** rank) stays within ``config.PAD_WASTE`` times the true
-    work: lists of positions into ``sizes``."""
+    work: lists of positions into ``sizes``. Sizes apart (tuples, ordered by
+    :func:`volume`, ``rank`` per size): each run's first member is at least as large as
+    every other of the run in every size (its program, its hoisted tensors, serve them
+    all)."""
+    if sizes and type(sizes[0][0]) is tuple:
+        return _chunks_apart(sizes, rank)
     out: list = []
     run: list = []
     padded = true = 0
@@ -1513,4 +1741,27 @@ def chunks(sizes: list, rank: int) -> list:
             out.append(run)
         run, top, padded, true = [i], n, work, work
     out.append(run)
+    return out
+
+
+def _chunks_apart(sizes: list, rank: tuple) -> list:
+    out: list = []
+    left = list(range(len(sizes)))
+    while left:
+        top = sizes[left[0]][0]
+        per_row = _work(top, rank)
+        run = [left[0]]
+        padded = true = sizes[left[0]][1] * per_row
+        for i in left[1:]:
+            size, rows = sizes[i]
+            work = rows * _work(size, rank)
+            if all(p <= q for p, q in zip(size, top)) and (
+                padded + rows * per_row <= config.PAD_WASTE * (true + work)
+            ):
+                run.append(i)
+                padded += rows * per_row
+                true += work
+        out.append(run)
+        taken = set(run)
+        left = [i for i in left if i not in taken]
     return out

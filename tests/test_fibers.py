@@ -563,6 +563,8 @@ def test_the_worker_pool_keeps_what_a_map_needed_up_to_its_cap(monkeypatch):
     the next map, which then makes none; past the cap, workers end instead."""
     from acrobat import fibers
 
+    if fibers.tensor._native is None:
+        pytest.skip("without the C extension a map's workers end with it (no stack mark)")
     made = []
     real = fibers._start
 

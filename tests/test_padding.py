@@ -1086,24 +1086,72 @@ def test_a_loop_carrying_ragged_states_pads(ns, seed):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_a_run_over_two_sizes_apart_records_op_by_op():
-    """A pair of per-instance tensors whose lengths vary apart: no family pads them, and a
-    trace per pair of lengths makes batches of about one, so the run records op by op
-    from there on (each op batching with those of its shape)."""
+def pair_cell(pair, lin):
+    a, b = pair
+    return torch.tanh(lin(a)).sum(0) * torch.sigmoid(lin(b)).mean(0)
+
+
+def pair_cell_op_by_op(pair, lin):  # (its own block: the fallback sticks to a block)
+    a, b = pair
+    return torch.tanh(lin(a)).sum(0) * torch.sigmoid(lin(b)).mean(0)
+
+
+def test_a_run_over_two_sizes_apart_records_op_by_op_without_pad_apart():
+    """config.PAD_APART off: a pair of per-instance tensors whose lengths vary apart forms
+    no family, and a trace per pair of lengths makes batches of about one, so the run
+    records op by op from there on (each op batching with those of its shape)."""
     lin = nn.Linear(DIM, DIM)
-
-    def f(pair, lin):
-        a, b = pair
-        return torch.tanh(lin(a)).sum(0) * torch.sigmoid(lin(b)).mean(0)
-
-    g = acrobat.autobatch(f)
+    g = acrobat.autobatch(pair_cell_op_by_op)
     lengths = [(1, 2), (3, 1), (2, 5), (4, 4), (2, 2), (5, 1)]
     data = [(torch.randn(s, DIM), torch.randn(t, DIM)) for s, t in lengths]
-    with torch.no_grad():
+    with torch.no_grad(), config.override(PAD_APART=False):
         check_map(g, data, lin=lin)
         stats = check_map(g, data, lin=lin)
     assert not [k for k in stats.by_op if k.startswith("block:")], stats.by_op
     assert stats.by_op["linear"][0] <= 2 * 5, stats.by_op  # (a batch per length at most)
+
+
+def apart_runs(pairs: list, rank: tuple) -> int:
+    """How many padded batches padding.chunks makes of members of sizes ``pairs``."""
+    counts: dict = {}
+    for p in pairs:
+        counts[p] = counts.get(p, 0) + 1
+    order = sorted(counts, key=lambda p: -padding.volume(p))
+    return len(padding.chunks([(p, counts[p]) for p in order], rank))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 7), st.integers(1, 7)), min_size=2, max_size=9))
+def test_two_sizes_apart_pad_each_on_its_own(pairs):
+    """A pair of per-instance tensors of lengths that vary apart: one family of two sizes
+    (padding.Ragged's sym), each padded and masked on its own, the batch cut into runs
+    whose first member is the largest in both sizes; gradients too."""
+    torch.manual_seed(1)
+    lin = nn.Linear(DIM, DIM)
+    g = acrobat.autobatch(pair_cell)
+    data = [(torch.randn(s, DIM), torch.randn(t, DIM)) for s, t in pairs]
+    with torch.no_grad():
+        check_map(g, data, lin=lin)
+        stats = check_map(g, data, lin=lin)
+    runs = apart_runs(pairs, (1, 1)) if len(set(pairs)) > 1 else 1
+    assert block_batches(stats) == runs, stats.by_op
+    stats = check_grads(g, data, lin, atol=1e-5, lin=lin)
+    assert block_batches(stats) == runs, stats.by_op
+
+
+def test_chunks_of_sizes_apart():
+    """Each run's first member is at least as large as the run's others in every size,
+    runs keep the padded work within PAD_WASTE, every member is in one run."""
+    sizes = [((6, 6), 1), ((2, 9), 2), ((5, 3), 1), ((1, 8), 1), ((3, 3), 3), ((1, 1), 4)]
+    runs = padding.chunks(sizes, (1, 1))
+    assert sorted(i for run in runs for i in run) == list(range(len(sizes)))
+    for run in runs:
+        top = sizes[run[0]][0]
+        assert all(all(p <= q for p, q in zip(sizes[i][0], top)) for i in run)
+        padded = sum(sizes[i][1] for i in run) * math.prod(top)
+        true = sum(sizes[i][1] * math.prod(sizes[i][0]) for i in run)
+        assert len(run) == 1 or padded <= config.PAD_WASTE * true
+    assert runs[0][:2] == [0, 2]  # (6, 6) takes (5, 3), not (2, 9), which is not within it
 
 
 def test_loops_over_sizes_far_apart_run_in_chunks():
@@ -1148,3 +1196,159 @@ def test_rows_by_per_instance_heads_pad():
         for n in (3, 7, 5, 5, 2, 6, 4)
     ]
     check_padded(HeadScorer(), data)
+
+
+class EdgeNet(nn.Module):
+    """Message passing over an edge list: (node ids, a (2, E) edge list), node and edge
+    counts varying apart; messages summed into the nodes by index_add, in a loop."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(21)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.edge = nn.Linear(2 * DIM, DIM)
+        self.out = nn.Linear(DIM, 2)
+
+    def forward(self, graph):
+        ids, edges = graph
+        h = self.emb(ids)
+        src, dst = edges[0], edges[1]
+        for _ in range(2):
+            msg = torch.relu(self.edge(torch.cat([h[src], h[dst]], -1)))
+            h = torch.tanh(h + torch.zeros_like(h).index_add(0, dst, msg))
+        return self.out(h.mean(0)), h
+
+
+def edge_graphs(shapes: list, seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randint(WORDS, (n,), generator=g), torch.randint(n, (2, e), generator=g))
+        for n, e in shapes
+    ]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 7), st.integers(1, 9)), min_size=2, max_size=8),
+    st.integers(0, 2**16),
+)
+def test_a_loop_over_node_and_edge_counts_apart_pads(shapes, seed):
+    """The loop's body (h[src], cat, index_add into zeros_like(h)) is one family of two
+    sizes: its loops run padded in the runs padding.chunks makes (not one per (n, E)
+    pair); the map equals eager, the states cut to each graph's nodes, gradients too."""
+    data = edge_graphs(shapes, seed)
+    model = EdgeNet()
+    f = acrobat.autobatch(model)
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    loops = sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:"))
+    assert loops <= len(set(shapes)), stats.by_op
+    if len(set(shapes)) > 1:
+        assert loops == apart_runs(shapes, (1, 1)), stats.by_op
+
+    def loss(outputs):
+        return sum(y.square().sum() + h.square().sum() for y, h in outputs)
+
+    model.zero_grad()
+    loss(f.map(data)).backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss([model(x) for x in data]).backward()
+    for a, b in zip(got, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+class PairGRU(nn.Module):
+    """An encoder-decoder over (source, target) pairs of lengths that vary apart, written
+    with nn.GRU on a batch of one, (T, 1, D): the encoder's final state starts the
+    decoder; a loss over the target."""
+
+    def __init__(self, batch_first: bool = False):
+        super().__init__()
+        torch.manual_seed(22)
+        self.batch_first = batch_first
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.enc = nn.GRU(DIM, DIM, batch_first=batch_first)
+        self.dec = nn.GRU(DIM, DIM, batch_first=batch_first)
+        self.out = nn.Linear(DIM, WORDS)
+
+    def forward(self, pair):
+        source, target = pair
+        one = 0 if self.batch_first else 1
+        _, state = self.enc(self.emb(source).unsqueeze(one))
+        decoded, _ = self.dec(self.emb(target[:-1]).unsqueeze(one), state)
+        return F.cross_entropy(self.out(decoded.squeeze(one)), target[1:])
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 7), st.integers(2, 8)), min_size=2, max_size=8))
+def test_an_encoder_decoder_over_pairs_apart_pads(batch_first, pairs):
+    g = torch.Generator().manual_seed(len(pairs))
+    data = [
+        (torch.randint(WORDS, (s,), generator=g), torch.randint(WORDS, (t,), generator=g))
+        for s, t in pairs
+    ]
+    model = PairGRU(batch_first)
+    f = acrobat.autobatch(model)
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    runs = apart_runs(pairs, (1, 1)) if len(set(pairs)) > 1 else 1
+    assert block_batches(stats) == runs, stats.by_op
+    stats = check_grads(f, data, model, atol=1e-5)
+    assert block_batches(stats) == runs, stats.by_op
+
+
+class SeqFirstTagger(nn.Module):
+    """An LSTM over a sentence as a batch of one, (T, 1, D): one size."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(23)
+        self.emb = nn.Embedding(WORDS, DIM)
+        self.lstm = nn.LSTM(DIM, DIM, bidirectional=True)
+        self.tags = nn.Linear(2 * DIM, 3)
+
+    def forward(self, words):
+        h, (last, _) = self.lstm(self.emb(words)[:, None])
+        return torch.cat([self.tags(h[:, 0]).mean(0), last.flatten()])
+
+
+def test_a_sequence_module_on_a_batch_of_one_pads():
+    check_padded(SeqFirstTagger(), tokens(3))
+
+
+class Histogram(nn.Module):
+    """scatter_add / index_add along a ragged dim."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(24)
+        self.emb = nn.Embedding(WORDS, DIM)
+
+    def forward(self, words):
+        h = self.emb(words)
+        slot = words % 4
+        counts = torch.zeros(4, DIM).index_add(0, slot, h)
+        tally = torch.zeros(4).scatter_add(0, slot, h.sum(1))
+        return counts.tanh() * tally[:, None]
+
+
+class LastWins(Histogram):
+    """A plain scatter along a ragged dim: not padded (a pad would overwrite an entry)."""
+
+    def forward(self, words):
+        h = self.emb(words)  # (each position written once: no duplicate index)
+        return torch.zeros(8).scatter(0, torch.arange(words.shape[0]), h.mean(1))
+
+
+def test_index_add_and_scatter_add_pad_and_plain_scatter_does_not():
+    check_padded(Histogram(), tokens(4))
+    f = acrobat.autobatch(LastWins())
+    data = tokens(5)
+    with torch.no_grad():
+        check_map(f, data)
+        stats = check_map(f, data)
+    assert block_batches(stats) == len(set(map(len, data))), stats.by_op  # (per size)

@@ -178,17 +178,33 @@ def translate(pair, model):
     return model.out(decoded[0])
 
 
+@acrobat.autobatch
+def translate_op_by_op(pair, model):  # (translate's body: a block of its own)
+    source, target = pair
+    _, state = model.encoder(source.unsqueeze(0))
+    decoded, _ = model.decoder(target.unsqueeze(0), state)
+    return model.out(decoded[0])
+
+
 def test_an_encoder_state_starting_a_decoder_trains_like_eager():
     torch.manual_seed(2)
     model = Seq2Seq()
     pairs = [(torch.randn(s, D), torch.randn(t, D)) for s, t in ((3, 2), (5, 4), (1, 1), (4, 6))]
     with torch.no_grad():
         check_map(translate, pairs, model=model)
-        # (the run's first calls are a block each, until two of its traces differ in two
-        # sizes apart, a pair's lengths: from then on it records op by op)
+        # (one padding family of two sizes apart, a pair's lengths: (4, 6) with the pairs
+        # within it in both sizes, and (5, 4); the sequence modules packed inside)
         stats = check_map(translate, pairs, model=model)
-    assert stats.by_op["sequences"] == [2, 2 * len(pairs)]  # one call each: encoder, decoder
+    assert [b for k, (b, _) in stats.by_op.items() if k.startswith("block:")] == [2]
     check_grads(translate, pairs, model, atol=1e-5, rtol=1e-4, model=model)
+    with torch.no_grad(), config.override(PAD_APART=False):
+        check_map(translate_op_by_op, pairs, model=model)
+        # (the run's first calls are a block each, until two of its traces differ in two
+        # sizes apart: from then on it records op by op)
+        stats = check_map(translate_op_by_op, pairs, model=model)
+    assert stats.by_op["sequences"] == [2, 2 * len(pairs)]  # one call each: encoder, decoder
+    with config.override(PAD_APART=False):
+        check_grads(translate_op_by_op, pairs, model, atol=1e-5, rtol=1e-4, model=model)
 
 
 def test_a_state_of_another_shape_goes_to_the_module_as_written():
