@@ -642,3 +642,59 @@ def test_session_40_padding_rules_on_cuda(default_device):
         assert y.device.type == "cuda"
         torch.testing.assert_close(y, want[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(h, want[1], atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_sizes_apart_on_cuda(default_device):
+    """Session 41's padding over sizes that vary apart on a GPU: a pair of lengths
+    (values and gradients, batches as the CPU run's), an encoder-decoder over pairs
+    (GRUs on a batch of one), an edge-list GNN loop (h[src], index_add into zeros_like:
+    ops.scatter_rule), scatter_add / index_add along a ragged dim."""
+    from torch import nn
+
+    from tests.helpers import check_map
+    from tests.test_padding import (
+        DIM,
+        EdgeNet,
+        Histogram,
+        PairGRU,
+        apart_runs,
+        block_batches,
+        check_padded,
+        pair_cell,
+    )
+
+    lin = nn.Linear(DIM, DIM)
+    f = acrobat.autobatch(pair_cell)
+    lengths = [(1, 2), (3, 1), (2, 5), (4, 4), (2, 2), (5, 1), (4, 4)]
+    data = [(torch.randn(s, DIM), torch.randn(t, DIM)) for s, t in lengths]
+    with torch.no_grad():
+        check_map(f, data, lin=lin)
+        stats = check_map(f, data, lin=lin)
+    assert block_batches(stats) == apart_runs(lengths, (1, 1)), stats.by_op
+    check_grads(f, data, lin, atol=1e-5, lin=lin)
+    g = torch.Generator(device="cuda").manual_seed(41)
+    pairs = [
+        (torch.randint(30, (s,), generator=g), torch.randint(30, (t,), generator=g))
+        for s, t in ((3, 4), (5, 2), (1, 6), (4, 4), (2, 3))
+    ]
+    model = PairGRU()
+    f = acrobat.autobatch(model)
+    with torch.no_grad():
+        check_map(f, pairs, atol=1e-4, rtol=1e-4)  # (cuDNN's GRU: TF32 by default)
+    check_grads(f, pairs, model, atol=1e-4, rtol=1e-3)
+    graphs = [
+        (torch.randint(30, (n,), generator=g), torch.randint(n, (2, e), generator=g))
+        for n, e in ((3, 5), (6, 2), (4, 7), (2, 2))
+    ]
+    net = EdgeNet()
+    f = acrobat.autobatch(net)
+    with torch.no_grad():
+        got = f.map(graphs)
+    for (y, h), x in zip(got, graphs):
+        want = net(x)
+        assert y.device.type == "cuda"
+        torch.testing.assert_close(y, want[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(h, want[1], atol=1e-5, rtol=1e-5)
+    check_padded(Histogram(), [torch.randint(30, (n,), generator=g) for n in (3, 6, 1, 6, 4)])
