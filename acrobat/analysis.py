@@ -833,6 +833,9 @@ LONE_RETURNS = True
 REGION_ATTRIBUTES = True
 # operators in a statement with a tensor call count as tensor calls (read when outlining)
 OPERATORS = True
+# a run returns only the names the function reads outside it (or a loop may read again):
+# its temporaries are not results (read when outlining)
+LIVE_OUTPUTS = True
 # a run's ``a[i]`` of two locals it does not assign is read at its call (read when outlining),
 # and so is ``obj.w[i]`` / ``obj.w[:, i]`` (a lookup into a module's weight by an int)
 REGION_SUBSCRIPTS = True
@@ -1589,12 +1592,21 @@ class _Rewriter:
         self.returns = 0  # returned expressions split off their return (_split_demands)
         self.containers: set[str] = set()  # locals only ever bound to list/tuple/dict/set
         self.control_methods: set[str] | None = None  # (_control_methods, when first asked)
+        self.dynamic = False  # the function calls locals() / vars() / eval / exec
+        self.load_pos: dict[str, list] = {}  # name -> (line, column) of each read of it
+        self.loop_spans: list[tuple] = []  # (start, end) positions of each loop statement
 
     def rewrite(self, node, bound: frozenset = frozenset()) -> None:
         """Rewrite the statement lists under ``node``; ``bound``: local names certainly
         bound when ``node`` starts (the function's parameters, earlier assignments)."""
         if isinstance(node, ast.FunctionDef) and not self.loads:
             self.loads = _load_counts(node.body)
+            self.dynamic = _reads_frame(node)
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                    self.load_pos.setdefault(sub.id, []).append((sub.lineno, sub.col_offset))
+                elif isinstance(sub, (ast.For, ast.AsyncFor, ast.While)):
+                    self.loop_spans.append(_span([sub]))
             self.root = node
             self.scannable = not any(isinstance(sub, ast.Delete) for sub in ast.walk(node))
             self.containers = _container_names(node) if SPLIT_CONTAINERS else set()
@@ -1985,10 +1997,29 @@ class _Rewriter:
         made = tuple(i for i, (_, e) in enumerate(hoisted) if _plain_tensor_call(e))
         values = [e.args[0] if i in made else e for i, (_, e) in enumerate(hoisted)]
         values += [ast.Name(p, ast.Load()) for p in params]
+        if LIVE_OUTPUTS and not self.dynamic:
+            live = [a for a in assigned if self._live(a, run, params)]
+            assigned = live or assigned[-1:]  # (a run nothing reads still runs: its errors)
         region = _Region(len(self.regions), run, names, values, assigned)
         region.tensor_args = made
         self.regions.append(region)
         return [region.call]
+
+    def _live(self, name: str, run: list, params: list) -> bool:
+        """Whether ``name``, assigned in ``run``, may be read after it: a read of it later
+        in the source, or anywhere in a loop around the run (the loop may come back to
+        it), or the run reads its value from before (a loop's carried state). Names the
+        rewriting made (``_acrobat_*``) and names not plain locals (cells, globals) are."""
+        if name.startswith("_acrobat_") or name not in self.local or name in params:
+            return True
+        first, last = _span(run)
+        loops = [(a, b) for a, b in self.loop_spans if a <= first and last <= b]
+        for pos in self.load_pos.get(name, ()):
+            if first <= pos <= last:
+                continue  # (the run's own reads, after it assigned the name)
+            if pos > last or any(a <= pos <= b for a, b in loops):
+                return True
+        return False
 
     def _ops(self, stmt) -> int:
         """Tensor calls of an outlinable assignment; -1 if it is not one."""
@@ -2239,6 +2270,25 @@ def _loads_outside_loops_over(root, name: str) -> int:
 
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+_FRAME_READERS = frozenset({"locals", "vars", "eval", "exec", "dir"})
+
+
+def _span(stmts: list) -> tuple:
+    """((line, column) of the first statement's start, of the last one's end)."""
+    a, b = stmts[0], stmts[-1]
+    return (a.lineno, a.col_offset), (b.end_lineno or b.lineno, b.end_col_offset or 0)
+
+
+def _reads_frame(node) -> bool:
+    """Whether a function's code may read its locals by name (``locals()``, ``eval``...)."""
+    return any(
+        isinstance(sub, ast.Call)
+        and isinstance(sub.func, ast.Name)
+        and sub.func.id in _FRAME_READERS
+        for sub in ast.walk(node)
+    )
 
 
 def _load_counts(stmts: list) -> dict[str, int]:

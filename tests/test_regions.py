@@ -105,10 +105,48 @@ def test_outlined_runs_their_parameters_and_outputs():
     assert code.co_varnames[: code.co_argcount] == ("_acrobat_arg0",)
     code = node.impl.__code__
     assert code.co_varnames[: code.co_argcount] == ("hl", "hr", "cr", "cl")
-    # outside a map a region is its code: every name the run assigns, in order
+    # outside a map a region is its code: the names it assigns that the function may
+    # read after it (analysis.LIVE_OUTPUTS), in order; x is the leaf run's own, while i,
+    # o and u are read again further down the source (the node's lines)
     outputs = leaf.impl(torch.tensor(3))
-    assert len(outputs) == 6  # x, i, o, u, c, h
+    assert len(outputs) == 5  # i, o, u, c, h
     torch.testing.assert_close(outputs[-1], state(3)[0])
+    # the node's run: only h and c are read after it (returned)
+    h, c = node.impl(*(torch.randn(DIM) for _ in range(4)))
+    assert h.shape == c.shape == (DIM,)
+
+
+def test_a_run_returns_what_may_be_read_after_it():
+    """A run's temporaries are not its results (analysis.LIVE_OUTPUTS), but a name read
+    later, read in a loop around the run, or carried by it, is; so is everything when
+    the function reads its locals by name."""
+
+    def loop(xs, h):
+        for x in xs:
+            if x.sum() > 100:
+                continue
+            a = torch.tanh(x * 2) + 1  # a: the run's own
+            b = torch.sigmoid(a) * h  # b: read at the loop's top, next time round
+            h = torch.tanh(b + x)  # h: carried
+            if b.sum() > 100:
+                break
+        return h
+
+    def dynamic(x):
+        t = torch.tanh(x * 2) + 1
+        u = torch.sigmoid(t) * 3
+        if u.sum() > 100:
+            return u
+        return locals()["t"]
+
+    region = analysis.outline(loop).regions[0]
+    xs = [torch.randn(3) for _ in range(2)]
+    got = region.impl(xs[0], torch.ones(3))  # (x, h): its results are (b, h)
+    assert len(got) == 2
+    torch.testing.assert_close(got[1], torch.tanh(torch.sigmoid(torch.tanh(xs[0] * 2) + 1) + xs[0]))
+    region = analysis.outline(dynamic).regions[0]
+    assert len(region.impl(torch.randn(3))) == 2  # t, u: locals() may read any
+    _map_matches_eager(acrobat.autobatch(loop), [xs, xs[::-1]], h=torch.ones(3))
 
 
 def test_code_is_swapped_only_during_the_map_and_restored_after_errors():
