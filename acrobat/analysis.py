@@ -1602,8 +1602,13 @@ class _Rewriter:
         if isinstance(node, ast.FunctionDef) and not self.loads:
             self.loads = _load_counts(node.body)
             self.dynamic = _reads_frame(node)
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+            augmented = {
+                id(sub.target) for sub in ast.walk(node) if isinstance(sub, ast.AugAssign)
+            }
+            for sub in ast.walk(node):  # (a del or an x += ... reads x too)
+                if isinstance(sub, ast.Name) and (
+                    isinstance(sub.ctx, (ast.Load, ast.Del)) or id(sub) in augmented
+                ):
                     self.load_pos.setdefault(sub.id, []).append((sub.lineno, sub.col_offset))
                 elif isinstance(sub, (ast.For, ast.AsyncFor, ast.While)):
                     self.loop_spans.append(_span([sub]))

@@ -132,6 +132,16 @@ def test_a_run_returns_what_may_be_read_after_it():
                 break
         return h
 
+    def deleted(x):
+        a = torch.tanh(x * 2) + 1
+        b = torch.sigmoid(a) * 3
+        c = torch.cos(b) + 1
+        if b.sum() > 100:
+            return b
+        del a  # (a del, an augmented assignment: reads of the name after the run)
+        c += 1
+        return b * 2
+
     def dynamic(x):
         t = torch.tanh(x * 2) + 1
         u = torch.sigmoid(t) * 3
@@ -144,6 +154,19 @@ def test_a_run_returns_what_may_be_read_after_it():
     got = region.impl(xs[0], torch.ones(3))  # (x, h): its results are (b, h)
     assert len(got) == 2
     torch.testing.assert_close(got[1], torch.tanh(torch.sigmoid(torch.tanh(xs[0] * 2) + 1) + xs[0]))
+    def deletes(x):
+        a = torch.tanh(x * 2) + 1
+        b = torch.sigmoid(a) * 3
+        if b.sum() > 100:
+            return b
+        del a
+        return b * 2
+
+    region = analysis.outline(deleted).regions[0]
+    assert len(region.impl(torch.randn(3))) == 3  # a (deleted), b (read), c (+=)
+    region = analysis.outline(deletes).regions[0]
+    assert len(region.impl(torch.randn(3))) == 2  # a (deleted), b
+    _map_matches_eager(acrobat.autobatch(deletes), [torch.randn(3) for _ in range(3)])
     region = analysis.outline(dynamic).regions[0]
     assert len(region.impl(torch.randn(3))) == 2  # t, u: locals() may read any
     _map_matches_eager(acrobat.autobatch(loop), [xs, xs[::-1]], h=torch.ones(3))
