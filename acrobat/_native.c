@@ -2969,6 +2969,39 @@ static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     return PyBool_FromLong(found);
 }
 
+/* pad_rows(dst, stride, rows, slots, bases, nbytes, ts, shape, dtype): the rows of
+ * ``slots`` (each ``nbytes``, of ``shape`` and ``dtype``) copied by address to
+ * ``dst + rows[i] * stride``: a padded batch's members written at the start of their
+ * rows (executor._pad_into). True, False (a source that cannot be read by address;
+ * nothing copied), or NULL with an exception set. */
+static PyObject *pad_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 9 || !PyList_Check(a[2]) || !PyList_Check(a[3]) || !PyDict_Check(a[4]) ||
+        !PyList_Check(a[6]) || PyList_GET_SIZE(a[2]) != PyList_GET_SIZE(a[3]) ||
+        PyList_GET_SIZE(a[6]) != PyList_GET_SIZE(a[3])) {
+        PyErr_SetString(PyExc_TypeError, "pad_rows(dst, stride, rows: list, slots: list, "
+                                         "bases: dict, nbytes, ts: list, shape, dtype)");
+        return NULL;
+    }
+    char *dst = (char *)PyLong_AsVoidPtr(a[0]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t stride = PyLong_AsSsize_t(a[1]);
+    if (stride == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(a[5]);
+    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(a[3]);
+    char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
+    if (src == NULL) return PyErr_NoMemory();
+    int found = row_pointers(a[3], a[4], a[6], a[7], a[8], nbytes, src);
+    for (Py_ssize_t i = 0; found == 1 && i < m; i++) {
+        Py_ssize_t r = PyLong_AsSsize_t(PyList_GET_ITEM(a[2], i));
+        if (r == -1 && PyErr_Occurred()) found = -1;
+        else memcpy(dst + r * stride, src[i], (size_t)nbytes);
+    }
+    PyMem_Free(src);
+    if (found < 0) return NULL;
+    return PyBool_FromLong(found);
+}
+
 /* join_into(dst, stride, nodes, group, bases): executor._join's copies without its
  * columns: operand j of every node, for each position j of ``group`` in turn, copied
  * from its producer's buffer (by address, ``bases`` as copy_rows keeps it) into row i
@@ -3310,6 +3343,8 @@ static PyMethodDef methods[] = {
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
      "copy_rows(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (a source "
      "that cannot be read by address; nothing copied)"},
+    {"pad_rows", (PyCFunction)(void (*)(void))pad_rows, METH_FASTCALL,
+     "pad_rows(dst, stride, rows, slots, bases, nbytes, ts, shape, dtype): rows copied by address to dst + row * stride"},
     {"join_into", (PyCFunction)(void (*)(void))join_into, METH_FASTCALL,
      "join_into(dst, stride, nodes, group, bases) -> True, or False (executor._join's "
      "copies: operand j of every node for each j of group, side by side in each row)"},

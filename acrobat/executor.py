@@ -481,10 +481,21 @@ def _pad_run(fam, parts: list, stats) -> None:
             continue
         out = None
         r = 0
+        direct = _direct_pad(flags, nodes[0])
         for part, size, view in zip(parts, ns, views):
             i = view.args[v]
             if i >= 0:
-                x = gather([nd.inputs[i] for nd in part], len(part), stats)
+                column = [nd.inputs[i] for nd in part]
+                if direct and out is None:  # (the first part is the largest)
+                    out = padding.blank_as(column[0], (n, *column[0].shape))
+                if (
+                    out is not None
+                    and direct
+                    and _pad_into(out, list(range(r, r + len(part))), column, stats)
+                ):
+                    r += len(part)
+                    continue
+                x = gather(column, len(part), stats)
             else:  # the list of a stack: its parts, row after row
                 s, count, _ = view.packed
                 column = [t for nd in part for t in nd.inputs[s : s + count]]
@@ -513,6 +524,39 @@ def _pad_run(fam, parts: list, stats) -> None:
         )
         _give(part, mine)
         r += len(part)
+
+
+def _direct_pad(flags: tuple, node) -> bool:
+    """Whether a padded batch's argument of ``flags`` may be written by address
+    (:func:`_pad_into`): ragged along its first dim only, a CPU map without autograd."""
+    return (
+        bool(flags)
+        and bool(flags[0])
+        and not any(flags[1:])
+        and _native is not None
+        and config.FAST_GATHER
+        and node.rt.device.type == "cpu"
+        and not torch.is_grad_enabled()
+    )
+
+
+def _pad_into(out: torch.Tensor, rows: list, column: list, stats) -> bool:
+    """The values of ``column`` (LazyTensors of one shape, ragged along their first dim
+    only) copied by address to the start of rows ``rows`` of the padded batch ``out``,
+    their pads left as they are: one C call instead of a gather and a copy into the
+    padded batch (a batch of graphs of many sizes apart is a size per member). False,
+    nothing copied, where a source cannot be read by address."""
+    t0 = column[0]
+    shape, dtype = t0.shape, t0.dtype
+    nbytes = shape.numel() * dtype.itemsize
+    stride = out.stride(0) * out.element_size()
+    slots = _slots(column)
+    dst = out.data_ptr()
+    if not _native.pad_rows(dst, stride, rows, slots, _bases, nbytes, column, shape, dtype):
+        return False
+    stats.gathers += 1
+    stats.gather_bytes += nbytes * len(rows)
+    return True
 
 
 def _run_operands(nodes: list, n: int, stats, t0: float) -> None:
@@ -707,10 +751,15 @@ def _run_padded_scans(nodes: list, stats) -> bool:
             xs.append(gather(column, n, stats))
             continue
         out = None
+        direct = _direct_pad(flags, rows[0])
         for s, where in by_size.items():
-            x = gather([column[r] for r in where], len(where), stats)
+            mine = [column[r] for r in where]
             if out is None:
-                out = padding.blank(x, (n, *fam.shape(("arg", scan.sequences + j), big)))
+                shape = fam.shape(("arg", scan.sequences + j), big)
+                out = padding.blank_as(mine[0], (n, *shape))
+            if direct and _pad_into(out, where, mine, stats):
+                continue
+            x = gather(mine, len(where), stats)
             out[(index_tensor(where, x.device), *padding.cut(flags, s))] = x
         assert out is not None
         xs.append(out)

@@ -340,6 +340,13 @@ def blank(x: torch.Tensor, shape: tuple) -> torch.Tensor:
     return x.new_full(shape, FILL if x.dtype.is_floating_point else 0)
 
 
+def blank_as(t: LazyTensor, shape: tuple) -> torch.Tensor:
+    """:func:`blank` for values like the LazyTensor ``t`` (its dtype, on its device)."""
+    buf = t.node.outs[t.idx]
+    fill = FILL if t.dtype.is_floating_point else 0
+    return torch.full(shape, fill, dtype=t.dtype, device=buf.device)
+
+
 def _mask(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """True at the real entries of the padded batch ``x`` whose ragged dims are ``flags``
     (cached per run by flags and shape)."""
