@@ -970,7 +970,7 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
     ragged = _ragged_inputs(f_in)
     name, kind = inner.op.name, inner.op.kind
     if name == "scatter":  # (its base may be a real tensor hoisted at each size)
-        return _scatter_action(inner, f_in, f_out)
+        return _scatter_action(inner, f_in)
     if not ragged:
         if any(any(f) for f in f_out):
             raise Decline(f"{name} makes a ragged value from fixed ones")
@@ -1099,7 +1099,7 @@ def _gather_action(inner, f_in: list) -> Action | None:
     return Action((_where(inner, index),), "zero") if any(fi) else None
 
 
-def _scatter_action(inner, f_in: list, f_out: list) -> Action | None:
+def _scatter_action(inner, f_in: list) -> Action | None:
     """``base.index_add(dim, index, source)`` / ``scatter_add(dim, index, src)`` (a graph's
     messages summed into its nodes, ``zeros_like(h).index_add(0, dst, msg)``): the pads
     of the index set to 0 and of the source to 0, so they add zeros to entry 0; a
@@ -1120,8 +1120,6 @@ def _scatter_action(inner, f_in: list, f_out: list) -> Action | None:
         for t in (index, src)
         if type(t) is LazyTensor and any(f_in[_where(inner, t)])
     )
-    if not masked and not any(f_out[0]):
-        return None
     return Action(masked, "zero") if masked else None
 
 
