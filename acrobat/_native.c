@@ -2969,13 +2969,15 @@ static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     return PyBool_FromLong(found);
 }
 
-/* pad_rows(dst, stride, rows, slots, bases, nbytes, ts, shape, dtype): the rows of
- * ``slots`` (each ``nbytes``, of ``shape`` and ``dtype``) copied by address to
- * ``dst + rows[i] * stride``: a padded batch's members written at the start of their
- * rows (executor._pad_into). True, False (a source that cannot be read by address;
- * nothing copied), or NULL with an exception set. */
+/* pad_rows(dst, stride, rows, slots, bases, nbytes, ts, shape, dtype[, parts, inner]):
+ * the rows of ``slots`` (each ``nbytes``, of ``shape`` and ``dtype``) copied by address
+ * to ``dst + rows[i] * stride``: a padded batch's members written at the start of their
+ * rows (executor._pad_into). With ``parts`` and ``inner``: each row in ``parts`` equal
+ * pieces, piece j to ``dst + rows[i] * stride + j * inner`` (a member ragged in its first
+ * two dims, an n x n adjacency, into an N x N one). True, False (a source that cannot be
+ * read by address; nothing copied), or NULL with an exception set. */
 static PyObject *pad_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (n != 9 || !PyList_Check(a[2]) || !PyList_Check(a[3]) || !PyDict_Check(a[4]) ||
+    if ((n != 9 && n != 11) || !PyList_Check(a[2]) || !PyList_Check(a[3]) || !PyDict_Check(a[4]) ||
         !PyList_Check(a[6]) || PyList_GET_SIZE(a[2]) != PyList_GET_SIZE(a[3]) ||
         PyList_GET_SIZE(a[6]) != PyList_GET_SIZE(a[3])) {
         PyErr_SetString(PyExc_TypeError, "pad_rows(dst, stride, rows: list, slots: list, "
@@ -2988,14 +2990,31 @@ static PyObject *pad_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (stride == -1 && PyErr_Occurred()) return NULL;
     Py_ssize_t nbytes = PyLong_AsSsize_t(a[5]);
     if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t parts = 1, inner = 0;
+    if (n == 11) {
+        parts = PyLong_AsSsize_t(a[9]);
+        inner = PyLong_AsSsize_t(a[10]);
+        if ((parts == -1 || inner == -1) && PyErr_Occurred()) return NULL;
+        if (parts < 1 || nbytes % parts != 0) {
+            PyErr_SetString(PyExc_ValueError, "pad_rows: parts must divide nbytes");
+            return NULL;
+        }
+    }
+    Py_ssize_t piece = nbytes / parts;
     Py_ssize_t m = PyList_GET_SIZE(a[3]);
     char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
     if (src == NULL) return PyErr_NoMemory();
     int found = row_pointers(a[3], a[4], a[6], a[7], a[8], nbytes, src);
     for (Py_ssize_t i = 0; found == 1 && i < m; i++) {
         Py_ssize_t r = PyLong_AsSsize_t(PyList_GET_ITEM(a[2], i));
-        if (r == -1 && PyErr_Occurred()) found = -1;
-        else memcpy(dst + r * stride, src[i], (size_t)nbytes);
+        if (r == -1 && PyErr_Occurred()) {
+            found = -1;
+        } else if (parts == 1) {
+            memcpy(dst + r * stride, src[i], (size_t)nbytes);
+        } else {
+            for (Py_ssize_t j = 0; j < parts; j++)
+                memcpy(dst + r * stride + j * inner, src[i] + j * piece, (size_t)piece);
+        }
     }
     PyMem_Free(src);
     if (found < 0) return NULL;
@@ -3344,7 +3363,7 @@ static PyMethodDef methods[] = {
      "copy_rows(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (a source "
      "that cannot be read by address; nothing copied)"},
     {"pad_rows", (PyCFunction)(void (*)(void))pad_rows, METH_FASTCALL,
-     "pad_rows(dst, stride, rows, slots, bases, nbytes, ts, shape, dtype): rows copied by address to dst + row * stride"},
+     "pad_rows(dst, stride, rows, slots, bases, nbytes, ts, shape, dtype[, parts, inner]): rows copied by address to dst + row * stride"},
     {"join_into", (PyCFunction)(void (*)(void))join_into, METH_FASTCALL,
      "join_into(dst, stride, nodes, group, bases) -> True, or False (executor._join's "
      "copies: operand j of every node for each j of group, side by side in each row)"},

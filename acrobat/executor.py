@@ -528,11 +528,12 @@ def _pad_run(fam, parts: list, stats) -> None:
 
 def _direct_pad(flags: tuple, node) -> bool:
     """Whether a padded batch's argument of ``flags`` may be written by address
-    (:func:`_pad_into`): ragged along its first dim only, a CPU map without autograd."""
+    (:func:`_pad_into`): ragged along its first dim, or its first two (an n x n
+    adjacency), and no other, a CPU map without autograd."""
     return (
         bool(flags)
         and bool(flags[0])
-        and not any(flags[1:])
+        and not any(flags[2:])
         and _native is not None
         and config.FAST_GATHER
         and node.rt.device.type == "cpu"
@@ -552,7 +553,15 @@ def _pad_into(out: torch.Tensor, rows: list, column: list, stats) -> bool:
     stride = out.stride(0) * out.element_size()
     slots = _slots(column)
     dst = out.data_ptr()
-    if not _native.pad_rows(dst, stride, rows, slots, _bases, nbytes, column, shape, dtype):
+    if len(shape) > 1 and out.shape[2] != shape[1]:  # (ragged in its first two dims:
+        # each of its rows a piece of its own, at the padded row's stride)
+        parts, inner = shape[0], out.stride(1) * out.element_size()
+        done = _native.pad_rows(
+            dst, stride, rows, slots, _bases, nbytes, column, shape, dtype, parts, inner
+        )
+    else:
+        done = _native.pad_rows(dst, stride, rows, slots, _bases, nbytes, column, shape, dtype)
+    if not done:
         return False
     stats.gathers += 1
     stats.gather_bytes += nbytes * len(rows)

@@ -1371,6 +1371,17 @@ def test_members_are_written_into_the_padded_batch_by_address(monkeypatch):
         return done
 
     monkeypatch.setattr(executor, "_pad_into", counting)
+    # an n x n adjacency: ragged in its first two dims, written a row at a time
+    graphs = [
+        ((torch.rand(n, n) < 0.4).float(), torch.randint(WORDS, (n,))) for n in (3, 5, 2, 5)
+    ]
+    f = acrobat.autobatch(GraphNet())
+    with torch.no_grad():
+        check_map(f, graphs)
+        written.clear()
+        check_map(f, graphs)
+    assert written and all(written)
+    written.clear()
     lin = nn.Linear(DIM, DIM)
     g = acrobat.autobatch(pair_cell)
     data = [(torch.randn(s, DIM), torch.randn(t, DIM)) for s, t in ((1, 2), (3, 1), (2, 4), (4, 4))]
