@@ -25,12 +25,12 @@ class _MapChoice:
     map's real results).
 
     Trials: the two alternate, the batched map first, each run timed per instance; the
-    first run of each is untimed (traces, kernels, caches). The choice is made as soon as
-    the numbers are clear: once the batched map's first timed run is ``CLEAR`` times
-    faster than even the eager loop's untimed first (the eager loop not tried again), or
-    once either is ``CLEAR`` times faster than the other in timed runs; else after
-    ``TRIALS`` timed runs each, the faster by its best time, the eager loop only if 10%
-    faster.
+    first run of each is untimed (traces, kernels, caches). The batched map is kept as
+    soon as it is clearly faster: its first timed run ``CLEAR`` times faster than even
+    the eager loop's untimed first (the eager loop not tried again), or than the eager
+    loop's timed run; else after ``TRIALS`` timed runs each, the faster by its best time,
+    the eager loop only if 10% faster (never early: a map's early runs may still trace
+    new shapes).
 
     Re-checks: the kept variant's times are watched (the best of its last ``WINDOW``
     runs), and the other runs again now and then, so a verdict made while traces were
@@ -88,8 +88,6 @@ class _MapChoice:
             self._decide("map", maps[0], runs["eager"][0])
         elif maps and loops and min(maps) * self.CLEAR < min(loops):
             self._decide("map", min(maps), min(loops))
-        elif maps and loops and min(loops) * self.CLEAR < min(maps):
-            self._decide("eager", min(loops), min(maps))
         elif len(maps) >= self.TRIALS and len(loops) >= self.TRIALS:
             if min(loops) < 0.9 * min(maps):
                 self._decide("eager", min(loops), min(maps))

@@ -215,7 +215,7 @@ FIBER_POOL: int = _env_int("ACROBAT_FIBER_POOL", 8192)
 #: Per function, batch-size bucket (powers of two), grad mode and module arguments, the
 #: first maps time the batched map against the eager loop on the real work (each trial
 #: computes the map's results), then keep the faster (the eager loop only where it beat
-#: the batched map by 10%; api._MapChoice; decided early when one is 3x faster), and
+#: the batched map by 10%; api._MapChoice; the batched map kept early when 3x faster), and
 #: re-check the verdict now and then (the other variant run once after 64 maps times its
 #: slowdown, the period doubling while the verdict stands: at most ~1/64 of the time goes
 #: to re-checks, and a verdict made while traces warmed up is revised). A map asked for
