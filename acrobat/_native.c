@@ -2977,11 +2977,13 @@ static PyObject *copy_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
  * two dims, an n x n adjacency, into an N x N one). True, False (a source that cannot be
  * read by address; nothing copied), or NULL with an exception set. */
 static PyObject *pad_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if ((n != 9 && n != 11) || !PyList_Check(a[2]) || !PyList_Check(a[3]) || !PyDict_Check(a[4]) ||
-        !PyList_Check(a[6]) || PyList_GET_SIZE(a[2]) != PyList_GET_SIZE(a[3]) ||
+    if ((n != 9 && n != 11) || !PyList_Check(a[2]) || !PyList_Check(a[3]) ||
+        !PyDict_Check(a[4]) || !PyList_Check(a[6]) ||
+        PyList_GET_SIZE(a[2]) != PyList_GET_SIZE(a[3]) ||
         PyList_GET_SIZE(a[6]) != PyList_GET_SIZE(a[3])) {
         PyErr_SetString(PyExc_TypeError, "pad_rows(dst, stride, rows: list, slots: list, "
-                                         "bases: dict, nbytes, ts: list, shape, dtype)");
+                                         "bases: dict, nbytes, ts: list, shape, dtype"
+                                         "[, parts, inner])");
         return NULL;
     }
     char *dst = (char *)PyLong_AsVoidPtr(a[0]);
