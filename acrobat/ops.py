@@ -24,6 +24,7 @@ correct for every op torch can vmap; the fast rules exist for the ops hot in rea
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import warnings
 from array import array
@@ -1457,6 +1458,62 @@ def scatter_rule(node, xs, n):
     return (flat.reshape(rows, size, *base.shape[2:]).movedim(1, d + 1),)
 
 
+_CLASS_LOSS_PARAMS: dict = {}  # loss function -> its inspect.Signature
+
+
+def loss_rule(node, xs, n):
+    """``cross_entropy`` / ``nll_loss`` of one instance's (rows, classes) scores and class
+    targets: every instance's rows flattened into one call with ``reduction="none"``,
+    reduced per instance as torch does (a weighted mean over the weights of the counted
+    targets). torch.vmap cannot run a weighted mean with label smoothing (its
+    ``masked_select``); other losses and forms go to vmap."""
+    func = node.func
+    if func not in (F.cross_entropy, F.nll_loss):
+        return vmap_rule(node, xs, n)
+    sig = _CLASS_LOSS_PARAMS.get(func)
+    if sig is None:
+        sig = _CLASS_LOSS_PARAMS[func] = inspect.signature(func)
+    it = iter(xs)
+    try:
+        bound = sig.bind(*substitute(node.args, it), **{
+            k: substitute(v, it) for k, v in (node.kwargs or {}).items()
+        })  # fmt: skip
+    except TypeError:
+        return vmap_rule(node, xs, n)
+    bound.apply_defaults()
+    kw = dict(bound.arguments)
+    x, target = kw.pop("input"), kw.pop("target")
+    lazy_x = type(_arg(node, 0, "input")) is LazyTensor
+    lazy_t = type(_arg(node, 1, "target")) is LazyTensor
+    reduction = kw.pop("reduction")
+    if (
+        not lazy_x
+        or kw.get("size_average") is not None
+        or kw.get("reduce") is not None
+        or reduction not in ("mean", "sum", "none")
+        or x.ndim != 3
+        or target.dtype.is_floating_point
+        or target.ndim != (2 if lazy_t else 1)
+        or isinstance(kw.get("weight"), LazyTensor)
+    ):
+        return vmap_rule(node, xs, n)
+    rows = x.shape[1]
+    if not lazy_t:
+        target = target.expand(n, rows)
+    per = func(x.reshape(n * rows, -1), target.reshape(-1), reduction="none", **kw).view(n, rows)
+    if reduction == "none":
+        return (per,)
+    total = per.sum(1)
+    if reduction == "sum":
+        return (total,)
+    counted = target != kw.get("ignore_index", -100)
+    weight = kw.get("weight")
+    if weight is None:
+        return (total / counted.sum(1),)
+    w = weight[torch.where(counted, target, 0)]
+    return (total / torch.where(counted, w, 0.0).sum(1),)
+
+
 _POOLS_2D = frozenset(
     {F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.max_pool2d_with_indices}
 )
@@ -1481,6 +1538,7 @@ def pool_rule(node, xs, n):
 
 TABLE["pool"].rule = pool_rule
 TABLE["scatter"].rule = scatter_rule
+TABLE["loss"].rule = loss_rule
 
 
 def _special_one_hot(func, args, kwargs):

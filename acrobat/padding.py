@@ -1226,8 +1226,7 @@ def _loss_action(inner, f_in: list) -> Action:
             or fx[1]
             or target.dtype.is_floating_point
             or ft != fx[:1]
-            or kw.get("label_smoothing", 0.0)
-        ):
+        ):  # (label_smoothing: each row's loss is its own, reduced as the others)
             raise Decline("a class loss other than of (n, classes) scores and n classes")
         return Action((), "zero", run=_class_loss(func, kw, reduction, fx[0].offset, jx, jt))
     if func in _ENTRY_LOSSES:

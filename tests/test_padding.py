@@ -813,12 +813,15 @@ class LanguageModel(nn.Module):
 LM = LanguageModel()
 
 
-def class_loss(tokens, model, loss, reduction, weight):
-    """A class loss of each token's next-token scores (class 0 ignored by cross_entropy)."""
+def class_loss(tokens, model, loss, reduction, weight, smoothing=0.0):
+    """A class loss of each token's next-token scores (class 0 ignored by cross_entropy,
+    with label smoothing or not)."""
     scores = model.out(torch.tanh(model.emb(tokens[:-1])))
     if loss is F.nll_loss:
         return F.nll_loss(scores.log_softmax(-1), tokens[1:], weight, reduction=reduction)
-    return F.cross_entropy(scores, tokens[1:], weight, ignore_index=0, reduction=reduction)
+    return F.cross_entropy(
+        scores, tokens[1:], weight, ignore_index=0, reduction=reduction, label_smoothing=smoothing
+    )
 
 
 def entry_loss(tokens, model, loss, reduction, weight):
@@ -838,8 +841,9 @@ LOSSES = [F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss,
     st.sampled_from(["mean", "sum", "none"]),
     st.booleans(),
     st.integers(0, 2**16),
+    st.sampled_from([0.0, 0.1]),
 )
-def test_losses_over_the_tokens(ns, loss, reduction, weighted, seed):
+def test_losses_over_the_tokens(ns, loss, reduction, weighted, seed, smoothing):
     g = torch.Generator().manual_seed(seed)
     data = []
     for n in ns:  # some targets the ignored class 0, never the first
@@ -850,17 +854,33 @@ def test_losses_over_the_tokens(ns, loss, reduction, weighted, seed):
     weight = torch.rand(WORDS, generator=g) + 0.5 if weighted and classes else None
     f = acrobat.autobatch(class_loss if classes else entry_loss)
     shared = {"model": LM, "loss": loss, "reduction": reduction, "weight": weight}
+    if classes:
+        shared["smoothing"] = smoothing
     check_chunked(f, data, [n - 1 for n in ns], 1, LM, **shared)
+
+
+@pytest.mark.parametrize("regions", [True, False], ids=["in a block", "op by op"])
+def test_a_weighted_smoothed_mean_loss_batches(regions):
+    """cross_entropy with class weights, label smoothing and a mean, over instances of one
+    size (batched per size): ops.loss_rule (torch.vmap raised inside torch's loss)."""
+    weight = torch.rand(WORDS) + 0.5
+    f = acrobat.autobatch(class_loss)
+    shared = dict(model=LM, loss=F.cross_entropy, reduction="mean", weight=weight, smoothing=0.2)
+    with config.override(AUTO_BLOCKS=regions, AUTO_REGIONS=regions), torch.no_grad():
+        check_map(f, tokens(6, (4, 4, 4)), **shared)
+    with config.override(AUTO_BLOCKS=regions, AUTO_REGIONS=regions):
+        check_grads(f, tokens(6, (4, 4, 4)), LM, atol=1e-5, **shared)
 
 
 def test_a_loss_with_options_it_has_no_rule_for_keeps_a_batch_per_size():
     @acrobat.autobatch
-    def smoothed(tokens, model):
+    def divergence(tokens, model):
         scores = model.out(torch.tanh(model.emb(tokens[:-1])))
-        return F.cross_entropy(scores, tokens[1:], label_smoothing=0.1)
+        target = torch.softmax(model.out(model.emb(tokens[1:])), -1)
+        return F.kl_div(scores.log_softmax(-1), target, reduction="batchmean")
 
     with torch.no_grad():
-        stats = check_map(smoothed, tokens(3, (3, 5, 4, 5)), model=LM)
+        stats = check_map(divergence, tokens(3, (3, 5, 4, 5)), model=LM)
     assert block_batches(stats) == 3, stats.by_op  # sizes 3, 4, 5 apart
 
 
