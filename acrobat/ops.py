@@ -1384,6 +1384,8 @@ for _name, _aliases in {
     ),
     "prelu": (F.prelu, F.glu),
     "pairwise_distance": (F.pairwise_distance,),
+    # resampling of one instance's own batch, (N, C, *spatial) as F.interpolate takes it
+    "interpolate": (F.interpolate,),
     # normalisations of one instance's channels with fixed statistics (an eval-mode
     # nn.BatchNorm*) or its own (group, instance, and batch norm without running stats)
     "batch_norm": (F.batch_norm,),
@@ -1514,6 +1516,18 @@ def loss_rule(node, xs, n):
     return (total / torch.where(counted, w, 0.0).sum(1),)
 
 
+def interpolate_rule(node, xs, n):
+    """``F.interpolate`` of one instance's (N, C, *spatial) input: the rows' batches
+    flattened into one call (its sizes and scales are every row's), else vmap."""
+    x = node.args[0] if node.args else node.kwargs.get("input")
+    if type(x) is not LazyTensor or len(xs) != 1 or x.ndim < 3:
+        return vmap_rule(node, xs, n)
+    args, kwargs = node.args[1:], dict(node.kwargs or {})
+    kwargs.pop("input", None)
+    out = node.func(xs[0].reshape(n * x.shape[0], *x.shape[1:]), *args, **kwargs)
+    return (out.reshape(n, x.shape[0], *out.shape[1:]),)
+
+
 _POOLS_2D = frozenset(
     {F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.max_pool2d_with_indices}
 )
@@ -1539,6 +1553,7 @@ def pool_rule(node, xs, n):
 TABLE["pool"].rule = pool_rule
 TABLE["scatter"].rule = scatter_rule
 TABLE["loss"].rule = loss_rule
+TABLE["interpolate"].rule = interpolate_rule
 
 
 def _special_one_hot(func, args, kwargs):

@@ -1468,6 +1468,19 @@ add(
     ),
 )
 add(
+    "interpolate",
+    case(
+        "linear, nearest, bilinear",
+        lambda x: (
+            F.interpolate(x, scale_factor=2, mode="linear"),
+            F.interpolate(x, size=5, mode="nearest"),
+            F.interpolate(x.unsqueeze(0), scale_factor=(1, 2), mode="bilinear"),
+            F.interpolate(x * 2, size=3, mode="linear", align_corners=True),
+        ),
+        x=X("b 2 4"),
+    ),
+)
+add(
     "prelu",
     case("prelu and glu", lambda x, w: (F.prelu(x, w), F.glu(x * 1, -1)), x=X("b 2"), w=W("1")),
 )
