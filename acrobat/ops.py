@@ -1386,6 +1386,8 @@ for _name, _aliases in {
     "pairwise_distance": (F.pairwise_distance,),
     # resampling of one instance's own batch, (N, C, *spatial) as F.interpolate takes it
     "interpolate": (F.interpolate,),
+    # bags of one instance's own (B, L) ids (nn.EmbeddingBag given ids[None])
+    "embedding_bag": (F.embedding_bag,),
     # normalisations of one instance's channels with fixed statistics (an eval-mode
     # nn.BatchNorm*) or its own (group, instance, and batch norm without running stats)
     "batch_norm": (F.batch_norm,),
@@ -1460,7 +1462,7 @@ def scatter_rule(node, xs, n):
     return (flat.reshape(rows, size, *base.shape[2:]).movedim(1, d + 1),)
 
 
-_CLASS_LOSS_PARAMS: dict = {}  # loss function -> its inspect.Signature
+_SIGNATURES: dict = {}  # function -> its inspect.Signature (loss_rule, embedding_bag_rule)
 
 
 def loss_rule(node, xs, n):
@@ -1472,9 +1474,9 @@ def loss_rule(node, xs, n):
     func = node.func
     if func not in (F.cross_entropy, F.nll_loss):
         return vmap_rule(node, xs, n)
-    sig = _CLASS_LOSS_PARAMS.get(func)
+    sig = _SIGNATURES.get(func)
     if sig is None:
-        sig = _CLASS_LOSS_PARAMS[func] = inspect.signature(func)
+        sig = _SIGNATURES[func] = inspect.signature(func)
     it = iter(xs)
     try:
         bound = sig.bind(*substitute(node.args, it), **{
@@ -1528,6 +1530,34 @@ def interpolate_rule(node, xs, n):
     return (out.reshape(n, x.shape[0], *out.shape[1:]),)
 
 
+def embedding_bag_rule(node, xs, n):
+    """``F.embedding_bag`` of one instance's (B, L) ids (no offsets): the rows' bags
+    flattened into one call, per-sample weights alike; else vmap."""
+    sig = _SIGNATURES.get(node.func)
+    if sig is None:
+        sig = _SIGNATURES[node.func] = inspect.signature(node.func)
+    x = _arg(node, 0, "input")
+    if type(x) is not LazyTensor or x.ndim != 2 or type(_arg(node, 1, "weight")) is LazyTensor:
+        return vmap_rule(node, xs, n)
+    it = iter(xs)
+    try:
+        bound = sig.bind(*substitute(node.args, it), **{
+            k: substitute(v, it) for k, v in (node.kwargs or {}).items()
+        })  # fmt: skip
+    except TypeError:
+        return vmap_rule(node, xs, n)
+    kw = bound.arguments
+    if kw.get("offsets") is not None:
+        return vmap_rule(node, xs, n)
+    kw["input"] = kw["input"].reshape(n * x.shape[0], x.shape[1])
+    weights = kw.get("per_sample_weights")
+    if weights is not None:
+        weights = weights if weights.ndim == 3 else weights.expand(n, *weights.shape)
+        kw["per_sample_weights"] = weights.reshape(n * x.shape[0], x.shape[1])
+    out = node.func(**kw)
+    return (out.reshape(n, x.shape[0], *out.shape[1:]),)
+
+
 _POOLS_2D = frozenset(
     {F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.max_pool2d_with_indices}
 )
@@ -1554,6 +1584,7 @@ TABLE["pool"].rule = pool_rule
 TABLE["scatter"].rule = scatter_rule
 TABLE["loss"].rule = loss_rule
 TABLE["interpolate"].rule = interpolate_rule
+TABLE["embedding_bag"].rule = embedding_bag_rule
 
 
 def _special_one_hot(func, args, kwargs):

@@ -1468,6 +1468,27 @@ add(
     ),
 )
 add(
+    "embedding_bag",
+    case(
+        "modes, weights, padding_idx",
+        lambda i, w, p: (
+            F.embedding_bag(i, w, mode="mean"),
+            F.embedding_bag(i, w, mode="sum", per_sample_weights=p),
+            F.embedding_bag(i, w, mode="max"),
+            F.embedding_bag(i, w, padding_idx=0),
+        ),
+        i=X("b c", dtype=torch.long, lo=0, hi="v"),
+        w=W("v d"),
+        p=X("b c"),
+    ),
+    case(
+        "nn.EmbeddingBag on ids[None]",
+        lambda i, bag: torch.tanh(bag(i[None])),
+        i=X("c", dtype=torch.long, lo=0, hi="v"),
+        bag=Module(lambda d: nn.EmbeddingBag(d["v"], 3), uses="v"),
+    ),
+)
+add(
     "interpolate",
     case(
         "linear, nearest, bilinear",
