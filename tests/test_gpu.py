@@ -603,6 +603,18 @@ def test_padded_losses_and_bool_masks_on_cuda(default_device):
     check_grads(attend, xs, attention, atol=1e-5, attention=attention)
 
 
+def _states_match_on_cuda(model, graphs):
+    """``model``'s (y, h) per graph, batched on the GPU, equal its eager outputs."""
+    f = acrobat.autobatch(model)
+    with torch.no_grad():
+        got = f.map(graphs)
+    for (y, h), x in zip(got, graphs):
+        want = model(x)
+        assert y.device.type == "cuda"
+        torch.testing.assert_close(y, want[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(h, want[1], atol=1e-5, rtol=1e-5)
+
+
 @needs_cuda
 @pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
 def test_session_40_padding_rules_on_cuda(default_device):
@@ -633,15 +645,7 @@ def test_session_40_padding_rules_on_cuda(default_device):
         ((torch.rand(n, n, generator=g) < 0.4).float(), torch.randint(30, (n,), generator=g))
         for n in (3, 5, 4, 5, 2)
     ]
-    model = GraphNet()
-    f = acrobat.autobatch(model)
-    with torch.no_grad():
-        got = f.map(graphs)
-    for (y, h), x in zip(got, graphs):
-        want = model(x)
-        assert y.device.type == "cuda"
-        torch.testing.assert_close(y, want[0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(h, want[1], atol=1e-5, rtol=1e-5)
+    _states_match_on_cuda(GraphNet(), graphs)
 
 
 @needs_cuda
@@ -688,13 +692,5 @@ def test_sizes_apart_on_cuda(default_device):
         (torch.randint(30, (n,), generator=g), torch.randint(n, (2, e), generator=g))
         for n, e in ((3, 5), (6, 2), (4, 7), (2, 2))
     ]
-    net = EdgeNet()
-    f = acrobat.autobatch(net)
-    with torch.no_grad():
-        got = f.map(graphs)
-    for (y, h), x in zip(got, graphs):
-        want = net(x)
-        assert y.device.type == "cuda"
-        torch.testing.assert_close(y, want[0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(h, want[1], atol=1e-5, rtol=1e-5)
+    _states_match_on_cuda(EdgeNet(), graphs)
     check_padded(Histogram(), [torch.randint(30, (n,), generator=g) for n in (3, 6, 1, 6, 4)])

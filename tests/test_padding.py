@@ -376,6 +376,22 @@ def scan_batches(stats) -> int:
     return sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:"))
 
 
+def check_state_grads(f, model, data):
+    """The gradients of ``model``'s parameters through ``f.map(data)`` equal the eager
+    loop's, for a model returning (y, h) per instance (the loss: both squared, summed)."""
+
+    def loss(outputs):
+        return sum(y.square().sum() + h.square().sum() for y, h in outputs)
+
+    model.zero_grad()
+    loss(f.map(data)).backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss([model(x) for x in data]).backward()
+    for a, b in zip(got, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 class Decoder(nn.Module):
     """Steps of attention over per-instance states H (given, [n, DIM]): one loop (scan)
     per instance whose body has a trace per n."""
@@ -1090,20 +1106,10 @@ def test_a_loop_carrying_ragged_states_pads(ns, seed):
     chunks = len(padding.chunks(rows, 2))  # (adj: n x n)
     with torch.no_grad():
         stats = check_map(f, data)  # (the states h cut to each graph's n)
-    loops = sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:"))
+    loops = scan_batches(stats)
     assert loops == chunks, stats.by_op  # (loops cut into runs of sizes as blocks are)
     assert block_batches(stats) <= 2 * chunks, stats.by_op
-
-    def loss(outputs):
-        return sum(y.square().sum() + h.square().sum() for y, h in outputs)
-
-    model.zero_grad()
-    loss(f.map(data)).backward()
-    got = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    loss([model(x) for x in data]).backward()
-    for a, b in zip(got, [p.grad for p in model.parameters()]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    check_state_grads(f, model, data)
 
 
 def pair_cell(pair, lin):
@@ -1189,7 +1195,7 @@ def test_loops_over_sizes_far_apart_run_in_chunks():
     assert len(padding.chunks(rows, 2)) == 2
     with torch.no_grad():
         stats = check_map(f, data)
-    assert sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:")) == 2, stats.by_op
+    assert scan_batches(stats) == 2, stats.by_op
 
 
 class HeadScorer(nn.Module):
@@ -1262,21 +1268,11 @@ def test_a_loop_over_node_and_edge_counts_apart_pads(shapes, seed):
     with torch.no_grad():
         check_map(f, data)
         stats = check_map(f, data)
-    loops = sum(b for k, (b, _) in stats.by_op.items() if k.startswith("scan:"))
+    loops = scan_batches(stats)
     assert loops <= len(set(shapes)), stats.by_op
     if len(set(shapes)) > 1:
         assert loops == apart_runs(shapes, (1, 1)), stats.by_op
-
-    def loss(outputs):
-        return sum(y.square().sum() + h.square().sum() for y, h in outputs)
-
-    model.zero_grad()
-    loss(f.map(data)).backward()
-    got = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    loss([model(x) for x in data]).backward()
-    for a, b in zip(got, [p.grad for p in model.parameters()]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    check_state_grads(f, model, data)
 
 
 class PairGRU(nn.Module):
