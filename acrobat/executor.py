@@ -486,15 +486,12 @@ def _pad_run(fam, parts: list, stats) -> None:
             i = view.args[v]
             if i >= 0:
                 column = [nd.inputs[i] for nd in part]
-                if direct and out is None:  # (the first part is the largest)
-                    out = padding.blank_as(column[0], (n, *column[0].shape))
-                if (
-                    out is not None
-                    and direct
-                    and _pad_into(out, list(range(r, r + len(part))), column, stats)
-                ):
-                    r += len(part)
-                    continue
+                if direct:
+                    if out is None:  # (the first part is the largest)
+                        out = padding.blank_as(column[0], (n, *column[0].shape))
+                    if _pad_into(out, list(range(r, r + len(part))), column, stats):
+                        r += len(part)
+                        continue
                 x = gather(column, len(part), stats)
             else:  # the list of a stack: its parts, row after row
                 s, count, _ = view.packed

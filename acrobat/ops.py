@@ -1462,7 +1462,22 @@ def scatter_rule(node, xs, n):
     return (flat.reshape(rows, size, *base.shape[2:]).movedim(1, d + 1),)
 
 
-_SIGNATURES: dict = {}  # function -> its inspect.Signature (loss_rule, embedding_bag_rule)
+_SIGNATURES: dict = {}  # function -> its inspect.Signature (_bind_batched)
+
+
+def _bind_batched(node, xs) -> inspect.BoundArguments | None:
+    """``node``'s call with its lazy operands replaced by their batched values ``xs``,
+    bound to its function's parameters by name; None where they do not bind."""
+    sig = _SIGNATURES.get(node.func)
+    if sig is None:
+        sig = _SIGNATURES[node.func] = inspect.signature(node.func)
+    it = iter(xs)
+    args = substitute(node.args, it)
+    kwargs = {k: substitute(v, it) for k, v in (node.kwargs or {}).items()}
+    try:
+        return sig.bind(*args, **kwargs)
+    except TypeError:
+        return None
 
 
 def loss_rule(node, xs, n):
@@ -1474,15 +1489,8 @@ def loss_rule(node, xs, n):
     func = node.func
     if func not in (F.cross_entropy, F.nll_loss):
         return vmap_rule(node, xs, n)
-    sig = _SIGNATURES.get(func)
-    if sig is None:
-        sig = _SIGNATURES[func] = inspect.signature(func)
-    it = iter(xs)
-    try:
-        bound = sig.bind(*substitute(node.args, it), **{
-            k: substitute(v, it) for k, v in (node.kwargs or {}).items()
-        })  # fmt: skip
-    except TypeError:
+    bound = _bind_batched(node, xs)
+    if bound is None:
         return vmap_rule(node, xs, n)
     bound.apply_defaults()
     kw = dict(bound.arguments)
@@ -1533,18 +1541,11 @@ def interpolate_rule(node, xs, n):
 def embedding_bag_rule(node, xs, n):
     """``F.embedding_bag`` of one instance's (B, L) ids (no offsets): the rows' bags
     flattened into one call, per-sample weights alike; else vmap."""
-    sig = _SIGNATURES.get(node.func)
-    if sig is None:
-        sig = _SIGNATURES[node.func] = inspect.signature(node.func)
     x = _arg(node, 0, "input")
     if type(x) is not LazyTensor or x.ndim != 2 or type(_arg(node, 1, "weight")) is LazyTensor:
         return vmap_rule(node, xs, n)
-    it = iter(xs)
-    try:
-        bound = sig.bind(*substitute(node.args, it), **{
-            k: substitute(v, it) for k, v in (node.kwargs or {}).items()
-        })  # fmt: skip
-    except TypeError:
+    bound = _bind_batched(node, xs)
+    if bound is None:
         return vmap_rule(node, xs, n)
     kw = bound.arguments
     if kw.get("offsets") is not None:

@@ -312,7 +312,7 @@ class Loops:
 def _sizes(lens: torch.Tensor, f: Ragged) -> torch.Tensor:
     """Each row's size of ragged dim ``f``: ``lens`` holds one size per row (a family of
     one size) or one column per size (sizes apart)."""
-    return (lens if lens.ndim == 1 else lens[:, f.sym]) + f.offset
+    return _column(lens, f.sym) + f.offset
 
 
 def _column(lens: torch.Tensor, sym: int) -> torch.Tensor:
@@ -438,34 +438,10 @@ def _form_many(traces: list, grown: list):
     varies over the traces, and two ragged dims are one size where they differ by a
     constant in every trace (``grown[i]``: :func:`_same_program` of the first and the
     i-th)."""
-    shapes = [view(t).shapes for t in traces]
-    flags: dict = {}
-    fixed: dict = {}
-    bases: list = []  # per size: its n in each trace
-    for key, x in shapes[0].items():
-        column = [sh[key] for sh in shapes]
-        if any(len(c) != len(x) for c in column):
-            return None
-        f: list = []
-        for d in range(len(x)):
-            sizes = [c[d] for c in column]
-            if len(set(sizes)) == 1:
-                f.append(False)
-                continue
-            sym = next(
-                (s for s, b in enumerate(bases) if len({p - q for p, q in zip(sizes, b)}) == 1),
-                -1,
-            )
-            if sym < 0:
-                if bases and not (type(key) is tuple and key[0] == "arg"):
-                    return None
-                bases.append(sizes)
-                sym = len(bases) - 1
-            f.append(Ragged(sizes[0] - bases[sym][0], sym))
-        flags[key] = tuple(f)
-        fixed[key] = tuple(None if fl else p for p, fl in zip(x, flags[key]))
-    if not bases:
+    found = _ragged_flags([view(t).shapes for t in traces])
+    if found is None:
         return None
+    flags, fixed, bases = found
     syms = [(b[0], b[1]) for b in bases]
     formed = _form_flags(traces[0], traces[1], grown[1], flags, fixed, syms)
     if formed is None:
@@ -796,37 +772,54 @@ def _form(a, b):
     grown: list = []
     if sa.keys() != sb.keys() or not _same_program(a, b, grown):
         return None
-    flags: dict = {}
-    fixed: dict = {}
-    syms: list = []  # per size: (its n in a, in b)
-    for key, x in sa.items():
-        y = sb[key]
-        if len(x) != len(y):
-            return None
-        f: list = []
-        for p, q in zip(x, y):
-            if p == q:
-                f.append(False)
-                continue
-            sym = _sym_of(syms, p, q)
-            if sym < 0:  # a ragged size of its own
-                if syms and not (type(key) is tuple and key[0] == "arg"):
-                    return None  # (made inside of two sizes, n * m: not padded)
-                if syms and not config.PAD_APART:
-                    raise SizesApart(key)
-                syms.append((p, q))
-                sym = len(syms) - 1
-            f.append(Ragged(p - syms[sym][0], sym))
-        flags[key] = f = tuple(f)
-        fixed[key] = tuple(None if fl else p for p, fl in zip(x, f))
-    if not syms:
+    found = _ragged_flags([sa, sb])
+    if found is None:
         return None
+    flags, fixed, bases = found
+    syms = [(b[0], b[1]) for b in bases]  # per size: (its n in a, in b)
     try:
         return _form_flags(a, b, grown, flags, fixed, syms)
     except Decline as exc:
         if len(syms) > 1:  # (as before sizes apart could pad: the block goes op by op)
             raise SizesApart(str(exc)) from None
         raise
+
+
+def _ragged_flags(shapes: list):
+    """``(flags, fixed, bases)`` of the values named in ``shapes`` (each trace's view
+    shapes, the same names): a dim is ragged where its size varies over the traces, two
+    ragged dims are one size where they differ by a constant in every trace (a new size
+    only among the arguments: sizes apart, with config.PAD_APART, else SizesApart); per
+    size, its n in each trace. None where nothing varies, or an op's value varies in a
+    size of its own (n * m)."""
+    flags: dict = {}
+    fixed: dict = {}
+    bases: list = []  # per size: its n in each trace
+    for key, x in shapes[0].items():
+        column = [sh[key] for sh in shapes]
+        if any(len(c) != len(x) for c in column):
+            return None
+        f: list = []
+        for d in range(len(x)):
+            sizes = [c[d] for c in column]
+            if len(set(sizes)) == 1:
+                f.append(False)
+                continue
+            sym = next(
+                (s for s, b in enumerate(bases) if len({p - q for p, q in zip(sizes, b)}) == 1),
+                -1,
+            )
+            if sym < 0:  # a ragged size of its own
+                if bases and not (type(key) is tuple and key[0] == "arg"):
+                    return None  # (made inside of two sizes, n * m: not padded)
+                if bases and not config.PAD_APART:
+                    raise SizesApart(key)
+                bases.append(sizes)
+                sym = len(bases) - 1
+            f.append(Ragged(sizes[0] - bases[sym][0], sym))
+        flags[key] = tuple(f)
+        fixed[key] = tuple(None if fl else p for p, fl in zip(x, flags[key]))
+    return (flags, fixed, bases) if bases else None
 
 
 def _sym_of(syms: list, p: int, q: int) -> int:
