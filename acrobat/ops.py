@@ -1581,7 +1581,37 @@ def pool_rule(node, xs, n):
     return tuple(outs)
 
 
+_CONV1D = F.conv1d  # (the original: rules run while a map's stand-ins are in torch's namespaces)
+
+
+def conv_rule(node, xs, n):
+    """``F.conv1d`` / ``conv2d`` of one instance's unbatched ``(C, *spatial)`` input by
+    shared weights: the rows are the convolution's batch, one call; of a batch of its own
+    (``(N, C, *spatial)``): the rows' batches flattened into one. Per-instance weights or
+    bias (a hypernetwork's): vmap."""
+    x = _arg(node, 0, "input")
+    spatial = 1 if node.func is _CONV1D else 2
+    if (
+        type(x) is not LazyTensor
+        or len(xs) != 1
+        or x.ndim not in (spatial + 1, spatial + 2)
+        or any(type(a) is LazyTensor for a in (_arg(node, 1, "weight"), _arg(node, 2, "bias")))
+    ):
+        return vmap_rule(node, xs, n)
+    flat = xs[0] if x.ndim == spatial + 1 else xs[0].reshape(n * x.shape[0], *x.shape[1:])
+    args, kwargs = node.args, dict(node.kwargs or {})
+    if args:
+        args = (flat, *args[1:])
+    else:
+        kwargs["input"] = flat
+    out = node.func(*args, **kwargs)
+    return (out if x.ndim == spatial + 1 else out.reshape(n, x.shape[0], *out.shape[1:]),)
+
+
 TABLE["pool"].rule = pool_rule
+TABLE["conv"].doc = "shared weights: the instances are the call's batch; per-instance: torch.vmap"
+TABLE["pool"].doc = "the instances are the call's batch (a pool's own batch flattened)"
+TABLE["conv"].rule = conv_rule
 TABLE["scatter"].rule = scatter_rule
 TABLE["loss"].rule = loss_rule
 TABLE["interpolate"].rule = interpolate_rule

@@ -1442,6 +1442,26 @@ add(
         m=Module(lambda d: nn.Conv1d(2, 3, 1)),
         w=W("2 2 1"),
     ),
+    case(
+        "keywords, groups, padding, bias, a batch of its own",
+        lambda x, w, b: (
+            F.conv1d(input=x, weight=w, bias=b, padding="same", groups=2),
+            F.conv1d(x[None].expand(3, 2, x.shape[1]), w, b, 1, 1, 1, 2),
+            F.conv2d(x[None, None], w[:1, :1, None], stride=(1, 2), padding=(0, 1)),
+        ),
+        x=X("2 b"),
+        w=W("2 1 3"),
+        b=W("2"),
+    ),
+    case(
+        "per-instance weights and bias (a hypernetwork's)",
+        lambda x, v: (
+            F.conv1d(x, v[:, :, None], padding=1),
+            F.conv1d(x, v.T[:, :, None].contiguous(), bias=v[0], padding=1),
+        ),
+        x=X("2 b"),
+        v=X("2 2"),
+    ),
 )
 add(
     "pool",
