@@ -30,10 +30,16 @@ def user_line(depth: int = 1) -> str:
     return frame_line(sys._getframe(depth))
 
 
-def frame_line(frame) -> str:
-    """'file:line in fn: code' of ``frame`` or its nearest caller outside acrobat/torch."""
+def user_frame(frame):
+    """``frame`` or its nearest caller outside acrobat and torch (None: there is none)."""
     while frame is not None and _is_internal(frame.f_code.co_filename):
         frame = frame.f_back
+    return frame
+
+
+def frame_line(frame) -> str:
+    """'file:line in fn: code' of ``frame`` or its nearest caller outside acrobat/torch."""
+    frame = user_frame(frame)
     if frame is None:
         return "<unknown location>"
     import linecache

@@ -24,7 +24,9 @@ correct for every op torch can vmap; the fast rules exist for the ops hot in rea
 from __future__ import annotations
 
 import contextlib
+import dis
 import inspect
+import sys
 import threading
 import warnings
 from array import array
@@ -38,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from acrobat import choice, config, graph
-from acrobat.errors import LazyValueError, ShapeError, UnsupportedOpError, user_line
+from acrobat.errors import LazyValueError, ShapeError, UnsupportedOpError, user_frame, user_line
 from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
 from acrobat.tensor import index_tensor, stage_array, to_device
 from acrobat_kernels import gemm, unary
@@ -2121,20 +2123,144 @@ def _swap(a, x, old):
     return a
 
 
+# ``acc = torch.zeros(n)`` then ``acc += h`` (an accumulator): inside a map the zeros are
+# hoisted, one real tensor that other instances may share and that cannot hold one
+# instance's sum. Python's augmented assignment stores the operator's result back into its
+# target (``acc = acc.__iadd__(h)``), so the update is recorded out of place and the target
+# rebound to the lazy result; the constant stays as it was. That is exact when nothing else
+# holds the constant: no other instance (they share the cached tensor), no recorded or
+# hoisted op (they hold their operands), no other variable, list or attribute (an alias
+# sees the update in eager). ``sys.getrefcount`` counts those holders: the update is taken
+# where it counts exactly the references of a probe constant updated the same way in the
+# same map (the target's, the operator's path's and the hoisting cache's). An in-place
+# method (``acc.add_(h)``), whose result Python stores nowhere, is refused as before.
+
+_NB_INPLACE = frozenset(
+    i for i, (name, _) in enumerate(getattr(dis, "_nb_ops", ())) if name.startswith("NB_INPLACE")
+)
+_PROBING = threading.local()  # .on while the probe's update runs
+_BASELINE: list = [None, 0]  # [id of the map's Runtime, the probe's count]
+
+
+class _Probed(Exception):
+    def __init__(self, count: int):
+        self.count = count
+
+
+def _augmenting(frame) -> bool:
+    """Whether the user's ``frame`` stands at an augmented assignment's operator."""
+    code, i = frame.f_code.co_code, frame.f_lasti
+    if not 0 <= i < len(code) - 1:
+        return False
+    name = dis.opname[code[i]]
+    if name == "BINARY_OP":  # Python 3.11+
+        return code[i + 1] in _NB_INPLACE
+    return name.startswith("INPLACE_")  # 3.10
+
+
+def _probe(y) -> None:
+    """``t += y`` on a new hoisted constant held by one local, as the user's target is
+    (a NaN fill: a key no other call matches)."""
+    from acrobat.fibers import RecordMode  # (the handler runs with the map's mode off)
+
+    t = graph.hoist(torch.full, ((1,), float("nan")), {})
+    with RecordMode():
+        t += y
+
+
+def _baseline(rt, y) -> int:
+    """The references ``in_place`` counts on a hoisted constant that only the target of
+    an augmented assignment holds, in this map (measured on :func:`_probe`)."""
+    if _BASELINE[0] != id(rt):
+        _BASELINE[:] = [id(rt), -1]  # (a probe that does not reach in_place: no count)
+        _PROBING.on = True
+        try:
+            _probe(y)
+        except _Probed as probed:
+            _BASELINE[1] = probed.count
+        except Exception:  # pragma: no cover - the refusal stands
+            pass
+        finally:
+            _PROBING.on = False
+    return _BASELINE[1]
+
+
+def _held_for_keys(held: list | tuple, x) -> int:
+    """The references to ``x`` in ``held``, the arguments the hoisting cache keeps alive
+    (an op that read the constant: its result is cached, the constant is not changed)."""
+    n = 0
+    for a in held:
+        if a is x:
+            n += 1
+        elif type(a) is tuple or type(a) is list:
+            n += _held_for_keys(a, x)
+        elif type(a) is dict:
+            n += _held_for_keys(list(a.values()), x)
+    return n
+
+
+def _constant_update(rt, x, count: int, y) -> str | None:
+    """None where ``x op= y`` (``count``: references to ``x`` in ``in_place``) may be
+    recorded out of place with the target rebound (see the section comment), else why not
+    (the error's explanation)."""
+    generic = (
+        "the tensor is not per-instance (a parameter, or a constant made inside the map, "
+        "such as torch.zeros(n), which is one tensor for every instance)"
+    )
+    if rt is None or rt.fiber is None or type(y) is not LazyTensor:
+        return generic
+    key = rt.factory_keys.get(id(x))
+    if key is None or rt.hoisted.get(key) is not x or id(x) in rt.built:
+        return generic  # not a constant made by a factory in this map, as made
+    made = getattr(key[0], "__name__", "a factory")
+    if rt.tracer is not None:
+        return f"a block updates a constant it made with {made}(...) in place"
+    frame = user_frame(sys._getframe(3))
+    if frame is None or not _augmenting(frame):
+        return (
+            f"the tensor is a constant made with {made}(...) inside the map, one tensor "
+            "that instances share; an augmented assignment (acc += h) rebinds its target "
+            "to the new value, an in-place method cannot"
+        )
+    if count != _baseline(rt, y) + _held_for_keys(rt.hoist_keepalive, x):
+        return (
+            f"the tensor is a constant made with {made}(...) inside the map, and something "
+            "else holds it: another instance that made the same constant and still has it "
+            "(instances share such constants), another name for it (snap = acc), or an "
+            "op that read it; the update would not reach those"
+        )
+    return None
+
+
 def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_ARG0):
     """Record ``what`` (an update of ``target``, by default ``args[0]``, with the result of
     ``func``, its out-of-place form; ``inplace`` / ``out`` already dropped from ``kwargs``)
     and rebind ``target``: see the section comment. ``fix``: the out-of-place statement
     the errors suggest."""
     x = args[0] if target is _ARG0 else target
-    line = user_line(3)
     if type(x) is not LazyTensor:
-        raise UnsupportedOpError(
-            f"{what} on a real tensor with per-instance operands (at {line}): the tensor is "
-            "not per-instance (a parameter, or a constant made inside the map, such as "
-            "torch.zeros(n), which is one tensor for every instance); write it out of "
-            f"place: {fix}"
-        )
+        count = sys.getrefcount(x)
+        if getattr(_PROBING, "on", False):
+            raise _Probed(count)
+        rt = graph.RT
+        y = args[1] if target is _ARG0 and len(args) == 2 and not kwargs else None
+        problem = _constant_update(rt, x, count, y)
+        if problem is not None:
+            raise UnsupportedOpError(
+                f"{what} on a real tensor with per-instance operands (at {user_line(3)}): "
+                f"{problem}; write it out of place: {fix}"
+            )
+        assert rt is not None  # (_constant_update: a map's fiber)
+        # the op reads a copy, shared by every instance's update of this constant (they
+        # batch), so that the constant's count stays the instances' own references
+        key = ("augmented", rt.factory_keys[id(x)])
+        copy = rt.hoisted.get(key)
+        if copy is None:
+            copy = rt.hoisted[key] = x.clone()
+        out = record(op, func, (copy, y), kwargs)
+        _fits(out, x, what, user_line(3))
+        return out
+    line = user_line(3)
     node = x.node
     problem = None
     if node.op.name == "arg":  # a block's placeholder, while the block is traced
@@ -2161,6 +2287,14 @@ def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_A
     kwargs = {k: _swap(v, x, old) for k, v in kwargs.items()}
     special = op.special
     out = special(func, args, kwargs) if special is not None else record(op, func, args, kwargs)
+    _fits(out, x, what, line)
+    x.node = out.node
+    x.idx = out.idx
+    return x
+
+
+def _fits(out, x, what: str, line: str) -> None:
+    """An in-place update keeps its tensor's shape and dtype: ``out`` must fit ``x``."""
     if type(out) is not LazyTensor or out.shape != x.shape or out.dtype != x.dtype:
         shape = getattr(out, "shape", None)
         dtype = getattr(out, "dtype", None)
@@ -2169,9 +2303,6 @@ def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_A
             f"{dtype}) does not fit the updated tensor ({tuple(x.shape)}, {x.dtype}); an "
             "in-place update keeps its tensor's shape and dtype"
         )
-    x.node = out.node
-    x.idx = out.idx
-    return x
 
 
 def out_kwarg(op, func, args: tuple, kwargs: dict):

@@ -383,3 +383,106 @@ def test_random_fills_of_constants_stay_refused():
 
     with pytest.raises(acrobat.AcrobatError, match="modified in place"):
         f.map([torch.randn(3) for _ in range(3)])
+
+
+# ---- ``acc = torch.zeros(n); acc += h``: a constant made by the instance, updated ----------
+# by a per-instance value through an augmented assignment (ops.in_place: the update
+# recorded out of place, the target rebound; the constant stays as it was)
+
+
+
+def _accumulate(rows, lin, ops: list[str]):
+    acc = torch.zeros(4)
+    for row, op in zip(rows, ops * len(rows)):
+        h = torch.tanh(lin(row))
+        if op == "+=":
+            acc += h
+        elif op == "-=":
+            acc -= h
+        elif op == "*=":
+            acc *= h
+        else:
+            acc /= h.abs() + 1
+    other = torch.zeros(4)  # the same constant again: still zeros
+    return acc, other + 1
+
+
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    ops=st.lists(st.sampled_from(["+=", "-=", "*=", "/="]), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_augmented_assignments_to_a_constant_made_in_the_instance_equal_eager(sizes, ops, seed):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, 4, generator=g) for n in sizes]
+    lin = nn.Linear(4, 4)
+
+    @acrobat.autobatch
+    def f(x):
+        return _accumulate(x, lin, ops)
+
+    with torch.no_grad():
+        for got, x in zip(f.map(xs), xs):
+            for a, b in zip(got, f.eager(x)):
+                torch.testing.assert_close(a, b)
+
+
+def test_training_through_an_accumulator_made_in_the_instance():
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+
+    @acrobat.autobatch
+    def f(x):
+        acc = torch.zeros(4)
+        for row in x:
+            acc += torch.tanh(lin(row))
+        acc *= 0.5
+        return acc
+
+    check_grads(f, [torch.randn(n, 4) for n in (3, 1, 4)], lin)
+
+
+def _alias(x):
+    acc = torch.zeros(3)
+    snap = acc
+    acc += x  # eager: snap sees the update
+    return snap * 1
+
+
+def _method(x):
+    acc = torch.zeros(3)
+    acc.add_(x)  # no target to rebind
+    return acc
+
+
+def _held_by_another_instance(x):
+    acc = torch.zeros(3)
+    if float(x.sum()) > 0:  # every instance suspends here, holding the one constant
+        x = x * 2
+    acc += x
+    return acc
+
+
+def _twice_in_a_list(x):
+    accs = [torch.zeros(3), torch.zeros(3)]  # one constant, in both places
+    accs[0] += x
+    return accs[1] * 1
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (_alias, "something else holds it"),
+        (_method, "an in-place method cannot"),
+        (_held_by_another_instance, "another instance that made the same constant"),
+        (_twice_in_a_list, "something else holds it"),
+    ],
+)
+def test_updates_of_a_constant_something_else_holds_are_refused(fn, message):
+    f = acrobat.autobatch(fn)
+    xs = [torch.randn(3) for _ in range(3)]
+    with pytest.raises(acrobat.UnsupportedOpError, match=message) as err:
+        f.map(xs)
+    assert "write it out of place" in str(err.value)
+    for x in xs:  # (eager is unaffected)
+        assert fn(x).shape == (3,)
