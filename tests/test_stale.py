@@ -205,6 +205,42 @@ def test_a_module_is_checked_once_per_map_for_all_its_traces(monkeypatch):
     _check(uses_module, m=m)
 
 
+def test_the_traces_of_one_block_share_its_module_state_and_see_a_change():
+    """One automatic block traced at three shapes: its traces take one state object of
+    the model (block._intern_state), which a map compares with the model once; a
+    replaced parameter before a later map is still seen by every trace."""
+    m = Model()
+    xs = [torch.randn(n, 4) for n in (1, 2, 3, 2)]
+
+    def check():
+        with torch.no_grad():
+            got = uses_module.map(xs, m=m)
+            want = [uses_module.eager(x, m=m) for x in xs]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+    check()
+    states = [
+        state
+        for b in _blocks_of(module_cell)
+        for t in b.cache.values()
+        if t.deps is not None
+        for mod, state in t.deps[0]
+        if mod is m
+    ]
+    assert len(states) == 3 and len({id(state) for state in states}) == 1
+    m.head.weight = nn.Parameter(torch.randn(3, 4))
+    check()
+
+
+def _blocks_of(fn) -> list:
+    """The acrobat.block objects standing for the automatic block of ``fn``."""
+    from acrobat import analysis
+
+    found = analysis._DISPATCHERS.get(fn.__code__)
+    return [found.block] if found is not None else []
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["C", "python"])
 def test_module_state_tells_every_kind_of_change(monkeypatch, native):
     """block._module_state (the C one, and the Python one used without the extension):
