@@ -124,8 +124,11 @@ PAD_RAGGED: bool = bool(_env_int("ACROBAT_PAD_RAGGED", 1))
 #: graph's node and edge counts, a sentence pair's two lengths) form one family too, each
 #: size padded on its own (padding.Ragged's ``sym``): a batch is cut into runs whose
 #: largest member is at least as large as every other in every size (its program serves
-#: them all) and whose padded work stays within PAD_WASTE. 0: such a block records op by
-#: op, each op batched per shape (padding.SizesApart).
+#: them all) and whose padded work stays within PAD_WASTE (a member's work: the sum over
+#: its kinds of values, ``n + E`` for a graph's node states and edge messages, not the
+#: ``n * E`` of a value ragged in both; edge_gnn pattern b64 10.4 -> 7.5 ms, 6 runs a
+#: step -> 2). 0: such a block records op by op, each op batched per shape
+#: (padding.SizesApart).
 PAD_APART: bool = bool(_env_int("ACROBAT_PAD_APART", 1))
 PAD_WASTE: float = float(os.environ.get("ACROBAT_PAD_WASTE", "3"))
 

@@ -164,11 +164,18 @@ class Family:
         # how many sizes vary apart (1: one n); per size, the ragged dims of the widest
         # value in it (a family of one size: that count alone)
         self.syms = 1 + max((d.sym for f in flags.values() for d in f if d), default=0)
-        ranks = tuple(
-            max(sum(1 for d in f if d and d.sym == s) for f in flags.values())
-            for s in range(self.syms)
-        )
-        self.rank = ranks[0] if self.syms == 1 else ranks
+        # sizes apart: per kind of value, its ragged dims in each size (an edge list's
+        # (E, d) messages: (0, 1); a node-by-edge matrix: (1, 1)); a member's work is the
+        # sum over them (_work: n + E where no value is ragged in both, not n * E)
+        terms = {
+            tuple(sum(1 for d in f if d and d.sym == s) for s in range(self.syms))
+            for f in flags.values()
+        }
+        terms.discard((0,) * self.syms)
+        if self.syms == 1:
+            self.rank = max((t[0] for t in terms), default=0)
+        else:
+            self.rank = tuple(sorted(terms))
         # per program op: the one size its ragged operands and results have (what an
         # action's run is given the sizes of; several: an op without a run, any of them)
         self.op_sym: list[int] = []
@@ -1709,8 +1716,12 @@ def volume(size) -> int:
 
 
 def _work(size, rank) -> int:
+    """A member's work: ``n ** rank``; sizes apart, the sum over ``rank``'s terms of the
+    product of each size to its exponent there (a term of plain ints: that product)."""
     if type(size) is not tuple:
         return size**rank
+    if rank and type(rank[0]) is tuple:
+        return sum(math.prod(n**e for n, e in zip(size, term)) for term in rank)
     return math.prod(n**r for n, r in zip(size, rank))
 
 

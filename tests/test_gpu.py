@@ -659,6 +659,7 @@ def test_sizes_apart_on_cuda(default_device):
 
     from tests.helpers import check_map
     from tests.test_padding import (
+        APART,
         DIM,
         EdgeNet,
         Histogram,
@@ -676,7 +677,7 @@ def test_sizes_apart_on_cuda(default_device):
     with torch.no_grad():
         check_map(f, data, lin=lin)
         stats = check_map(f, data, lin=lin)
-    assert block_batches(stats) == apart_runs(lengths, (1, 1)), stats.by_op
+    assert block_batches(stats) == apart_runs(lengths, APART), stats.by_op
     check_grads(f, data, lin, atol=1e-5, lin=lin)
     g = torch.Generator(device="cuda").manual_seed(41)
     pairs = [

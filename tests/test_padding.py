@@ -1137,6 +1137,11 @@ def test_a_run_over_two_sizes_apart_records_op_by_op_without_pad_apart():
     assert stats.by_op["linear"][0] <= 2 * 5, stats.by_op  # (a batch per length at most)
 
 
+# the rank of the families below: each value ragged in one of the two sizes (a pair's
+# two sequences, a graph's nodes and its edges), a member's work n + m (padding._work)
+APART = ((0, 1), (1, 0))
+
+
 def apart_runs(pairs: list, rank: tuple) -> int:
     """How many padded batches padding.chunks makes of members of sizes ``pairs``."""
     counts: dict = {}
@@ -1159,7 +1164,7 @@ def test_two_sizes_apart_pad_each_on_its_own(pairs):
     with torch.no_grad():
         check_map(g, data, lin=lin)
         stats = check_map(g, data, lin=lin)
-    runs = apart_runs(pairs, (1, 1)) if len(set(pairs)) > 1 else 1
+    runs = apart_runs(pairs, APART) if len(set(pairs)) > 1 else 1
     assert block_batches(stats) == runs, stats.by_op
     stats = check_grads(g, data, lin, atol=1e-5, lin=lin)
     assert block_batches(stats) == runs, stats.by_op
@@ -1178,6 +1183,24 @@ def test_chunks_of_sizes_apart():
         true = sum(sizes[i][1] * math.prod(sizes[i][0]) for i in run)
         assert len(run) == 1 or padded <= config.PAD_WASTE * true
     assert runs[0][:2] == [0, 2]  # (6, 6) takes (5, 3), not (2, 9), which is not within it
+
+
+def test_work_of_sizes_apart_sums_its_kinds_of_values():
+    """Sizes apart, a family's rank lists the kinds of its values (their ragged dims per
+    size): a graph's (n, d) states and (E, d) messages do n + E work, not n * E, so a
+    batch of graphs pads in fewer runs; a value ragged in both sizes (an n x m score
+    matrix) adds n * m."""
+    assert padding._work((6, 9), APART) == 15
+    assert padding._work((6, 9), ((0, 1), (1, 0), (1, 1))) == 69
+    assert padding._work((6, 9), (1, 1)) == 54  # (a product: plain exponents per size)
+    sizes = [((20, 39), 1), ((18, 30), 3), ((12, 20), 4), ((9, 14), 6), ((5, 6), 8)]
+    summed = padding.chunks(sizes, APART)
+    assert len(summed) < len(padding.chunks(sizes, (1, 1)))
+    for run in summed:
+        top = sizes[run[0]][0]
+        padded = sum(sizes[i][1] for i in run) * sum(top)
+        true = sum(sizes[i][1] * sum(sizes[i][0]) for i in run)
+        assert len(run) == 1 or padded <= config.PAD_WASTE * true
 
 
 def test_loops_over_sizes_far_apart_run_in_chunks():
@@ -1271,7 +1294,7 @@ def test_a_loop_over_node_and_edge_counts_apart_pads(shapes, seed):
     loops = scan_batches(stats)
     assert loops <= len(set(shapes)), stats.by_op
     if len(set(shapes)) > 1:
-        assert loops == apart_runs(shapes, (1, 1)), stats.by_op
+        assert loops == apart_runs(shapes, APART), stats.by_op
     check_state_grads(f, model, data)
 
 
@@ -1306,7 +1329,7 @@ def test_an_encoder_decoder_over_pairs_apart_pads(batch_first, pairs):
         (torch.randint(WORDS, (s,), generator=g), torch.randint(WORDS, (t,), generator=g))
         for s, t in pairs
     ]
-    runs = apart_runs(pairs, (1, 1)) if len(set(pairs)) > 1 else 1
+    runs = apart_runs(pairs, APART) if len(set(pairs)) > 1 else 1
     check_padded(PairGRU(batch_first), data, runs)
 
 
