@@ -172,10 +172,9 @@ class Family:
             for f in flags.values()
         }
         terms.discard((0,) * self.syms)
-        if self.syms == 1:
-            self.rank = max((t[0] for t in terms), default=0)
-        else:
-            self.rank = tuple(sorted(terms))
+        self.rank: int | tuple = (
+            max((t[0] for t in terms), default=0) if self.syms == 1 else tuple(sorted(terms))
+        )
         # per program op: the one size its ragged operands and results have (what an
         # action's run is given the sizes of; several: an op without a run, any of them)
         self.op_sym: list[int] = []
