@@ -449,9 +449,9 @@ def _run_padded(nodes: list, stats) -> bool:
             continue
         try:
             _pad_run(fam, parts, stats)
-        except Exception:  # (an op padding cannot run: each size on its own, as before)
-            if config.VERIFY:
-                raise
+        except Exception as exc:  # (an op padding cannot run, or an index out of its
+            if config.VERIFY and type(exc) is not padding.OutOfRange:  # instance's range:
+                raise  # each size on its own, as before, where torch checks the index)
             for part in parts:
                 run_batch(part, stats)
     return True
@@ -781,8 +781,8 @@ def _run_padded_scans(nodes: list, stats) -> bool:
     try:
         step = scan.trace if scan.split is None else scan.split.var
         outs = scan.run(xs, active, elements, None, (rest, step, lens))
-    except Exception:  # (a loop padding cannot run: one scan per trace, as before)
-        if config.VERIFY:
+    except Exception as exc:  # (a loop padding cannot run: one scan per trace, as before)
+        if config.VERIFY and type(exc) is not padding.OutOfRange:
             raise
         for part in groups.values():
             _run_scan(part, len(part), stats, time.perf_counter())

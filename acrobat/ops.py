@@ -643,11 +643,27 @@ def linear_rule(node, xs, n):
     return vmap_rule(node, xs, n)
 
 
+def check_range(index: Tensor, size: int, what: str) -> None:
+    """Per-instance indices run as one call over the rows laid end to end (scatter_rule's
+    offsets, torch.vmap's rule for a per-instance embedding table) reach another
+    instance's rows where one is out of range: a silent wrong value, or a write into
+    another instance's result. Raised here as eager raises it, so the executor names the
+    instance (executor._explain_failure re-runs each alone)."""
+    if index.numel() == 0:
+        return
+    lo, hi = torch.aminmax(index)
+    if bool(lo < 0) or bool(hi >= size):
+        bad = int(lo) if bool(lo < 0) else int(hi)
+        raise IndexError(f"{what}: index {bad} is out of bounds for a dimension of size {size}")
+
+
 def embedding_rule(node, xs, n):
     idx, w = node.args[0], _arg(node, 1, "weight")
     if _is_lazy(idx) and not _is_lazy(w):
         args = (xs[0],) + tuple(node.args[1:])
         return (F.embedding(*args, **(node.kwargs or {})),)
+    if _is_lazy(idx) and _is_lazy(w) and len(xs) == 2:  # a per-instance table: its rows
+        check_range(xs[0], xs[1].shape[1], "embedding")  # lie end to end in vmap's call
     return vmap_rule(node, xs, n)
 
 
@@ -1454,6 +1470,7 @@ def scatter_rule(node, xs, n):
     if method != "index_add":
         index = index.movedim(d + 1, 1)
     rows, size = base.shape[0], base.shape[1]
+    check_range(index, size, method)
     starts = torch.arange(rows, device=index.device, dtype=index.dtype) * size
     flat_index = (index + starts.view(rows, *(1,) * (index.ndim - 1))).reshape(
         -1, *index.shape[2:]

@@ -129,9 +129,12 @@ class Action:
     dims a mean averaged). ``keys``: a scaled_dot_product_attention whose keys are ragged, run
     with a mask of the real keys (the position of ``key`` among the op's inputs)."""
 
-    __slots__ = ("masked", "neutral", "mean", "keys", "run")
+    __slots__ = ("masked", "neutral", "mean", "keys", "run", "bounds")
 
-    def __init__(self, masked: tuple, neutral: str, mean: tuple = (), keys: int = -1, run=None):
+    def __init__(
+        self, masked: tuple, neutral: str, mean: tuple = (), keys: int = -1, run=None,
+        bounds: tuple | None = None,
+    ):  # fmt: skip
         self.masked = masked
         self.neutral = neutral
         self.mean = mean
@@ -139,6 +142,10 @@ class Action:
         # run(inner, ins, lens, n) -> outputs, in place of the op's rule (an op that
         # needs the true sizes themselves: x[-1], a sequence module)
         self.run = run
+        # (index operand, the Ragged dim it indexes, whether negative indices count from
+        # the end): per-instance indices into a ragged dim, checked against each row's
+        # true size (_in_bounds)
+        self.bounds = bounds
 
 
 class Family:
@@ -284,6 +291,8 @@ class Family:
                     x = ins[j]
                     neutral = _value(act.neutral, x.dtype)
                     ins[j] = torch.where(_mask(masks, flags[j], x, lens), x, neutral)
+                if act.bounds is not None:
+                    _in_bounds(act.bounds, ins, lens, inner.op.name)
             if act is not None and act.keys >= 0:
                 out = _attention(inner, ins, _mask(masks, flags[act.keys], ins[act.keys], lens), n)
             elif act is not None and act.run is not None:
@@ -304,6 +313,34 @@ class Family:
                 )
             env[inner] = out
         return tuple(env[t.node][t.idx] for t in trace.out_lazies)
+
+
+class OutOfRange(IndexError):
+    """A per-instance index out of its instance's range in a padded batch (the executor
+    then runs each size on its own, where the instance is found and named)."""
+
+
+def _in_bounds(bounds: tuple, ins: list, lens, name: str) -> None:
+    """Per-instance indices into a ragged dim, checked against each row's true size, not
+    the padded one: an index past its instance's size would read or write a pad (eager
+    raises), and a negative one would count from the padded end (eager counts from the
+    instance's own: ``h[-1]`` its last row). Negative indices are made positive by the
+    row's size where they count from the end (``wrap``); any index out of its row's range
+    raises, and the batch runs each size on its own (executor._run_padded), where torch
+    checks it against the true size and the executor names the instance."""
+    j, dim, wrap = bounds
+    idx = ins[j]
+    sizes = _sizes(lens, dim).view(idx.shape[0], *(1,) * (idx.ndim - 1))
+    if wrap:  # (x[i]: from -n_i on; torch would wrap what is left by the padded size)
+        idx = torch.where(idx < 0, idx + sizes, idx)
+        bad = (idx >= sizes) | (idx < 0)
+    else:  # (gather, index_select, index_add: torch refuses a negative index itself,
+        bad = idx >= sizes  # scatter_rule too, ops.check_range)
+    # (the index's own pads are 0: fine, but where an instance's size is 0, which runs
+    # each size on its own, as an error would)
+    if bool(bad.any()):
+        raise OutOfRange(f"{name}: an index is out of range of its instance's size")
+    ins[j] = idx
 
 
 class Loops:
@@ -969,7 +1006,7 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
     ragged = _ragged_inputs(f_in)
     name, kind = inner.op.name, inner.op.kind
     if name == "scatter":  # (its base may be a real tensor hoisted at each size)
-        return _scatter_action(inner, f_in)
+        return _scatter_action(inner, f_in, f_out)
     if not ragged:
         if any(any(f) for f in f_out):
             raise Decline(f"{name} makes a ragged value from fixed ones")
@@ -1071,7 +1108,11 @@ def _tensor_index_action(inner, f_in: list) -> Action | None:
     if type(base) is LazyTensor:  # x[heads]: rows of the instance's own tensor, each
         if not _integer(index):  # index below its own size (a pad's reads row 0)
             raise Decline("getitem of a per-instance tensor by other than one index tensor")
-        return Action((_where(inner, index),), "zero") if any(f_in[_where(inner, index)]) else None
+        ji, fb = _where(inner, index), f_in[_where(inner, base)]
+        bounds = (ji, fb[0], True) if fb[0] else None  # (-1: the instance's last row)
+        if not any(f_in[ji]) and bounds is None:
+            return None
+        return Action((ji,) if any(f_in[ji]) else (), "zero", bounds=bounds)
     parts = index if type(index) is tuple else (index,)
     lazy = [p for p in parts if type(p) is LazyTensor]
     if not all(_integer(p) for p in lazy):
@@ -1089,16 +1130,24 @@ def _gather_action(inner, f_in: list) -> Action | None:
     x, dim, index = _arg(inner, 0, "input"), _arg(inner, 1, "dim"), _arg(inner, 2, "index")
     if not _integer(index) or type(dim) is not int:
         raise Decline("a lookup by a real or non-integer index")
-    fi = f_in[_where(inner, index)]
+    ji = _where(inner, index)
+    fi = f_in[ji]
     if inner.func in (torch.gather, torch.Tensor.gather):
         fx = f_in[_where(inner, x)] if type(x) is LazyTensor else (False,) * len(fi)
         d = _dims(dim, len(fx))[0]
         if len(fx) != len(fi) or any(a != b for k, (a, b) in enumerate(zip(fx, fi)) if k != d):
             raise Decline("a gather whose index is ragged apart from its input")
-    return Action((_where(inner, index),), "zero") if any(fi) else None
+    bounds = None
+    if type(x) is LazyTensor:  # (into the instance's own ragged dim: its true size)
+        fx = f_in[_where(inner, x)]
+        d = _dims(dim, len(fx))[0]
+        bounds = (ji, fx[d], False) if fx[d] else None
+    if not any(fi) and bounds is None:
+        return None
+    return Action((ji,) if any(fi) else (), "zero", bounds=bounds)
 
 
-def _scatter_action(inner, f_in: list) -> Action | None:
+def _scatter_action(inner, f_in: list, f_out: list) -> Action | None:
     """``base.index_add(dim, index, source)`` / ``scatter_add(dim, index, src)`` (a graph's
     messages summed into its nodes, ``zeros_like(h).index_add(0, dst, msg)``): the pads
     of the index set to 0 and of the source to 0, so they add zeros to entry 0; a
@@ -1119,7 +1168,11 @@ def _scatter_action(inner, f_in: list) -> Action | None:
         for t in (index, src)
         if type(t) is LazyTensor and any(f_in[_where(inner, t)])
     )
-    return Action(masked, "zero") if masked else None
+    bounds = None
+    if type(index) is LazyTensor:  # into a ragged dim of the result (the base's, or a real
+        d = _dims(dim, len(f_out[0]))[0]  # base's hoisted at each size): its true size
+        bounds = (_where(inner, index), f_out[0][d], False) if f_out[0][d] else None
+    return Action(masked, "zero", bounds=bounds) if masked or bounds else None
 
 
 # ---- convolutions and pooling along a ragged dim (a CNN over a sentence's tokens) ---------
