@@ -1414,6 +1414,7 @@ for _name, _aliases in {
     "float_power": (torch.float_power, T.float_power),
     "movedim": (torch.movedim, T.movedim, torch.moveaxis, T.moveaxis),
     "cdist": (torch.cdist,),
+    "diff": (torch.diff, T.diff),
     "isclose": (torch.isclose, T.isclose),
     "cummax": (torch.cummax, T.cummax, torch.cummin, T.cummin),
     # Python answers read from values (a suspension): whether two tensors are equal

@@ -1430,6 +1430,19 @@ add(
 )
 
 add(
+    "diff",
+    case(
+        "orders, dims, prepend and append",
+        lambda x, p: (
+            torch.diff(x),
+            x.diff(n=2, dim=0),
+            torch.diff(x, dim=0, prepend=p[None], append=x[:1]),
+        ),
+        x=X("3 b"),
+        p=X("b"),
+    ),
+)
+add(
     "conv",
     case(
         "1-d and 2-d, unbatched and batched",
