@@ -130,6 +130,13 @@ PAD_RAGGED: bool = bool(_env_int("ACROBAT_PAD_RAGGED", 1))
 #: step -> 2). 0: such a block records op by op, each op batched per shape
 #: (padding.SizesApart).
 PAD_APART: bool = bool(_env_int("ACROBAT_PAD_APART", 1))
+
+#: A torch function or Tensor method with no row in the op table (``torch.fmod``,
+#: ``F.softmin``, ``x.acos()``) batches by torch.vmap where it is a pure op of torch's
+#: (acrobat.ops.generic_op: native or from torch's functional namespaces, not in place,
+#: not random, its result's shape not set by values). 0: such calls raise
+#: UnsupportedOpError.
+GENERIC_VMAP: bool = bool(_env_int("ACROBAT_GENERIC_VMAP", 1))
 PAD_WASTE: float = float(os.environ.get("ACROBAT_PAD_WASTE", "3"))
 
 #: Tensors in the attributes of the user's objects among a map's arguments (a tree of

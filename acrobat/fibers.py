@@ -95,7 +95,15 @@ class RecordMode(TorchFunctionMode):
                 name = func.__name__
                 fix = f"x = torch.{name[:-1]}(x, ...)"
                 return in_place(op, out_of_place, args, kwargs, f"{name}(...)", fix)
-            raise _unsupported(func)
+            query = ops.QUERIES.get(func)
+            if query is not None:
+                return query(*args, **kwargs)
+            op = ops.generic_op(func)
+            if op is None:
+                raise _unsupported(func)
+            if kwargs.get("out") is not None:  # torch.fmod(a, b, out=y)
+                return out_kwarg(op, func, args, kwargs)
+            return record(op, func, args, kwargs)
         rt = graph.RT
         if rt is not None and rt.tracer is not None and getattr(func, "__name__", "") in _RANDOM:
             raise AcrobatError(

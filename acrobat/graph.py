@@ -18,6 +18,7 @@ needs computed inline at record time (no later pass over the graph):
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections import deque
 from types import NoneType
@@ -405,6 +406,45 @@ def _value_shaped(func, args, kwargs, out) -> bool:
     return _shapes(again) != _shapes(out)
 
 
+def _varied(a):
+    """Lazy tensors as real ones of their shape and dtype holding varied values (0 to 6,
+    repeating; see _value_sized)."""
+    t = type(a)
+    if t is LazyTensor:
+        n = math.prod(a.shape)
+        values = torch.arange(n, dtype=torch.float64).remainder(7).reshape(a.shape)
+        return values.to(a.dtype) if a.dtype != torch.bool else values > 2
+    if t is tuple or t is list:
+        return t([_varied(x) for x in a])
+    if t is dict:
+        return {k: _varied(v) for k, v in a.items()}
+    return a
+
+
+def _value_sized(func, args, kwargs, out) -> bool:
+    """Whether a generic op's result (``out``, inferred) has another shape where its lazy
+    operands hold other values (``torch.unique``-like: no batch can hold it): run on CPU
+    with varied values, an error saying nothing."""
+    try:
+        with torch._C.DisableTorchFunction():
+            again = func(*_varied(_on_cpu(args)), **_varied(_on_cpu(kwargs)))
+    except Exception:
+        return False
+    return _shapes(again) != _shapes(out)
+
+
+def _on_cpu(a):
+    """Real tensors moved to the CPU (lazy ones stay: _varied makes them there)."""
+    t = type(a)
+    if t is not LazyTensor and isinstance(a, torch.Tensor):
+        return a.cpu()
+    if t is tuple or t is list:
+        return t([_on_cpu(x) for x in a])
+    if t is dict:
+        return {k: _on_cpu(v) for k, v in a.items()}
+    return a
+
+
 #: Shapes and dtypes are inferred by running the op on CPU ones where every tensor
 #: operand has at most CPU_SHAPES_MAX elements: torch's meta kernels
 #: of most ops (elementwise, cat, stack...) are Python references whose first call
@@ -499,6 +539,12 @@ def infer(op, func, args, kwargs, rt) -> Info:
             # No meta kernel, or one that reads values (a 0-d index tensor): evaluate on
             # zeros of the right shapes instead; a real shape error raises here too.
             out = _on_device(op, func, args, kwargs, rt, 0)
+    if op.extra.get("generic") and _value_sized(func, args, kwargs, out):
+        raise UnsupportedOpError(
+            f"{getattr(func, '__name__', op.name)} on lazy tensors (at {user_line(4)}): the "
+            "shape of its result depends on its operands' values, which cannot be batched; "
+            "compute it on real tensors outside f.map"
+        )
     if isinstance(out, torch.Tensor):
         info = Info(((out.shape, out.dtype),), True, None)
     elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import inspect
+import math
 import sys
 import threading
 import warnings
@@ -100,14 +101,24 @@ warnings.filterwarnings(
 
 
 def vmap_rule(node, xs, n):
-    """Fallback batching rule: vmap the user's call over the per-instance operands."""
+    """Fallback batching rule: vmap the user's call over the per-instance operands. A
+    generic row's op (generic_op) that torch.vmap cannot batch (no batching rule, a
+    layout it refuses) runs instance by instance, its results stacked."""
     func, args, kwargs = node.func, node.args, node.kwargs or {}
 
     def one(*vals):
         it = iter(vals)
         return func(*substitute(args, it), **{k: substitute(v, it) for k, v in kwargs.items()})
 
-    out = torch.vmap(one, in_dims=0, randomness="different")(*xs)
+    try:
+        out = torch.vmap(one, in_dims=0, randomness="different")(*xs)
+    except Exception:
+        if not node.op.extra.get("generic"):
+            raise
+        rows = [one(*(x[i] for x in xs)) for i in range(n)]
+        if isinstance(rows[0], Tensor):
+            return (torch.stack(rows),)
+        return tuple(torch.stack(parts) for parts in zip(*rows))
     return (out,) if isinstance(out, Tensor) else tuple(out)
 
 
@@ -2005,6 +2016,103 @@ def _method(op, func):
             return record(op, func, (self, *args), kwargs)
 
     m.__name__ = getattr(func, "__name__", op.name)
+    return m
+
+
+# ---- ops without a row: torch.vmap, generically --------------------------------------------
+# A torch function or Tensor method with no row of its own (``torch.fmod``, ``torch.cross``,
+# ``F.softmin``, ``x.acos()``...) records as a batch run by torch.vmap (``vmap_rule``),
+# where it is a pure op of torch's: a native function (torch._C's functions, a Tensor
+# method of the same name) or a function of torch.nn.functional, torch.special,
+# torch.linalg, torch.fft or torch.functional; not an in-place update, not a random draw
+# (a batch would draw other numbers than the eager loop), not one whose result's shape
+# depends on its operands' values (checked when it is recorded: graph.infer runs it on
+# ones and on other values). Its shape is inferred as any op's; padding declines it
+# (an unknown op of a ragged value); bench/op_sweep.py checks every OpInfo of torch's
+# against eager. config.GENERIC_VMAP off: such calls raise UnsupportedOpError, as before.
+
+_GENERIC_NAMESPACES = (torch, F, torch.special, torch.linalg, torch.fft)
+_NATIVE = frozenset(n for n in dir(torch._C._VariableFunctions) if not n.startswith("_"))
+# Tensor methods that are ops but not torch functions: conversions, windows, reductions
+_TENSOR_ONLY = frozenset(
+    {"byte", "char", "short", "bfloat16", "cfloat", "cdouble", "chalf", "unfold",
+     "sum_to_size", "expand_as", "view_as", "reshape_as", "type_as", "new_zeros",
+     "new_ones", "new_full"}
+)  # fmt: skip
+_PUBLIC: dict = {}  # id(a public function of a torch namespace) -> its public name
+_RANDOM_WORDS = ("rand", "normal", "bernoulli", "poisson", "multinomial", "dropout", "rrelu",
+                 "gumbel", "uniform", "exponential", "cauchy", "geometric", "random",
+                 "seed", "fractional")  # fmt: skip
+# not ops on values: storage, devices, autograd, printing, sizes, Python conversions
+_NOT_OPS = frozenset(
+    {"backward", "register_hook", "retain_grad", "data_ptr", "storage", "untyped_storage",
+     "numpy", "tolist", "item", "pin_memory", "share_memory_", "record_stream", "cuda",
+     "cpu", "to", "type", "is_pinned", "is_shared", "element_size", "nbytes", "dim",
+     "size", "stride", "numel", "nelement", "ndimension", "get_device", "is_contiguous",
+     "contiguous", "requires_grad_", "detach", "clone", "resize_", "set_", "empty_like",
+     "new_empty", "new_empty_strided", "empty_strided", "as_strided", "as_strided_copy",
+     "data", "grad", "is_leaf", "save", "load", "manual_seed", "set_printoptions",
+     "result_type", "can_cast", "promote_types", "is_tensor", "is_storage",
+     "is_nonzero", "is_same_size", "equal", "allclose", "unsafe_chunk", "unsafe_split",
+     "unsafe_split_with_sizes", "as_strided_scatter"}
+)  # fmt: skip
+GENERIC: dict = {}  # func -> its generic Op, or None where it is not one
+
+# torch functions that ask a tensor about its metadata: answered from the lazy tensor's
+# (``torch.is_floating_point(x)``: torch.masked's reductions ask), no node recorded
+QUERIES: dict = {
+    torch.is_floating_point: lambda t: t.dtype.is_floating_point,
+    torch.is_complex: lambda t: t.dtype.is_complex,
+    torch.numel: lambda t: math.prod(t.shape),
+    torch.is_same_size: lambda a, b: tuple(a.shape) == tuple(b.shape),
+    torch.is_nonzero: lambda t: bool(t),  # (a value read, as bool(t))
+}
+
+
+def generic_op(func) -> Op | None:
+    """The generic vmap row of ``func`` (made on first use), or None: see above."""
+    if not config.GENERIC_VMAP:
+        return None
+    try:
+        return GENERIC[func]
+    except KeyError:
+        pass
+    except TypeError:  # (unhashable)
+        return None
+    op = None
+    if not _PUBLIC:
+        for ns in _GENERIC_NAMESPACES:
+            for key, value in vars(ns).items():
+                if not key.startswith("_") and callable(value) and not isinstance(value, type):
+                    _PUBLIC.setdefault(id(value), key)
+    owner = getattr(func, "__objclass__", None)
+    if owner is torch._C.TensorBase:  # a method: native, or one of the Tensor-only ops
+        name = getattr(func, "__name__", "")
+        public = name in _NATIVE or name in _TENSOR_ONLY
+    else:  # a function: by the name a torch namespace gives it (F.threshold's is _threshold)
+        name = _PUBLIC.get(id(func), "")
+        public = bool(name)
+    if (
+        public
+        and not (name.endswith("_") and not name.endswith("__"))
+        and name not in _NOT_OPS
+        and not any(w in name for w in _RANDOM_WORDS)
+    ):
+        op = Op(f"vmap:{name}", vmap_rule, "vmap", (func,), doc="batched by torch.vmap")
+        op.extra["generic"] = True
+    GENERIC[func] = op
+    return op
+
+
+def generic_method(name: str):
+    """LazyTensor's method ``name`` where torch.Tensor's has no row but a generic one
+    (installed on the class for later calls), or None."""
+    func = getattr(torch.Tensor, name, None)
+    op = generic_op(func) if func is not None else None
+    if op is None:
+        return None
+    m = _method(op, func)
+    setattr(LazyTensor, name, m)
     return m
 
 

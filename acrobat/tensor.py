@@ -420,7 +420,12 @@ class LazyTensor(_LazyBase):
         # (only reached when the attribute does not exist) a torch.Tensor method acrobat
         # has no row for: say so, instead of "'LazyTensor' object has no attribute"
         if name[:1] != "_" and hasattr(torch.Tensor, name):
+            from acrobat import ops  # (a method with a generic row: bound from now on)
             from acrobat.errors import UnsupportedMethodError
+
+            m = ops.generic_method(name)
+            if m is not None:
+                return m.__get__(self)
 
             raise UnsupportedMethodError(
                 f"acrobat cannot batch Tensor.{name} on lazy tensors (at {user_line(2)}); "

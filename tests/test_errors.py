@@ -23,12 +23,25 @@ def test_unsupported_function_names_function_and_line():
     def f(x):
         return torch.fft.fft(x)  # unsupported-op-line
 
-    with pytest.raises(acrobat.UnsupportedOpError) as err:
+    off = acrobat.config.override(GENERIC_VMAP=False)  # (else a generic vmap row)
+    with off, pytest.raises(acrobat.UnsupportedOpError) as err:
         f.map([torch.randn(4), torch.randn(4)])
     msg = str(err.value)
     assert "fft" in msg
     assert "test_errors.py" in msg and "unsupported-op-line" in msg
     check_map(good, [torch.randn(4) for _ in range(3)])  # map usable afterwards
+
+
+def test_a_random_function_without_a_row_stays_unsupported():
+    """The generic vmap rows leave out random draws (a batch would draw other numbers
+    than the eager loop): torch.poisson on a lazy tensor raises, naming the line."""
+
+    @acrobat.autobatch
+    def f(x):
+        return torch.poisson(x.abs())  # random-op-line
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="random-op-line"):
+        f.map([torch.randn(4), torch.randn(4)])
 
 
 @pytest.mark.parametrize("call", ["function", "keyword"])
@@ -57,7 +70,8 @@ def test_unsupported_method_suggests_nearby_ops():
     def f(x):
         return torch.logcumsumexp(x, 0)
 
-    with pytest.raises(acrobat.UnsupportedOpError, match=r"logcumsumexp.*logsumexp"):
+    off = acrobat.config.override(GENERIC_VMAP=False)  # (else a generic vmap row)
+    with off, pytest.raises(acrobat.UnsupportedOpError, match=r"logcumsumexp.*logsumexp"):
         f.map([torch.randn(4)])
 
 

@@ -60,7 +60,9 @@ def test_sequences_of_any_lengths_are_one_packed_call_equal_to_eager(module, for
 
 def test_switched_off_the_module_is_not_batched():
     module = nn.GRU(D, 3)
-    with config.override(PACKED_SEQUENCES=False), pytest.raises(acrobat.UnsupportedOpError):
+    with config.override(PACKED_SEQUENCES=False, GENERIC_VMAP=False), pytest.raises(
+        acrobat.UnsupportedOpError
+    ):
         encoder(module, "unbatched").map([torch.randn(3, D), torch.randn(2, D)])
 
 
