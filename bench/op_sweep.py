@@ -19,6 +19,7 @@ A development tool, not part of the test suite: it takes a few minutes.
 
     python -m bench.op_sweep --out /tmp/sweep          # writes /tmp/sweep.md and .json
     python -m bench.op_sweep --only add,diff,gather    # some ops
+    python -m bench.op_sweep --ragged                  # instances of three lengths
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from torch.utils import _pytree
 
 import acrobat
-from acrobat.errors import UnsupportedOpError
+from acrobat.errors import LazyValueError, UnsupportedOpError
 
 RANDOM = ("rand", "normal", "uniform", "bernoulli", "multinomial", "dropout", "cauchy",
           "exponential", "geometric", "log_normal", "poisson", "empty", "new_empty")  # fmt: skip
@@ -43,6 +44,9 @@ NOT_CALLED = ("item", "__rdiv__")
 # known limitations, each with why: (op name, what the detail says) -> reason
 KNOWN = {
     ("to", "channels_last"): "a rank-4 memory format asked of the batched rank-5 tensor",
+    # (--ragged: the op inside an explicit block, which must not read values; the error
+    # says so in other words for this one)
+    ("masked_select", "did not receive"): "a read of the mask inside a block: refused",
 }
 INSTANCES = 3
 
@@ -89,7 +93,22 @@ def _same_values(x, y) -> bool:
     return torch.allclose(x, y, rtol=1e-4, atol=1e-5 * max(1.0, scale), equal_nan=True)
 
 
-def sweep_op(op, samples: int) -> list[tuple[str, str]]:
+def _ragged(x, i: int):
+    """Instance ``i``'s input, its first dim one row longer or shorter than the sample's
+    (row 0 repeated, or the last row dropped) and scaled: instances of lengths that vary,
+    which run padded where the op's padding allows (a block of the op between two
+    products)."""
+    if x.ndim == 0 or x.shape[0] < 2:
+        return _scaled(x, i)
+    if i % 3 == 1:
+        x = x[:-1]
+    elif i % 3 == 2:  # (a new value, not a repeat: a sort's ties are in any order)
+        first = x[:1] * 1.5 + 0.25 if x.is_floating_point() else x[:1]
+        x = torch.cat([first, x])
+    return _scaled(x, i)
+
+
+def sweep_op(op, samples: int, ragged: bool = False) -> list[tuple[str, str]]:
     """[(outcome, detail)] per sample of ``op``."""
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     if any(r in op.name for r in RANDOM):
@@ -113,13 +132,26 @@ def sweep_op(op, samples: int) -> list[tuple[str, str]]:
         if x.dtype not in (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool):
             results.append(("skipped", f"dtype {x.dtype}"))
             continue
-        xs = [_scaled(x, i) for i in range(INSTANCES)]
+        if x.layout != torch.strided:
+            results.append(("skipped", f"layout {x.layout}"))
+            continue
+        xs = [(_ragged if ragged else _scaled)(x, i) for i in range(INSTANCES)]
         fn = op.op
         if getattr(fn, "__objclass__", None) is torch._C.TensorBase or op.op is op.method_variant:
             method = fn.__name__  # (a method: called on the tensor, as users call it)
 
             def instance(t, method=method, args=args, kwargs=kwargs):
                 return getattr(t, method)(*args, **kwargs)
+
+        elif ragged:  # (in a block: its traces at three lengths run padded)
+
+            def core(t, fn=fn, args=args, kwargs=kwargs):
+                return fn(t * 1, *args, **kwargs)
+
+            block = acrobat.block(core)
+
+            def instance(t, block=block):
+                return _plus_one(block(t))
 
         else:
 
@@ -137,10 +169,14 @@ def sweep_op(op, samples: int) -> list[tuple[str, str]]:
         try:
             with torch.no_grad():
                 got = f.map(xs)
+                if ragged:  # (a padding family forms over the first map's traces)
+                    got = f.map(xs)
             outcome = "ok" if all(_same(g, w) for g, w in zip(got, want)) else "mismatch"
             results.append((outcome, f"{name}: {tuple(x.shape)} args={_brief(args)} "
                                      f"kwargs={_brief(kwargs)}"))  # fmt: skip
         except UnsupportedOpError as exc:
+            results.append(("unsupported", f"{name}: {str(exc).splitlines()[0][:160]}"))
+        except LazyValueError as exc:  # (a block must not read values or compute nothing)
             results.append(("unsupported", f"{name}: {str(exc).splitlines()[0][:160]}"))
         except _Timeout:
             results.append(("error", f"{name}: timeout"))
@@ -153,6 +189,15 @@ def sweep_op(op, samples: int) -> list[tuple[str, str]]:
         finally:
             signal.alarm(0)
     return results
+
+
+def _plus_one(out):
+    """``out`` with 1 added to its floating tensors (an op after the swept one)."""
+    if isinstance(out, torch.Tensor):
+        return out + 1 if out.is_floating_point() else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_plus_one(o) for o in out) if type(out) in (tuple, list) else out
+    return out
 
 
 def _brief(v) -> str:
@@ -171,6 +216,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--only", default="")
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--ragged", action="store_true",
+        help="instances' first dims of three lengths (padded runs); the op in a block",
+    )  # fmt: skip
     args = parser.parse_args()
     from torch.testing._internal.common_methods_invocations import op_db
 
@@ -182,7 +231,7 @@ def main() -> None:
     for op in op_db:
         if only and op.name not in only:
             continue
-        for outcome, detail in sweep_op(op, args.samples):
+        for outcome, detail in sweep_op(op, args.samples, args.ragged):
             counts[outcome] += 1
             records.append({"op": op.name, "variant": op.variant_test_name,
                              "outcome": outcome, "detail": detail})  # fmt: skip
