@@ -102,24 +102,46 @@ warnings.filterwarnings(
 
 def vmap_rule(node, xs, n):
     """Fallback batching rule: vmap the user's call over the per-instance operands. A
-    generic row's op (generic_op) that torch.vmap cannot batch (no batching rule, a
-    layout it refuses) runs instance by instance, its results stacked."""
+    generic row's op (generic_op) runs instance by instance, its results stacked, where
+    torch.vmap cannot batch it (no batching rule, a layout it refuses) and where autograd
+    records it: torch.vmap's backward is not right for every op (select_scatter's source,
+    unbatched or not, got 5x its gradient: bench/op_sweep.py --grad), the loop's is
+    eager's own."""
     func, args, kwargs = node.func, node.args, node.kwargs or {}
 
     def one(*vals):
         it = iter(vals)
         return func(*substitute(args, it), **{k: substitute(v, it) for k, v in kwargs.items()})
 
-    try:
-        out = torch.vmap(one, in_dims=0, randomness="different")(*xs)
-    except Exception:
-        if not node.op.extra.get("generic"):
-            raise
-        rows = [one(*(x[i] for x in xs)) for i in range(n)]
-        if isinstance(rows[0], Tensor):
-            return (torch.stack(rows),)
-        return tuple(torch.stack(parts) for parts in zip(*rows))
-    return (out,) if isinstance(out, Tensor) else tuple(out)
+    generic = node.op.extra.get("generic", False)
+    if not (generic and torch.is_grad_enabled() and _records_grad(xs, args, kwargs)):
+        try:
+            out = torch.vmap(one, in_dims=0, randomness="different")(*xs)
+            return (out,) if isinstance(out, Tensor) else tuple(out)
+        except Exception:
+            if not generic:
+                raise
+    rows = [one(*(x[i] for x in xs)) for i in range(n)]
+    if isinstance(rows[0], Tensor):
+        return (torch.stack(rows),)
+    return tuple(torch.stack(parts) for parts in zip(*rows))
+
+
+def _records_grad(xs, args, kwargs) -> bool:
+    """Whether an operand (batched, or a real tensor among the call's arguments) needs a
+    gradient."""
+    if any(isinstance(x, Tensor) and x.requires_grad for x in xs):
+        return True
+    leaves = (*args, *kwargs.values())
+    return any(isinstance(a, Tensor) and a.requires_grad for a in _flat(leaves))
+
+
+def _flat(values):
+    for v in values:
+        if type(v) is tuple or type(v) is list:
+            yield from _flat(v)
+        else:
+            yield v
 
 
 def _align(a, it, n, out_nd):

@@ -108,7 +108,57 @@ def _ragged(x, i: int):
     return _scaled(x, i)
 
 
-def sweep_op(op, samples: int, ragged: bool = False) -> list[tuple[str, str]]:
+def _float_sum(out):
+    """The sum of every element of ``out``'s floating tensors (a loss), or None."""
+    parts = [
+        o.sum() for o in _leaves(out) if isinstance(o, torch.Tensor) and o.is_floating_point()
+    ]
+    return torch.stack(parts).sum() if parts else None
+
+
+def _grads_match(instance, f, xs, args, kwargs) -> bool | None:
+    """Training: the gradients of a loss over the map's outputs, for every instance's
+    input and the sample's shared float tensors, equal the eager loop's (None: no
+    gradient to compare)."""
+    shared = [
+        a for a in _leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.is_floating_point()
+    ]
+
+    def grads(run):
+        inputs = [x.detach().clone().requires_grad_() for x in xs]
+        for a in shared:
+            a.grad = None
+        with torch.enable_grad():
+            outs = run(inputs)
+            losses = [_float_sum(o) for o in outs]
+            if any(v is None or not v.requires_grad for v in losses):
+                return None
+            torch.stack(losses).sum().backward()
+        return [x.grad for x in inputs] + [a.grad for a in shared]
+
+    for a in shared:
+        a.requires_grad_(True)
+    try:
+        try:
+            want = grads(lambda ins: [instance(t) for t in ins])
+        except Exception:  # (eager's backward refuses: an operand that takes no gradient)
+            return None
+        if want is None:
+            return None
+        got = grads(lambda ins: f.map(ins))
+    finally:
+        for a in shared:
+            a.requires_grad_(False)
+            a.grad = None
+    if got is None:
+        return False
+    return all(
+        (g is None and w is None) or (g is not None and w is not None and _same_values(g, w))
+        for g, w in zip(got, want)
+    )
+
+
+def sweep_op(op, samples: int, ragged: bool = False, grad: bool = False) -> list[tuple[str, str]]:
     """[(outcome, detail)] per sample of ``op``."""
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     if any(r in op.name for r in RANDOM):
@@ -164,9 +214,21 @@ def sweep_op(op, samples: int, ragged: bool = False) -> list[tuple[str, str]]:
         except Exception as exc:
             results.append(("skipped", f"eager: {type(exc).__name__}"))
             continue
+        if grad and not (op.supports_autograd and x.is_floating_point()):
+            results.append(("skipped", "no autograd"))
+            continue
         f = acrobat.autobatch(instance)
         signal.alarm(20)
         try:
+            if grad:
+                same = _grads_match(instance, f, xs, args, kwargs)
+                if same is None:
+                    results.append(("skipped", "no gradient"))
+                    continue
+                outcome = "ok" if same else "mismatch"
+                results.append((outcome, f"{name}: {tuple(x.shape)} args={_brief(args)} "
+                                         f"kwargs={_brief(kwargs)}"))  # fmt: skip
+                continue
             with torch.no_grad():
                 got = f.map(xs)
                 if ragged:  # (a padding family forms over the first map's traces)
@@ -217,6 +279,10 @@ def main() -> None:
     parser.add_argument("--only", default="")
     parser.add_argument("--out", default="")
     parser.add_argument(
+        "--grad", action="store_true",
+        help="training: the gradients of a loss over the outputs, map vs eager",
+    )  # fmt: skip
+    parser.add_argument(
         "--ragged", action="store_true",
         help="instances' first dims of three lengths (padded runs); the op in a block",
     )  # fmt: skip
@@ -231,7 +297,7 @@ def main() -> None:
     for op in op_db:
         if only and op.name not in only:
             continue
-        for outcome, detail in sweep_op(op, args.samples, args.ragged):
+        for outcome, detail in sweep_op(op, args.samples, args.ragged, args.grad):
             counts[outcome] += 1
             records.append({"op": op.name, "variant": op.variant_test_name,
                              "outcome": outcome, "detail": detail})  # fmt: skip

@@ -117,3 +117,23 @@ def test_the_generic_rows_leave_out_updates_draws_and_non_ops():
         assert ops.generic_op(func) is None, func
     with acrobat.config.override(GENERIC_VMAP=False):
         assert ops.generic_op(torch.fmod) is None
+
+
+def test_generic_ops_train_through_eagers_own_backward():
+    """torch.vmap's backward of select_scatter with a shared source sums the wrong slice
+    (5x the gradient, torch 2.13): where autograd records, a generic row runs instance
+    by instance, so every gradient is eager's."""
+    torch.manual_seed(3)
+    src = nn.Parameter(torch.randn(5, 5))
+    xs = [torch.randn(5, 5, 5) for _ in range(3)]
+
+    @acrobat.autobatch
+    def f(x):
+        return torch.select_scatter(x * 2, src, 1, 2) * 3
+
+    src.grad = None
+    torch.stack([o.sum() * (i + 1) for i, o in enumerate(f.map(xs))]).sum().backward()
+    got = src.grad.clone()
+    src.grad = None
+    torch.stack([f.eager(x).sum() * (i + 1) for i, x in enumerate(xs)]).sum().backward()
+    torch.testing.assert_close(got, src.grad)

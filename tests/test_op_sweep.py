@@ -44,3 +44,12 @@ def test_every_opinfo_sample_of_varying_lengths_batches_as_eager(tmp_path):
     batches in session 42's run), the others run a batch per length."""
     counts = _sweep(tmp_path, "--ragged")
     assert counts["ok"] >= 800, counts
+
+
+def test_every_opinfo_sample_trains_as_eager(tmp_path):
+    """Training: gradients of a loss over the outputs, for every instance's input and the
+    sample's shared float tensors, equal the eager loop's (torch.vmap's backward of
+    select_scatter gave its shared source 5x its gradient: generic rows that autograd
+    records run instance by instance)."""
+    counts = _sweep(tmp_path, "--grad")
+    assert counts["ok"] >= 800, counts
