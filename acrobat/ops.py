@@ -2064,7 +2064,7 @@ _TENSOR_ONLY = frozenset(
 _PUBLIC: dict = {}  # id(a public function of a torch namespace) -> its public name
 _RANDOM_WORDS = ("rand", "normal", "bernoulli", "poisson", "multinomial", "dropout", "rrelu",
                  "gumbel", "uniform", "exponential", "cauchy", "geometric", "random",
-                 "seed", "fractional")  # fmt: skip
+                 "seed", "fractional", "lowrank")  # fmt: skip
 # not ops on values: storage, devices, autograd, printing, sizes, Python conversions
 _NOT_OPS = frozenset(
     {"backward", "register_hook", "retain_grad", "data_ptr", "storage", "untyped_storage",

@@ -53,3 +53,9 @@ def test_every_opinfo_sample_trains_as_eager(tmp_path):
     records run instance by instance)."""
     counts = _sweep(tmp_path, "--grad")
     assert counts["ok"] >= 800, counts
+
+
+def test_every_opinfo_sample_of_varying_lengths_trains_as_eager(tmp_path):
+    """Training over padded runs: gradients equal eager's (pads take no gradient)."""
+    counts = _sweep(tmp_path, "--grad", "--ragged")
+    assert counts["ok"] >= 600, counts
