@@ -2211,6 +2211,9 @@ def _install_methods():
 
     LazyTensor.T = property(T_prop)
     LazyTensor.mT = property(lambda self: self.transpose(-2, -1))
+    # conjugate transposes (the conjugate is the tensor itself where it is real)
+    LazyTensor.mH = property(lambda self: self.mT.conj() if self.dtype.is_complex else self.mT)
+    LazyTensor.H = property(lambda self: self.T.conj() if self.dtype.is_complex else self.T)
     LazyTensor.unbind = _method(TABLE["unbind"], torch.unbind)
 
 

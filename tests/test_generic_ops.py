@@ -33,6 +33,7 @@ def generic_calls(x):
         torch.cross(h[..., :3], x[..., :3], dim=-1),
         h.unfold(-1, 2, 1).sum(-1),
         F.threshold(h, 0.1, -1.0),
+        h.mH.sum(-1) + h.H.sum(-1),  # (conjugate transposes: of a real tensor, the transpose)
     )
 
 
