@@ -28,6 +28,7 @@ import argparse
 import json
 import signal
 import traceback
+import zlib
 from collections import Counter
 
 import torch
@@ -52,6 +53,8 @@ KNOWN = {
 KNOWN_MISMATCH = {
     ("nn.functional.layer_norm", "eps: -0.5"): "a negative eps makes a zero pad row NaN, "
     "and its zero gradient NaN times 0 in the shared weights' gradients",
+    ("_segment_reduce", "offsets: T(5,)"): "--ragged: offsets past a shorter instance's "
+    "data, which eager reads past its end unchecked (undefined values)",
 }
 INSTANCES = 3
 
@@ -165,6 +168,10 @@ def _grads_match(instance, f, xs, args, kwargs) -> bool | None:
     )
 
 
+def _known(op, detail: str) -> bool:
+    return any(o == op.name and w in detail for o, w in KNOWN_MISMATCH)
+
+
 def sweep_op(op, samples: int, ragged: bool = False, grad: bool = False) -> list[tuple[str, str]]:
     """[(outcome, detail)] per sample of ``op``."""
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
@@ -172,6 +179,7 @@ def sweep_op(op, samples: int, ragged: bool = False, grad: bool = False) -> list
         return [("skipped", "random")]
     if op.name in NOT_CALLED:
         return [("skipped", "not called on tensors")]
+    torch.manual_seed(zlib.crc32(name.encode()))  # (the same samples in every process)
     try:
         inputs = list(op.sample_inputs("cpu", torch.float32))[:samples]
     except Exception as exc:  # (no float32 samples)
@@ -233,17 +241,18 @@ def sweep_op(op, samples: int, ragged: bool = False, grad: bool = False) -> list
                     results.append(("skipped", "no gradient"))
                     continue
                 detail = f"{name}: {tuple(x.shape)} args={_brief(args)} kwargs={_brief(kwargs)}"
-                known = any(o == op.name and w in detail for o, w in KNOWN_MISMATCH)
-                outcome = "ok" if same else "known" if known else "mismatch"
+                outcome = "ok" if same else "known" if _known(op, detail) else "mismatch"
                 results.append((outcome, detail))
                 continue
             with torch.no_grad():
                 got = f.map(xs)
                 if ragged:  # (a padding family forms over the first map's traces)
                     got = f.map(xs)
+            detail = f"{name}: {tuple(x.shape)} args={_brief(args)} kwargs={_brief(kwargs)}"
             outcome = "ok" if all(_same(g, w) for g, w in zip(got, want)) else "mismatch"
-            results.append((outcome, f"{name}: {tuple(x.shape)} args={_brief(args)} "
-                                     f"kwargs={_brief(kwargs)}"))  # fmt: skip
+            if outcome == "mismatch" and ragged and _known(op, detail):
+                outcome = "known"
+            results.append((outcome, detail))
         except UnsupportedOpError as exc:
             results.append(("unsupported", f"{name}: {str(exc).splitlines()[0][:160]}"))
         except LazyValueError as exc:  # (a block must not read values or compute nothing)
