@@ -2064,7 +2064,7 @@ _TENSOR_ONLY = frozenset(
 _PUBLIC: dict = {}  # id(a public function of a torch namespace) -> its public name
 _RANDOM_WORDS = ("rand", "normal", "bernoulli", "poisson", "multinomial", "dropout", "rrelu",
                  "gumbel", "uniform", "exponential", "cauchy", "geometric", "random",
-                 "seed", "fractional", "lowrank")  # fmt: skip
+                 "seed", "fractional", "lowrank", "rng")  # fmt: skip
 # not ops on values: storage, devices, autograd, printing, sizes, Python conversions
 _NOT_OPS = frozenset(
     {"backward", "register_hook", "retain_grad", "data_ptr", "storage", "untyped_storage",
@@ -2078,6 +2078,9 @@ _NOT_OPS = frozenset(
      "is_nonzero", "is_same_size", "equal", "allclose", "unsafe_chunk", "unsafe_split",
      "unsafe_split_with_sizes", "as_strided_scatter"}
 )  # fmt: skip
+# settings and state, never ops: torch.set_rng_state(t) would set the generator when the
+# shape inference runs it
+_NOT_OP_PREFIXES = ("set_", "get_", "is_", "are_", "use_", "init_", "compile")
 GENERIC: dict = {}  # func -> its generic Op, or None where it is not one
 
 # torch functions that ask a tensor about its metadata: answered from the lazy tensor's
@@ -2117,6 +2120,7 @@ def generic_op(func) -> Op | None:
     if (
         public
         and not (name.endswith("_") and not name.endswith("__"))
+        and not name.startswith(_NOT_OP_PREFIXES)
         and name not in _NOT_OPS
         and not any(w in name for w in _RANDOM_WORDS)
     ):

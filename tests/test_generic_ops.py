@@ -114,7 +114,8 @@ def test_the_generic_rows_leave_out_updates_draws_and_non_ops():
     assert ops.generic_op(torch.fmod) is not None
     assert ops.generic_op(torch.Tensor.acos) is not None
     for func in (torch.Tensor.add_, torch.poisson, torch.Tensor.data_ptr, torch.Tensor.numpy,
-                 torch.Tensor.backward, F.rrelu, F.fractional_max_pool2d, torch.as_strided):
+                 torch.Tensor.backward, F.rrelu, F.fractional_max_pool2d, torch.as_strided,
+                 torch.set_rng_state, torch.save, torch.svd_lowrank):
         assert ops.generic_op(func) is None, func
     with acrobat.config.override(GENERIC_VMAP=False):
         assert ops.generic_op(torch.fmod) is None
