@@ -407,13 +407,15 @@ def _value_shaped(func, args, kwargs, out) -> bool:
 
 
 def _varied(a):
-    """Lazy tensors as real ones of their shape and dtype holding varied values (0 to 6,
-    repeating; see _value_sized)."""
+    """Lazy tensors as real ones of their shape and dtype on the CPU holding varied values
+    (0 to 6, repeating), real tensors moved to the CPU (see _value_sized)."""
     t = type(a)
     if t is LazyTensor:
         n = math.prod(a.shape)
         values = torch.arange(n, dtype=torch.float64).remainder(7).reshape(a.shape)
         return values.to(a.dtype) if a.dtype != torch.bool else values > 2
+    if isinstance(a, torch.Tensor):
+        return a.cpu()
     if t is tuple or t is list:
         return t([_varied(x) for x in a])
     if t is dict:
@@ -427,22 +429,10 @@ def _value_sized(func, args, kwargs, out) -> bool:
     with varied values, an error saying nothing."""
     try:
         with torch._C.DisableTorchFunction():
-            again = func(*_varied(_on_cpu(args)), **_varied(_on_cpu(kwargs)))
+            again = func(*_varied(args), **_varied(kwargs))
     except Exception:
         return False
     return _shapes(again) != _shapes(out)
-
-
-def _on_cpu(a):
-    """Real tensors moved to the CPU (lazy ones stay: _varied makes them there)."""
-    t = type(a)
-    if t is not LazyTensor and isinstance(a, torch.Tensor):
-        return a.cpu()
-    if t is tuple or t is list:
-        return t([_on_cpu(x) for x in a])
-    if t is dict:
-        return {k: _on_cpu(v) for k, v in a.items()}
-    return a
 
 
 #: Shapes and dtypes are inferred by running the op on CPU ones where every tensor

@@ -130,18 +130,9 @@ def vmap_rule(node, xs, n):
 def _records_grad(xs, args, kwargs) -> bool:
     """Whether an operand (batched, or a real tensor among the call's arguments) needs a
     gradient."""
-    if any(isinstance(x, Tensor) and x.requires_grad for x in xs):
-        return True
-    leaves = (*args, *kwargs.values())
-    return any(isinstance(a, Tensor) and a.requires_grad for a in _flat(leaves))
-
-
-def _flat(values):
-    for v in values:
-        if type(v) is tuple or type(v) is list:
-            yield from _flat(v)
-        else:
-            yield v
+    return any(
+        isinstance(t, Tensor) and t.requires_grad for t in graph._tensors((xs, args, kwargs))
+    )
 
 
 def _align(a, it, n, out_nd):
@@ -2340,20 +2331,6 @@ def _baseline(rt, y) -> int:
     return _BASELINE[1]
 
 
-def _held_for_keys(held: list | tuple, x) -> int:
-    """The references to ``x`` in ``held``, the arguments the hoisting cache keeps alive
-    (an op that read the constant: its result is cached, the constant is not changed)."""
-    n = 0
-    for a in held:
-        if a is x:
-            n += 1
-        elif type(a) is tuple or type(a) is list:
-            n += _held_for_keys(a, x)
-        elif type(a) is dict:
-            n += _held_for_keys(list(a.values()), x)
-    return n
-
-
 def _constant_update(rt, x, count: int, y) -> str | None:
     """None where ``x op= y`` (``count``: references to ``x`` in ``in_place``) may be
     recorded out of place with the target rebound (see the section comment), else why not
@@ -2377,7 +2354,10 @@ def _constant_update(rt, x, count: int, y) -> str | None:
             "that instances share; an augmented assignment (acc += h) rebinds its target "
             "to the new value, an in-place method cannot"
         )
-    if count != _baseline(rt, y) + _held_for_keys(rt.hoist_keepalive, x):
+    # (the arguments the hoisting cache keeps alive hold it where an op read it: that
+    # op's result is cached, the constant not changed)
+    held = sum(1 for t in graph._tensors(rt.hoist_keepalive) if t is x)
+    if count != _baseline(rt, y) + held:
         return (
             f"the tensor is a constant made with {made}(...) inside the map, and something "
             "else holds it: another instance that made the same constant and still has it "

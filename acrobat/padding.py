@@ -1110,9 +1110,7 @@ def _tensor_index_action(inner, f_in: list) -> Action | None:
             raise Decline("getitem of a per-instance tensor by other than one index tensor")
         ji, fb = _where(inner, index), f_in[_where(inner, base)]
         bounds = (ji, fb[0], True) if fb[0] else None  # (-1: the instance's last row)
-        if not any(f_in[ji]) and bounds is None:
-            return None
-        return Action((ji,) if any(f_in[ji]) else (), "zero", bounds=bounds)
+        return _lookup_action(ji, f_in[ji], bounds)
     parts = index if type(index) is tuple else (index,)
     lazy = [p for p in parts if type(p) is LazyTensor]
     if not all(_integer(p) for p in lazy):
@@ -1142,6 +1140,12 @@ def _gather_action(inner, f_in: list) -> Action | None:
         fx = f_in[_where(inner, x)]
         d = _dims(dim, len(fx))[0]
         bounds = (ji, fx[d], False) if fx[d] else None
+    return _lookup_action(ji, fi, bounds)
+
+
+def _lookup_action(ji: int, fi: tuple, bounds: tuple | None) -> Action | None:
+    """A lookup by the per-instance index at ``ji`` (its flags ``fi``): its pads set to 0
+    where it is ragged, its values checked by ``bounds`` where it indexes a ragged dim."""
     if not any(fi) and bounds is None:
         return None
     return Action((ji,) if any(fi) else (), "zero", bounds=bounds)
