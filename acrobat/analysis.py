@@ -2542,20 +2542,23 @@ def _object_roots(run: list, local: set) -> set:
 
 
 def _name_item(node) -> bool:
-    """Whether ``node`` is a load ``a[i]`` of two names, or ``a["h"]`` / ``a[0]`` (a name
-    and a constant key: a dict or list state's item)."""
+    """Whether ``node`` is a load ``a[i]`` of two names, or ``a["h"]`` / ``a[0]`` /
+    ``a[-1]`` (a name and a constant key: a dict or list state's item, a list's last)."""
     return (
         isinstance(node, ast.Subscript)
         and isinstance(node.ctx, ast.Load)
         and isinstance(node.value, ast.Name)
-        and (
-            isinstance(node.slice, ast.Name)
-            or (
-                isinstance(node.slice, ast.Constant)
-                and type(node.slice.value) in (str, int)
-            )
-        )
+        and (isinstance(node.slice, ast.Name) or _constant_key(node.slice))
     )
+
+
+def _constant_key(index) -> bool:
+    """A str or int constant, a negative int included (``-1`` parses as a minus sign
+    applied to ``1``)."""
+    if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub):
+        index = index.operand
+        return isinstance(index, ast.Constant) and type(index.value) is int
+    return isinstance(index, ast.Constant) and type(index.value) in (str, int)
 
 
 class _SubscriptHoister(ast.NodeTransformer):
@@ -2573,7 +2576,7 @@ class _SubscriptHoister(ast.NodeTransformer):
         if (
             _name_item(node)
             and node.value.id in self.names
-            and (isinstance(node.slice, ast.Constant) or node.slice.id in self.names)
+            and (not isinstance(node.slice, ast.Name) or node.slice.id in self.names)
         ):
             return _parameter_for(node, self.hoisted)
         if _weight_item(node, self.names):

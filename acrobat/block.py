@@ -118,6 +118,8 @@ class Trace:
         self.observe: tuple = ()
         self.splits: dict = {}  # position -> Split
         self.split_counts: dict = {}  # position -> (calls, calls that reused the argument)
+        self.decided: dict = {}  # position -> whether it cuts there (decided for good)
+        self.owner = None  # the Block whose cache holds it (its padding family's traces)
         self.seen: set = set()  # (position, id(argument)) seen in map run seen_run
         self.seen_run = 0
         # per argument: its per-instance shape and dtype; the padding family's view
@@ -612,6 +614,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         self.traces_run = 0
         # two traces were one program up to two sizes that vary apart (padding.SizesApart)
         self.sizes_apart = False
+        self.cuts: dict = {}  # (position, part) -> hoisting._Cuts of its traces' cuts
         functools.update_wrapper(self, fn)
 
     def _call(self, *args, **kwargs):
@@ -669,6 +672,8 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
                 self.run_traces += 1  # sign of a scalar keying a trace per call)
             old = self.cache.get(key)
             self.cache[key] = trace
+            if trace.observe:  # what its predecessor or its family decided about cuts
+                hoisting.adopt(trace, old, rt)
             if old is not None:
                 _retire(old, rt)
             if len(self.cache) > config.BLOCK_CACHE_SIZE:
@@ -723,6 +728,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         )
         finish_trace(trace, name, tracer, f"{len(tracer.nodes)} ops traced from {tracer.name}")
         trace.observe = trace.may_split = hoisting.may_split(trace)
+        trace.owner = self
         code = getattr(self.fn, "__code__", None)
         if code is not None and "(" not in name:  # (an outlined run's name says where)
             where = f"{code.co_filename.rsplit('/', 1)[-1]}, line {code.co_firstlineno}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from acrobat import graph
+from acrobat import config, graph, padding
 from acrobat.graph import Info, LazyTensor, Node, add_node, wrap_outputs
 from acrobat.ops import FUNCS, linear_operands
 
@@ -92,18 +92,26 @@ def split_call(rt, trace, inputs: list):
 
     Whether to cut at position ``k`` is learned online, per trace: a cut pays when calls
     pass a lazy tensor there that earlier calls passed too (NestedRNN's inner loop reads
-    the same ``x`` at every step), so its hoisted part is computed once and reused. A
-    cut for arguments that never come back only moves the same work into another batch
-    and records an extra node (measured: BiRNN slower). The decision is per trace, not
-    per argument, so all calls of a trace keep one signature and batch together (cutting
-    only the calls that reuse made a parser's scorer, StackRNN, slower). The first
-    ``SPLIT_CALLS`` calls of a trace are observed; then it cuts or stops looking."""
+    the same ``x`` at every step, a decoder attends over the same encoder states at every
+    step), so its hoisted part is computed once and reused. A cut for arguments that
+    never come back only moves the same work into another batch and records an extra
+    node (measured: BiRNN slower). The decision is per trace, not per argument, so all
+    calls of a trace keep one signature and batch together (cutting only the calls that
+    reuse made a parser's scorer, StackRNN, slower), and one for all the traces of a
+    padding family, so its sizes keep running as one batch (:func:`_decide`).
+
+    A trace cuts as soon as ``SPLIT_CALLS`` calls have passed and ``SPLIT_REUSE`` of
+    them reused their argument. It decides not to cut only on whole maps: where
+    instances take turns (each suspends at a value read), a map's first calls are every
+    instance's first step, none of them a reuse, however often each instance comes back
+    later. So the share is judged at the first call of a later map, over every call
+    counted so far (the family's calls pooled)."""
     for k in trace.split_on:
         split = trace.splits[k]
         if split.run_id != rt.id:  # first use in this map
             if split.stale():
                 split.retire()  # (first use in this map: no node of it runs yet)
-                split = trace.splits[k] = build_split(trace, k, rt, inputs)
+                split = trace.splits[k] = _cut(trace, k, rt)
                 assert split is not None  # the same trace cut the same way before
             split.memo = {}
             split.run_id = rt.id
@@ -126,8 +134,15 @@ def split_call(rt, trace, inputs: list):
         var = split.var
         return add_node(rt, var.op, None, None, None, var_inputs, trace.info, var.sig)
     if trace.seen_run != rt.id:
+        if trace.seen_run:  # every call of the maps before is counted: judge the share
+            for k in trace.observe:
+                calls, reused = _pooled(trace, k)
+                if calls >= SPLIT_CALLS:
+                    _decide(trace, k, reused >= SPLIT_REUSE * calls, rt)
         trace.seen = set()
         trace.seen_run = rt.id
+        if trace.split_on:
+            return split_call(rt, trace, inputs)
     seen = trace.seen
     for k in trace.observe:
         key = (k, id(inputs[k]))
@@ -138,27 +153,117 @@ def split_call(rt, trace, inputs: list):
         else:
             seen.add(key)
         trace.split_counts[k] = calls, reused
-        if calls >= SPLIT_CALLS:
-            trace.observe = tuple(j for j in trace.observe if j != k)
-            if reused >= SPLIT_REUSE * calls:
-                split = build_split(trace, k, rt, inputs)
-                if split is not None:
-                    trace.splits[k] = split
-                    rt.used_splits.append(split)
-                    trace.split_on = (k,)
-        trace.may_split = trace.split_on + trace.observe
+        if calls >= SPLIT_CALLS and reused >= SPLIT_REUSE * calls:
+            _decide(trace, k, True, rt)
+            if trace.split_on:
+                return split_call(rt, trace, inputs)
     return None
 
 
-SPLIT_CALLS = 32  # calls a trace observes before it decides whether to cut ...
+SPLIT_CALLS = 32  # calls a trace observes before it may decide whether to cut ...
 SPLIT_REUSE = 0.5  # ... and the share of them that must have reused their argument
+
+
+def _family(trace) -> list:
+    """``trace`` and the other traces of its block that its padding family runs with it."""
+    entry = trace.op.extra.get("padded")
+    owner = trace.owner
+    if entry is None or owner is None:
+        return [trace]
+    fam = entry[0]
+    return [trace] + [
+        t
+        for t in owner.cache.values()
+        if t is not trace and t.op.extra.get("padded", (None,))[0] is fam
+    ]
+
+
+def _pooled(trace, k: int) -> tuple[int, int]:
+    """(calls, reuses) at position ``k`` over ``trace``'s family."""
+    calls = reused = 0
+    for t in _family(trace):
+        c, r = t.split_counts.get(k, (0, 0))
+        calls += c
+        reused += r
+    return calls, reused
+
+
+def _decide(trace, k: int, cut: bool, rt) -> None:
+    """Cut (or never cut) at position ``k`` every trace of ``trace``'s family still
+    watching it, so the family's sizes keep one program and run as one padded batch."""
+    for t in _family(trace):
+        if k in t.observe:
+            _settle(t, k, cut, rt)
+
+
+def _settle(trace, k: int, cut: bool, rt) -> None:
+    trace.observe = tuple(j for j in trace.observe if j != k)
+    trace.decided[k] = cut
+    if cut and not trace.split_on:
+        split = _cut(trace, k, rt)
+        if split is not None:
+            trace.splits[k] = split
+            trace.split_on = (k,)
+    trace.may_split = trace.split_on + trace.observe
+
+
+def adopt(trace, old, rt) -> None:
+    """A new trace takes the decisions of the trace it replaces (``old``, retraced for the
+    same call key: hoisted values that carried autograd, a parameter replaced), else of
+    the traces of its padding family, so neither learns again nor cuts apart."""
+    if old is not None:
+        trace.split_counts = dict(old.split_counts)
+        decided = old.decided
+    else:
+        decided = {}
+        for t in _family(trace)[1:]:
+            decided = t.decided
+            if decided:
+                break
+    for k, cut in decided.items():
+        if k in trace.observe:
+            _settle(trace, k, cut, rt)
+
+
+class _Cuts:
+    """The programs cut out of one block's traces at one position (their hoisted parts,
+    or their rests): :func:`acrobat.padding.join` forms padding families among them as
+    among a block's traces, so the hoisted parts and rests of a family's sizes run as
+    one padded batch each, as the uncut calls would."""
+
+    __slots__ = ("cache", "sizes_apart")
+
+    def __init__(self):
+        self.cache: dict = {}  # id(program) -> program
+        self.sizes_apart = False
+
+
+def _cut(trace, k: int, rt) -> Split | None:
+    """:func:`build_split` at ``k``, its programs put in padding families beside those
+    cut from the block's other traces."""
+    like = LazyTensor(trace.placeholders[k], 0, trace.arg_shapes[k], trace.arg_dtypes[k])
+    split = build_split(trace, k, rt, like)
+    if split is None:
+        return None
+    rt.used_splits.append(split)  # its memo is cleared when the map ends
+    owner = trace.owner
+    if owner is not None and config.PAD_RAGGED:
+        split.homes = []
+        for part, program in (("inv", split.inv), ("var", split.var)):
+            home = owner.cuts.get((k, part))
+            if home is None:
+                home = owner.cuts[(k, part)] = _Cuts()
+            home.cache[id(program)] = program
+            split.homes.append(home)
+            padding.join(home, program)
+    return split
 
 
 class Split:
     """A trace cut at argument ``k``: ``inv`` computes the part that depends on that
     argument alone, ``var`` the rest from the other arguments and ``inv``'s outputs."""
 
-    __slots__ = ("inv", "var", "arg_pos", "per_run", "run_id", "memo", "grad_built")
+    __slots__ = ("inv", "var", "arg_pos", "per_run", "run_id", "memo", "grad_built", "homes")
 
     def __init__(self, inv, var, arg_pos, per_run, run_id):
         self.memo: dict = {}  # id(argument) -> hoisted outputs, in map run run_id
@@ -170,6 +275,7 @@ class Split:
         self.grad_built = torch.is_grad_enabled()  # without autograd, its weight column
         # views give parameters no gradient: rebuilt for a run that trains
         self.run_id = run_id
+        self.homes: list = []  # the _Cuts its programs were put in (a block's cut)
 
     def stale(self) -> bool:
         """Whether a new map run must build the split again."""
@@ -177,6 +283,10 @@ class Split:
 
     def retire(self) -> None:
         """:func:`retire` both programs of a cut being replaced."""
+        for home in self.homes:
+            home.cache.pop(id(self.inv), None)
+            home.cache.pop(id(self.var), None)
+        self.homes = []
         retire(self.inv)
         retire(self.var)
 
@@ -210,16 +320,17 @@ def _columns(w: torch.Tensor, start: int, length: int) -> torch.Tensor:
         return w.narrow(1, start, length)
 
 
-def build_split(trace, k: int, rt, inputs: list) -> Split | None:
-    """Cut ``trace`` at argument ``k`` (see the section comment); None if nothing heavy
-    depends on that argument alone or nothing is left for the rest."""
+def build_split(trace, k: int, rt, like: LazyTensor) -> Split | None:
+    """Cut ``trace`` at argument ``k`` (see the section comment; ``like``: a lazy tensor of
+    that argument's per-instance shape and dtype); None if nothing heavy depends on that
+    argument alone or nothing is left for the rest."""
     from acrobat.block import Trace, Tracer, finish_trace  # block imports this module
 
     inv_ids, cuts = _classify(trace, k)
     ph_k = trace.placeholders[k]
     inv_tracer = Tracer(rt, trace.op.name + ":hoisted")
     var_tracer = Tracer(rt, trace.op.name)
-    inv_ph = inv_tracer.placeholder(inputs[k])
+    inv_ph = inv_tracer.placeholder(like)
     inv_env: dict = {(id(ph_k), 0): inv_ph}
     var_env: dict = {}
     inv_outs: list[LazyTensor] = []

@@ -138,7 +138,7 @@ class Scan:
             return  # steps independent of each other run all at once: nothing to cut
         first = self.sequences
         for pos in list(range(first)) + list(range(first + self.carried, len(inputs))):
-            split = hoisting.build_split(self.trace, pos, rt, inputs)
+            split = hoisting.build_split(self.trace, pos, rt, inputs[pos])
             if split is not None:
                 self.split = split
                 self.hoisted_pos = pos

@@ -5,7 +5,8 @@ The seven benchmark models (bench/run.py) are trees, stacks and loops; these are
 other shapes of work users bring: a language model's loss over its tokens, a causal
 transformer trained with dropout, a text CNN, a tagger, self-attention, message passing
 over graphs (a dense adjacency; an edge list, whose node and edge counts vary apart), an
-encoder-decoder over sentence pairs, a BiLSTM-CRF. Each is written once
+encoder-decoder over sentence pairs, a BiLSTM-CRF, a greedy attention decoder that
+reads its tokens, generation attending over its own growing history. Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
 nodes) in rounds that alternate the systems (the order shuffled each round), and
 checked against the eager loop's outputs. Times are medians of ``--rounds`` rounds, in
@@ -58,6 +59,10 @@ class Model(nn.Module):
         self.msg = nn.Linear(HIDDEN, HIDDEN)
         self.decoder = nn.GRU(HIDDEN, HIDDEN)
         self.edge = nn.Linear(2 * HIDDEN, HIDDEN)
+        self.att_enc = nn.Linear(HIDDEN, HIDDEN)
+        self.att_dec = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.att_v = nn.Linear(HIDDEN, 1, bias=False)
+        self.dcell = nn.GRUCell(2 * HIDDEN, HIDDEN)
 
 
 def lm_gru(tokens, m):
@@ -116,6 +121,41 @@ def encoder_decoder(pair, m):
     return F.cross_entropy(m.out(decoded[:, 0]), target[1:])
 
 
+def greedy_decoder(tokens, m):
+    # attention over the source's states, their projection written inside the loop (as
+    # often done); each step reads its token and stops at an end token (about 1 in 10)
+    states, h = m.gru(m.emb(tokens))
+    h = h[0]
+    token, steps = 1, []
+    for _ in range(12):
+        scores = m.att_v(torch.tanh(m.att_enc(states) + m.att_dec(h))).squeeze(-1)
+        context = torch.softmax(scores, 0) @ states
+        h = m.dcell(torch.cat([m.emb.weight[token], context]), h)
+        steps.append(m.out(h))
+        token = int(steps[-1].argmax())
+        if token < VOCAB // 10:
+            break
+    return torch.stack(steps)
+
+
+def autoregressive(tokens, m):
+    # generation attending over everything made so far (a one-layer decoder without a
+    # cache tensor): the history is a growing list, stacked each step; stops as above
+    hist = list(m.emb(tokens))
+    steps = []
+    for _ in range(12):
+        mem = torch.stack(hist)
+        q, k, v = m.qkv(hist[-1]), m.qkv(mem), mem
+        scores = k[:, HIDDEN : 2 * HIDDEN] @ q[:HIDDEN] / HIDDEN**0.5
+        h = torch.relu(m.own(torch.softmax(scores, 0) @ v)) + hist[-1]
+        steps.append(m.out(h))
+        token = int(steps[-1].argmax())
+        if token < VOCAB // 10:
+            break
+        hist.append(m.emb.weight[token] + h)
+    return torch.stack(steps)
+
+
 def crf_nll(tokens, m):
     h, _ = m.lstm(m.emb(tokens))
     em = m.tags(h)
@@ -144,6 +184,8 @@ PATTERNS = {
     "edge_gnn": Pattern(edge_gnn, "edges", False),
     "encoder_decoder": Pattern(encoder_decoder, "pairs", False),
     "crf_nll": Pattern(crf_nll, "tokens", False),
+    "greedy_decoder": Pattern(greedy_decoder, "tokens", False),
+    "autoregressive": Pattern(autoregressive, "tokens", False),
 }
 
 

@@ -535,6 +535,32 @@ def test_a_plain_function_given_a_list_it_stacks_pads():
     assert block_batches(stats) == 0, stats.by_op  # (a list argument: run as written)
 
 
+@acrobat.autobatch
+def attend_to_history(inst, model=POOL):
+    """A decoder attending over everything it made so far: the run reads the growing
+    list whole (``torch.stack(hist)``) and its last item (``hist[-1]``, read at the call:
+    a negative constant index parses as a minus sign applied to 1)."""
+    first, steps = inst
+    hist = [first]
+    for _ in range(steps):
+        mem = torch.stack(hist)
+        a = torch.softmax(mem @ model.q(hist[-1]), 0)
+        hist.append(torch.tanh(a @ mem + model.q(hist[-1])))
+    return hist[-1]
+
+
+@settings(max_examples=6, deadline=None)
+@given(steps=st.lists(st.integers(1, 7), min_size=2, max_size=6), seed=st.integers(0, 99))
+def test_a_growing_history_read_whole_and_by_its_last_item_pads(steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    data = [(torch.randn(DIM, generator=g), n) for n in steps]
+    with torch.no_grad():
+        stats = check_map(attend_to_history, data)
+    # one block node per step, the histories of every length in one padded batch a step
+    assert block_batches(stats) == max(steps), stats.by_op
+    check_grads(attend_to_history, data, POOL, atol=1e-5)
+
+
 def test_only_stacked_lists_make_a_run_argument():
     import ast
 
