@@ -52,6 +52,7 @@ from acrobat.ops import (
     TENSOR,
     factory_call,
     lookup_call,
+    put_item,
     scalar_data,
     value_data,
 )
@@ -866,6 +867,10 @@ TYPE_CHECKS = True
 _ISINSTANCE_PLACEHOLDER = -_REGION_BASE * 1
 _IS_TENSOR_PLACEHOLDER = -_REGION_BASE * 2
 _SIZE_FACTORIES = {"zeros", "ones"}  # torch.<name>(size) with one positional size
+# x[i] = v on a local the function owns -> x = ops.put_item(v, x, i) (read when outlining)
+ITEM_WRITES = True
+_PUT_PLACEHOLDER = -_REGION_BASE * 3
+_SLICE_PLACEHOLDER = -_REGION_BASE * 4  # the builtin slice, whatever the module calls it
 
 
 class Outlined:
@@ -1236,11 +1241,13 @@ def _outline(fn) -> Outlined | None:
     if context is None:
         return None  # the source is not what runs (edited since import)
     imports, flags = context
+    owned = _owned_tensors(node, set(code.co_varnames)) if ITEM_WRITES else set()
     rewriter = _Rewriter(fn, set(code.co_varnames) - _comprehension_only(node))
     rewriter.rewrite(node)
     lookups = _rewrite_lookups(node) if LOOKUP_CALLS or FACTORY_CALLS else 0
     checks = _rewrite_type_checks(node) if TYPE_CHECKS else 0
-    if not rewriter.regions and not lookups and not checks:
+    writes = _rewrite_item_writes(node, owned) if owned else 0
+    if not rewriter.regions and not lookups and not checks and not writes:
         return None
     body = [*imports, node, *(r.definition for r in rewriter.regions)]
     codes = _functions(_compiled(body, code, flags))
@@ -1249,6 +1256,8 @@ def _outline(fn) -> Outlined | None:
         _FACTORY_PLACEHOLDER: factory_call,
         _ISINSTANCE_PLACEHOLDER: lazy_isinstance,
         _IS_TENSOR_PLACEHOLDER: lazy_is_tensor,
+        _PUT_PLACEHOLDER: put_item,
+        _SLICE_PLACEHOLDER: slice,
     }
     regions = []
     for r in rewriter.regions:
@@ -1382,6 +1391,254 @@ def _rewrite_lookups(node: ast.FunctionDef) -> int:
     lookups = _Lookups()
     node.body = [lookups.visit(stmt) for stmt in node.body]
     return lookups.count
+
+
+# ---- writes into part of a tensor the function owns --------------------------------------
+# ``x[i] = v`` becomes ``x = ops.put_item(v, x, i)`` (the value, the tensor and the index
+# evaluated in eager's order), ``x[i] += v`` becomes ``x = ops.put_item(x[i] + v, x, i)``
+# where ``i`` reads names and constants only (it is evaluated twice). Inside a map that
+# records the write out of place and rebinds ``x``; elsewhere it writes in place. Exact
+# only where nothing else can see ``x``'s tensor: ``x`` is a local (not a parameter) bound
+# only to tensors the function makes (a torch factory, torch.cat/stack, a clone), and
+# every read of it uses the value at once (arithmetic, a torch function or method that
+# returns a new tensor, a metadata attribute, ``return``), never keeping a view or the
+# tensor itself (``y = x``, ``x[0]`` kept, ``x.view(...)``, a list, a call of other code).
+
+_OWNING_FACTORIES = frozenset(
+    {"zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
+     "tensor", "arange", "eye", "linspace", "logspace", "rand", "randn", "randint",
+     "rand_like", "randn_like", "randint_like", "stack", "cat", "concat", "concatenate",
+     "clone", "where", "tril", "triu", "diag", "diag_embed"}
+)  # fmt: skip
+_OWNING_METHODS = frozenset(
+    {"clone", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor"}
+)  # fmt: skip
+# torch functions whose result may be (a view of) an operand, or that write into one
+_ALIASING = frozenset(
+    {"narrow", "select", "split", "split_with_sizes", "chunk", "unbind", "tensor_split",
+     "hsplit", "vsplit", "dsplit", "t", "transpose", "swapaxes", "swapdims", "permute",
+     "movedim", "moveaxis", "reshape", "view_as_real", "view_as_complex", "squeeze",
+     "unsqueeze", "flatten", "unflatten", "ravel", "diagonal", "as_strided", "detach",
+     "real", "imag", "conj", "resolve_conj", "resolve_neg", "broadcast_to",
+     "broadcast_tensors", "atleast_1d", "atleast_2d", "atleast_3d", "as_tensor", "asarray",
+     "dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d",
+     "dropout3d", "identity", "contiguous", "align_tensors", "expand_as", "view_as"}
+)  # fmt: skip
+# tensor methods whose result is always a new tensor (or a Python value) and that do not
+# write into the tensor
+_FRESH_METHODS = frozenset(
+    {"sum", "mean", "max", "min", "argmax", "argmin", "amax", "amin", "prod", "std", "var",
+     "norm", "tolist", "item", "clone", "masked_fill", "softmax", "log_softmax", "exp",
+     "log", "tanh", "sigmoid", "relu", "abs", "neg", "sqrt", "rsqrt", "pow", "add", "sub",
+     "mul", "div", "matmul", "mm", "mv", "dot", "eq", "ne", "gt", "lt", "ge", "le", "any",
+     "all", "nonzero", "cumsum", "cumprod", "logsumexp", "topk", "sort", "argsort",
+     "numel", "size", "dim", "gather", "index_select", "masked_select", "where", "count_nonzero",
+     "isinf", "isnan", "isfinite", "logical_not", "logical_and", "logical_or", "sign",
+     "floor", "ceil", "round", "clamp", "maximum", "minimum", "square", "equal", "allclose"}
+)  # fmt: skip
+_METADATA = frozenset(
+    {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_sparse"}
+)  # fmt: skip
+_VALUE_BUILTINS = frozenset(
+    {"len", "print", "int", "float", "bool", "str", "repr", "isinstance", "format"}
+)  # fmt: skip
+
+
+def _owned_tensors(node: ast.FunctionDef, local: set) -> set[str]:
+    """The locals whose item writes the function may rewrite (see the section comment),
+    decided on its source before anything in it is rewritten."""
+    parents: dict = {}
+    for parent in ast.walk(node):
+        for child in ast.iter_child_nodes(parent):
+            parents[id(child)] = parent
+    a = node.args
+    params = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if p}
+    written = set()
+    for sub in ast.walk(node):
+        target = None
+        if isinstance(sub, ast.Assign) and len(sub.targets) == 1:
+            target = sub.targets[0]
+        elif isinstance(sub, ast.AugAssign):
+            target = sub.target
+        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+            written.add(target.value.id)
+    owned = {name for name in written if name in local and name not in params}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and sub.id in owned and not _owned_use(sub, parents):
+            owned.discard(sub.id)
+    return owned
+
+
+def _owned_use(name: ast.Name, parents: dict) -> bool:
+    """Whether this occurrence of an owned local keeps it unshared (see _owned_tensors)."""
+    parent = parents.get(id(name))
+    if isinstance(name.ctx, ast.Store):
+        return (
+            isinstance(parent, ast.Assign)
+            and len(parent.targets) == 1
+            and parent.targets[0] is name
+            and _owning(parent.value)
+        )
+    if isinstance(name.ctx, ast.Del):
+        return False
+    if isinstance(parent, ast.AugAssign) and parent.target is name:
+        return True  # x += v: the tensor updated, no alias made
+    if isinstance(parent, ast.Subscript) and parent.value is name:
+        grand = parents.get(id(parent))
+        if isinstance(parent.ctx, ast.Store):  # the write itself
+            return (
+                isinstance(grand, ast.Assign) and len(grand.targets) == 1
+            ) or isinstance(grand, ast.AugAssign)
+        return _used_at_once(parent, parents)  # x[i]: a view, used right away or not at all
+    if isinstance(parent, ast.Attribute) and parent.value is name:
+        grand = parents.get(id(parent))
+        if parent.attr in _METADATA:
+            return True
+        return (
+            isinstance(grand, ast.Call)
+            and grand.func is parent
+            and parent.attr in _FRESH_METHODS
+            and not any(k.arg == "out" for k in grand.keywords)
+        )
+    return _used_at_once(name, parents)
+
+
+def _used_at_once(expr, parents: dict) -> bool:
+    """Whether the value of ``expr`` (an owned tensor or a view of it) is consumed where it
+    stands: an operand of arithmetic or a comparison, an argument of a torch function that
+    makes a new tensor (directly or in a list), of a builtin that reads a value, or
+    returned."""
+    parent = parents.get(id(expr))
+    if isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp)):
+        return True
+    if isinstance(parent, ast.Return):
+        return True
+    if isinstance(parent, (ast.List, ast.Tuple)) and isinstance(parent.ctx, ast.Load):
+        grand = parents.get(id(parent))
+        if isinstance(grand, ast.Return):
+            return True
+        return isinstance(grand, ast.Call) and parent in grand.args and _fresh_call(grand)
+    if isinstance(parent, ast.Call) and expr is not parent.func:
+        return _fresh_call(parent)
+    if isinstance(parent, ast.keyword):
+        call = parents.get(id(parent))
+        return isinstance(call, ast.Call) and _fresh_call(call)
+    return False
+
+
+def _fresh_call(call: ast.Call) -> bool:
+    """A call of a torch function (``torch.x`` / ``torch.nn.functional.x`` / ``F.x``) that
+    makes a new tensor and writes into none of its operands, or of a builtin that reads a
+    value (``len``, ``print``, ``int``...)."""
+    f = call.func
+    if any(k.arg in ("out", "inplace") for k in call.keywords):
+        return False
+    if isinstance(f, ast.Name):
+        return f.id in _VALUE_BUILTINS
+    if not isinstance(f, ast.Attribute):
+        return False
+    root = f.value
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if not isinstance(root, ast.Name) or root.id not in ("torch", "F"):
+        return False
+    return f.attr not in _ALIASING and not f.attr.endswith("_")
+
+
+def _owning(value) -> bool:
+    """Whether an assigned value is a new tensor the function owns: a torch factory or
+    joining call, a clone, a ``new_*`` tensor."""
+    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Attribute):
+        return False
+    f = value.func
+    if f.attr in _OWNING_METHODS:
+        return True
+    return (
+        f.attr in _OWNING_FACTORIES
+        and isinstance(f.value, ast.Name)
+        and f.value.id == "torch"
+        and not any(k.arg == "out" for k in value.keywords)
+    )
+
+
+class _ItemWrites(ast.NodeTransformer):
+    """``x[i] = v`` -> ``x = <put_item>(v, x, i)`` for the owned ``x`` (see
+    _rewrite_item_writes)."""
+
+    def __init__(self, owned: set):
+        self.owned = owned
+        self.count = 0
+
+    def visit_Assign(self, node: ast.Assign):
+        target = self._owned_item(node.targets[0] if len(node.targets) == 1 else None)
+        if target is None:
+            return node
+        return self._put(node, target, node.value)
+
+    def visit_AugAssign(self, node: ast.AugAssign):
+        target = self._owned_item(node.target)
+        if target is None or not _simple_index(target.slice):
+            return node
+        read = ast.Subscript(
+            value=ast.Name(target.value.id, ast.Load()), slice=target.slice, ctx=ast.Load()
+        )
+        value = ast.BinOp(left=read, op=node.op, right=node.value)
+        return self._put(node, target, value)
+
+    def _owned_item(self, target) -> Any:
+        """``target`` if it is ``x[...]`` of an owned ``x``, else None."""
+        if (
+            isinstance(target, ast.Subscript)
+            and isinstance(target.value, ast.Name)
+            and target.value.id in self.owned
+        ):
+            return target
+        return None
+
+    def _put(self, stmt, target: Any, value):
+        self.count += 1
+        name = target.value.id
+        call = ast.Call(
+            func=ast.Constant(_PUT_PLACEHOLDER),
+            args=[value, ast.Name(name, ast.Load()), _index_expr(target.slice)],
+            keywords=[],
+        )
+        assign = ast.Assign(targets=[ast.Name(name, ast.Store())], value=call)
+        return _located(assign, stmt)
+
+    def _scope(self, node):
+        return node
+
+    visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+
+
+def _index_expr(index):
+    """The index of a subscript as an expression: ``a:b`` -> ``slice(a, b, None)``."""
+    if isinstance(index, ast.Slice):
+        bounds = (index.lower, index.upper, index.step)
+        parts = [p if p is not None else ast.Constant(None) for p in bounds]
+        return ast.Call(func=ast.Constant(_SLICE_PLACEHOLDER), args=parts, keywords=[])
+    if isinstance(index, ast.Tuple):
+        return ast.Tuple([_index_expr(e) for e in index.elts], ast.Load())
+    return index
+
+
+def _simple_index(index) -> bool:
+    """An index of names, constants, slices and arithmetic of them: evaluating it twice
+    does what evaluating it once does."""
+    return all(
+        isinstance(sub, (ast.Name, ast.Constant, ast.Slice, ast.Tuple, ast.BinOp, ast.UnaryOp,
+                         ast.Load, ast.operator, ast.unaryop))
+        for sub in ast.walk(index)
+    )  # fmt: skip
+
+
+def _rewrite_item_writes(node: ast.FunctionDef, owned: set) -> int:
+    """Rewrite the writes into items of the ``owned`` locals in ``node``'s own code (runs
+    never hold them: a subscript store is not a plain assignment). Returns how many."""
+    writes = _ItemWrites(owned)
+    node.body = [writes.visit(stmt) for stmt in node.body]
+    return writes.count
 
 
 class _TypeChecks(ast.NodeTransformer):

@@ -50,6 +50,9 @@ _IMPURE = {"rand_like", "dropout"}
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
 
 
+_SETITEM = torch.Tensor.__setitem__
+
+
 class RecordMode(TorchFunctionMode):
     """Routes every torch call made by instance code into the op table."""
 
@@ -90,6 +93,8 @@ class RecordMode(TorchFunctionMode):
                 args, kwargs = _read_numbers(func, args, kwargs)
             return hoist(func, args, kwargs)
         if has_lazy(args) or (kwargs and has_lazy(kwargs)):
+            if func is _SETITEM:  # real[i] = lazy (a lazy target: LazyTensor.__setitem__)
+                return ops.special_setitem(func, args, kwargs)
             if func in INPLACE_FUNCS:  # torch.relu_(x), F.leaky_relu_(x)
                 op, out_of_place = INPLACE_FUNCS[func]
                 name = func.__name__

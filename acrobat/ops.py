@@ -1124,6 +1124,171 @@ def _basic_index(idx) -> bool:
     return True
 
 
+# ---- x[index] = value ------------------------------------------------------------------
+# A buffer filled in a loop (``out = torch.zeros(n, h); out[t] = h``) or a mask updated
+# after each choice (``mask[i] = -inf``) writes into part of a tensor. Inside a map the
+# write is recorded out of place: ``put`` makes the new tensor and the target is rebound to
+# it. analysis rewrites ``x[index] = value`` to ``x = put(x, index, value)`` where ``x`` is
+# a local the function made itself (a factory, a clone) and never lends out (no alias, no
+# view kept, not passed to code that could keep it): there the rebinding is exact. A lazy
+# tensor nothing has read yet is also updated in place as written (``in_place``). The ints
+# of an index are per-instance data, so instances at different positions still batch; a
+# write into a put's own result that nothing else read runs into that buffer (PUT_INTO),
+# so filling a buffer of n rows costs n row writes, not n copies of the buffer.
+
+
+def _put(x, index, value):
+    """``x[index] = value`` out of place (the ops' per-instance function: shape inference,
+    and instance-by-instance reruns)."""
+    y = x.clone()
+    y[index] = value
+    return y
+
+
+def put(x, index, value):
+    """``x[index] = value`` as written by analysis for a local ``x`` the function owns:
+    ``x = put(x, index, value)``. Outside a map (or on real tensors only, where the write
+    is the instance's own or the same for all) it writes in place and returns ``x``."""
+    rt = graph.RT
+    if rt is None or rt.fiber is None or rt.thread != threading.get_ident():
+        x[index] = value
+        return x
+    lazy = type(x) is LazyTensor or has_lazy(value) or has_lazy(index)
+    if not lazy:
+        entries = index if type(index) is tuple else (index,)
+        if id(x) in rt.fresh or rt.tracer is not None or not any(type(i) is int for i in entries):
+            # a constant being built (graph.construct), or a write the same for every
+            # instance that makes it (hoisted: one result, shared)
+            if id(x) in rt.fresh:
+                x[index] = value
+                return x
+            return graph.hoist(_put, (x, index, value), {})
+    return _special_put(_put, (x, index, value), {})
+
+
+def put_item(value, x, index):
+    """``x[index] = value`` as analysis rewrites it: ``x = put_item(value, x, index)`` (the
+    arguments in the order Python evaluates the statement's parts)."""
+    return put(x, index, value)
+
+
+def _special_put(func, args, kwargs):
+    """Record ``x[index] = value`` out of place (see the section comment)."""
+    x, index, value = args
+    rt = graph.RT
+    if rt.tracer is not None:  # in a block's trace: the index is part of its signature
+        return record(PUT, func, args, kwargs)
+    entries = index if type(index) is tuple else (index,)
+    shape = x.shape
+    converted = []
+    dim, ints, masks = 0, 0, 0
+    for k, i in enumerate(entries):
+        t = type(i)
+        if t is int:
+            size = shape[dim] if dim < len(shape) else 0
+            if dim >= len(shape) or not -size <= i < size:
+                raise IndexError(
+                    f"index {i} is out of bounds for dimension {dim} with size {size} "
+                    f"(instance {rt.fiber.instance}, at {user_line(4)})"
+                )
+            converted.append(scalar_data(i))
+            ints += 1
+        elif t is LazyTensor and i.dtype == torch.bool:
+            masks += 1
+            converted.append(i)
+        elif t is LazyTensor and not i.dtype.is_floating_point and i.ndim == 0:
+            converted.append(i)
+            ints += 1
+        elif t is slice and all(v is None or type(v) is int for v in (i.start, i.stop, i.step)):
+            converted.append(i)
+        elif i is Ellipsis and Ellipsis not in entries[:k]:
+            converted.append(i)
+            dim = len(shape) - (len(entries) - k - 1)  # (each entry after it takes a dim)
+            continue
+        else:
+            raise UnsupportedOpError(
+                f"x[index] = value with the index entry {i!r} (at {user_line(4)}) cannot be "
+                "batched: use ints, slices and ..., a per-instance int scalar tensor, or one "
+                "boolean mask; or build the tensor with torch.where / torch.stack"
+            )
+        dim += 1
+    if masks and (len(entries) != 1 or has_lazy(value) or (
+        isinstance(value, Tensor) and value.numel() != 1
+    )):  # fmt: skip
+        raise UnsupportedOpError(
+            f"x[mask] = value (at {user_line(4)}) is batched for one boolean mask and one "
+            "value for all its entries; write torch.where(mask, value, x)"
+        )
+    index = tuple(converted) if type(index) is tuple else converted[0]
+    node = x.node if type(x) is LazyTensor else None
+    into = (
+        node is not None
+        and (node.op is PUT or node.op is PUT_INTO)
+        and not node.used
+        and id(node.outs) not in rt.shared
+    )
+    return record(PUT_INTO if into else PUT, func, (x, index, value), kwargs)
+
+
+def put_rule(node, xs, n):
+    """A batch of ``x[index] = value``: the rows of ``x`` (copied; PUT_INTO writes into
+    them where they are its own contiguous rows), ints as a column of indices per entry."""
+    x, index, value = node.args
+    it = iter(xs)
+    if type(x) is LazyTensor:
+        X = next(it)
+        if node.op is not PUT_INTO or not X.is_contiguous():
+            X = X.clone()
+    else:
+        X = x.expand(n, *x.shape).clone()
+    entries = index if type(index) is tuple else (index,)
+    batched = [next(it) if type(i) is LazyTensor else i for i in entries]
+    V = next(it) if type(value) is LazyTensor else value
+    if any(type(i) is LazyTensor and i.dtype == torch.bool for i in entries):
+        X[batched[0]] = V
+        return (X,)
+    lazy = [type(i) is LazyTensor for i in entries]
+    if any(lazy):
+        rows = torch.arange(n, device=X.device)
+        bidx = (rows, *batched)
+    else:
+        bidx = (slice(None), *batched)
+    rank = X.ndim - 1 - sum(lazy) - sum(type(i) is int for i in entries)
+    if isinstance(V, Tensor):
+        if type(value) is LazyTensor:
+            vs = V.shape[1:]
+            if len(vs) > rank:  # (leading ones, as eager strips them)
+                vs = vs[len(vs) - rank :]
+            V = V.reshape(n, *(1,) * (rank - len(vs)), *vs)
+        elif V.ndim > rank:
+            V = V.reshape(V.shape[V.ndim - rank :])
+    X[bidx] = V
+    return (X,)
+
+
+def special_setitem(func, args, kwargs):
+    """``x[index] = value`` where analysis did not rewrite it (``x`` an attribute, an
+    argument, an alias): a lazy ``x`` nothing has read yet is updated as written (the
+    write recorded out of place and ``x`` rebound, ``in_place``); a real tensor shared by
+    the instances cannot take one instance's value."""
+    x, index, value = args
+    fix = (
+        "keep the tensor in a local variable of the function that made it (acrobat "
+        "rewrites x[i] = v there), or build it with torch.stack / torch.cat / torch.where"
+    )
+    if type(x) is LazyTensor:
+        return in_place(PUT, _put, (x, index, value), {}, "x[index] = value", fix)
+    raise UnsupportedOpError(
+        f"x[index] = value writes per-instance values into a real tensor (at "
+        f"{user_line(3)}), which every instance shares inside f.map (a constant made in "
+        f"the instance is made once for all of them); {fix}"
+    )
+
+
+def _lazy_setitem(self, index, value):
+    special_setitem(T.__setitem__, (self, index, value), {})
+
+
 _DROPOUT = torch.dropout  # (as imported: see fast_functions)
 
 
@@ -1967,6 +2132,25 @@ PICK = _add(
         doc="x[i] with a per-instance Python int i: one batch whatever the ints",
     )
 )
+PUT = _add(
+    Op(
+        "put",
+        put_rule,
+        "shape",
+        special=_special_put,
+        doc="x[index] = value out of place (analysis rewrites a local's writes to it)",
+        extra={"pure": False},
+    )
+)
+PUT_INTO = _add(
+    Op(
+        "put_into",
+        put_rule,
+        "shape",
+        doc="x[index] = value into the rows of a put's result nothing else reads",
+        extra={"pure": False},
+    )
+)
 DROPOUT = TABLE["dropout"]
 TENSOR = _add(
     Op(
@@ -2507,6 +2691,7 @@ def _install_in_place():
 
 
 _install_in_place()
+LazyTensor.__setitem__ = _lazy_setitem  # type: ignore[method-assign,assignment]
 
 
 def supported_names() -> list[str]:

@@ -444,18 +444,17 @@ class LazyTensor(_LazyBase):
             "them; use the real tensors that f.map returns instead of storing lazy ones."
         )
 
-    # Updates of part of a tensor, or to values not computed from it: refused loudly.
-    # (x += y, x.add_(y), x.relu_() ... are recorded out of place and x rebound where
-    # that is exact: ops.in_place, installed by acrobat.ops.)
+    # Updates to values not computed from the tensor: refused loudly. (x += y, x.add_(y),
+    # x.relu_() ... are recorded out of place and x rebound where that is exact:
+    # ops.in_place, installed by acrobat.ops, which installs x[i] = v too: ops.put.)
     def _inplace(self, *args, **kwargs):
         from acrobat.errors import UnsupportedOpError
 
         raise UnsupportedOpError(
             f"this in-place update is not supported inside f.map (at {user_line(2)}): "
-            "assigning into part of a lazy tensor (x[i] = v), copy_, zero_ and fill_ cannot "
-            "be recorded; build the new tensor instead (torch.cat, torch.where, "
-            "torch.zeros_like)."
+            "copy_, zero_ and fill_ of a lazy tensor cannot be recorded; build the new "
+            "tensor instead (torch.cat, torch.where, torch.zeros_like)."
         )
 
-    __imatmul__ = __setitem__ = _inplace
+    __imatmul__ = __setitem__ = _inplace  # (__setitem__: replaced by acrobat.ops)
     copy_ = zero_ = fill_ = _inplace

@@ -584,13 +584,30 @@ def write_into_constant(x):
     for _ in range(2):
         m = torch.zeros(3)
         y = x + m  # a recorded op reads the constant before the write
-        m[0] = 1.0  # in place into the map's shared constant (y must not see it)
+        m[0] = 1.0  # rewritten: m = put_item(1.0, m, 0), the instance's own tensor
+    return y + m
+
+
+def fill_constant(x):
+    for _ in range(2):
+        m = torch.zeros(3)
+        y = x + m  # a recorded op reads the constant before the write
+        m.fill_(1.0)  # in place into the map's shared constant (y must not see it)
     return y
 
 
-def test_factory_calls_keep_the_in_place_write_check():
+def test_item_writes_into_a_constant_read_before_are_the_instances_own():
     f = acrobat.autobatch(write_into_constant)
     assert analysis.outline(write_into_constant) is not None
+    xs = [torch.randn(3), torch.randn(3)]
+    got = f.map(xs)
+    for g, x in zip(got, xs):
+        torch.testing.assert_close(g, write_into_constant(x))
+
+
+def test_factory_calls_keep_the_in_place_write_check():
+    f = acrobat.autobatch(fill_constant)
+    assert analysis.outline(fill_constant) is not None
     with pytest.raises(acrobat.AcrobatError, match="modified in place"):
         f.map([torch.randn(3), torch.randn(3)])
 

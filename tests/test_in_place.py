@@ -246,14 +246,28 @@ def test_out_that_cannot_be_recorded_is_refused(update, message):
         f.map([torch.randn(3), torch.randn(3)])
 
 
-def test_parts_and_fills_stay_refused():
+def test_a_part_written_before_anything_reads_it_is_recorded():
     @acrobat.autobatch
     def f(x):
         y = x * 2
-        y[0] = 1.0
+        y[0] = 1.0  # (y: a product, not a tensor analysis knows the function owns)
         return y
 
-    with pytest.raises(acrobat.UnsupportedOpError, match="x\\[i\\] = v"):
+    xs = [torch.randn(3), torch.randn(3)]
+    for got, x in zip(f.map(xs), xs):
+        torch.testing.assert_close(got, f.eager(x))
+
+
+def test_a_part_written_after_a_read_through_an_alias_is_refused():
+    @acrobat.autobatch
+    def f(x):
+        y = x * 2
+        z = y + 1  # reads y: it must see y before the write
+        w = y  # an alias: the write would show through y in eager
+        w[0] = 1.0
+        return z, w
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="must see the old value"):
         f.map([torch.randn(3)])
 
 
@@ -365,8 +379,23 @@ def _shared_then_write(x):
     m = torch.zeros(3)
     if x.sum() > 0:  # a value read: other instances run and get the same constant
         pass
-    m[0] = 1.0
+    m.fill_(1.0)  # (a method: analysis rewrites item writes only)
     return x + m
+
+
+def _shared_then_item_write(x):
+    m = torch.zeros(3)
+    if x.sum() > 0:  # a value read: other instances run and get the same constant
+        pass
+    m[0] = 1.0  # analysis: m = put_item(1.0, m, 0), the instance's own copy
+    return x + m
+
+
+def test_an_item_write_into_a_shared_constant_is_the_instances_own():
+    f = acrobat.autobatch(_shared_then_item_write)
+    xs = [torch.randn(3) for _ in range(4)]
+    for got, x in zip(f.map(xs), xs):
+        torch.testing.assert_close(got, _shared_then_item_write(x))
 
 
 @pytest.mark.parametrize("fn", [_read_then_write, _shared_then_write])

@@ -30,7 +30,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import acrobat
-from acrobat.ops import TABLE
+from acrobat.ops import TABLE, put
 from tests.helpers import assert_close_tree, check_map
 
 DATA_OPS = ("input", "take", "tensor")  # tested by the explicit tests at the end
@@ -1170,6 +1170,53 @@ add(
         lambda x, m: (x[m], x[:, m[0:1].squeeze(0)]),
         x=X("a a"),
         m=W("a a", **BOOL),
+    ),
+)
+
+
+def _put_chain(x, v, i):
+    y = put(x * 1, 0, v)  # a put's result nothing else read: the next writes into it
+    y = put(y, -1 - int(i), v * 2)
+    return put(y, (slice(1, None), Ellipsis), 0.5)
+
+
+add(
+    "put",
+    case(  # x[i] = v recorded out of place (analysis rewrites a local's writes to it)
+        "ints, slices, ..., values",
+        lambda x, v, i: (
+            put(x * 1, int(i), v),
+            put(x * 1, (slice(None), 0), 2.5),
+            put(x * 1, (Ellipsis, -1), v[0]),
+            put(x * 1, (int(i), slice(0, 1)), v[:1]),
+        ),
+        x=X("a b"),
+        v=X("b"),
+        i=X("", dtype=torch.long, lo=0, hi="a"),
+        sized=True,
+    ),
+    case(
+        "into a shared tensor",
+        lambda w, v, i: (
+            put(w.clone(), int(i), v),  # (eager writes into the clone: w stays as it is)
+            put(w.clone(), (int(i), slice(None)), v[None]),
+        ),
+        w=W("a b"),
+        v=X("b"),
+        i=X("", dtype=torch.long, lo=0, hi="a"),
+        sized=True,
+    ),
+    case("a boolean mask", lambda x: put(x * 1, x > 0, -1.0), x=X(RANKS1)),
+)
+add(
+    "put_into",
+    case(
+        "a chain of writes",
+        _put_chain,
+        x=X("a b"),
+        v=X("b"),
+        i=X("", dtype=torch.long, lo=0, hi="a"),
+        sized=True,
     ),
 )
 

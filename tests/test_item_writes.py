@@ -1,0 +1,194 @@
+"""Writes into part of a tensor in instance code: ``out[t] = h`` into a buffer made with
+``torch.zeros``, ``mask[i] = -inf`` after each choice, ``counts[k] += 1``. Analysis
+rewrites them to ``x = put_item(v, x, i)`` for locals the function owns (acrobat/ops.py,
+the section on ``x[index] = value``); the map equals the eager loop, batches the writes
+across instances and positions, and trains."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from acrobat import analysis
+from tests.helpers import assert_close_tree, check_grads, check_map
+
+DIM = 5
+torch.manual_seed(0)
+CELL = nn.GRUCell(DIM, DIM)
+SCORE = nn.Linear(DIM, DIM)
+
+
+@acrobat.autobatch
+def encode_into_buffer(xs, cell=CELL):
+    """An RNN writing each state into a buffer made up front (a common idiom)."""
+    out = torch.zeros(xs.shape[0], DIM)
+    h = torch.zeros(DIM)
+    for t in range(xs.shape[0]):
+        h = cell(xs[t], h)
+        out[t] = h
+    return out
+
+
+@acrobat.autobatch
+def columns_and_slices(xs, cell=CELL):
+    """Writes by column, by a slice of a row, and accumulated."""
+    out = torch.zeros(DIM, xs.shape[0])
+    tail = torch.ones(xs.shape[0], 3)
+    h = torch.zeros(DIM)
+    for t in range(xs.shape[0]):
+        h = cell(xs[t], h)
+        out[:, t] = h
+        tail[t, 1:] = h[:2] * 2
+        tail[t] += 1.0
+    return out.sum(1) + tail.sum(0).sum()
+
+
+@acrobat.autobatch
+def point_in_turn(points, score=SCORE):
+    """A pointer network's loop: choose the best unvisited row (a value read), mask it."""
+    e = torch.tanh(score(points))
+    h = e.mean(0)
+    mask = torch.zeros(points.shape[0])
+    order = []
+    for _ in range(points.shape[0]):
+        scores = e @ h + mask
+        i = int(scores.argmax())
+        order.append(i)
+        mask[i] = float("-inf")
+        h = torch.tanh(h + e[i])
+    return torch.tensor(order), h
+
+
+@acrobat.autobatch
+def count_labels(labels, n: int = 4):
+    counts = torch.zeros(n)
+    for k in labels.tolist():
+        counts[k] += 1
+    return counts / labels.shape[0]
+
+
+lengths = st.lists(st.integers(1, 7), min_size=1, max_size=6)
+
+
+@settings(max_examples=8, deadline=None)
+@given(ns=lengths, seed=st.integers(0, 2**16))
+def test_a_buffer_filled_in_a_loop_equals_eager_and_batches(ns, seed):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, DIM, generator=g) for n in ns]
+    with torch.no_grad():
+        stats = check_map(encode_into_buffer, xs)
+    writes = {k: v for k, v in stats.by_op.items() if k.startswith("put")}
+    assert sum(nodes for _, nodes in writes.values()) == sum(ns), stats.by_op
+    # every write after the first goes into the buffer the one before made
+    assert writes.get("put_into", (0, 0))[1] == sum(ns) - len(ns), stats.by_op
+    check_grads(encode_into_buffer, xs, CELL, atol=1e-5)
+
+
+@settings(max_examples=8, deadline=None)
+@given(ns=lengths, seed=st.integers(0, 2**16))
+def test_columns_slices_and_accumulated_items(ns, seed):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, DIM, generator=g) for n in ns]
+    with torch.no_grad():
+        check_map(columns_and_slices, xs)
+    check_grads(columns_and_slices, xs, CELL, atol=1e-4, rtol=1e-4)  # (gradients of ~300)
+
+
+@settings(max_examples=8, deadline=None)
+@given(ns=st.lists(st.integers(2, 8), min_size=1, max_size=6), seed=st.integers(0, 2**16))
+def test_a_mask_written_after_each_choice(ns, seed):
+    g = torch.Generator().manual_seed(seed)
+    data = [torch.randn(n, DIM, generator=g) for n in ns]
+    with torch.no_grad():
+        got = point_in_turn.map(data)
+    for (order, h), points in zip(got, data):
+        want_order, want_h = point_in_turn.eager(points)
+        assert torch.equal(order, want_order)
+        assert sorted(order.tolist()) == list(range(points.shape[0]))  # each row once
+        torch.testing.assert_close(h, want_h, atol=1e-5, rtol=1e-5)
+
+
+@given(labels=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=9), min_size=1, max_size=5))
+def test_counts_accumulated_by_item(labels):
+    check_map(count_labels, [torch.tensor(ls) for ls in labels])
+
+
+def _owned(src: str) -> set:
+    node = ast.parse(textwrap.dedent(src)).body[0]
+    local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return analysis._owned_tensors(node, local)
+
+
+def test_only_tensors_nothing_else_can_see_are_rewritten():
+    # made here, read by value only: rewritten
+    assert _owned("""
+        def f(x, i):
+            out = torch.zeros(3)
+            y = x * out + out.sum()
+            out[i] = 1.0
+            return y, out
+    """) == {"out"}
+    for kept in [
+        "y = out",  # an alias sees the write in eager
+        "y = out[0]",  # a view too
+        "y = out.view(3)",
+        "ys.append(out)",  # a list holding it
+        "y = helper(out)",  # code that could keep it
+        "y = torch.narrow(out, 0, 0, 1)",
+        "del out",
+        "y = F.dropout(out, 0.5, False)",  # (returns its input itself when not training)
+        "y = out.mul_(2)",
+    ]:
+        src = f"""
+            def f(x, i, ys):
+                out = torch.zeros(3)
+                {kept}
+                out[i] = 1.0
+                return out
+        """
+        assert _owned(src) == set(), kept
+    # a parameter (the caller's tensor) and a tensor not made here
+    assert _owned("def f(out, i):\n    out[i] = 1.0\n    return out") == set()
+    assert _owned("def f(x, i):\n    out = x * 2\n    out[i] = 1.0\n    return out") == set()
+
+
+def test_writes_the_rewrite_leaves_behave_as_before():
+    @acrobat.autobatch
+    def f(x, i):
+        y = x * 2  # not a tensor the function owns: the write is taken in place while
+        y[i] = 0.0  # nothing has read y yet
+        return y
+
+    xs = [torch.randn(4) for _ in range(3)]
+    got = f.map(xs, [0, 2, 3])
+    assert_close_tree(got, [f.eager(x, i) for x, i in zip(xs, [0, 2, 3])])
+
+
+def test_an_index_out_of_range_names_the_instance_and_line():
+    @acrobat.autobatch
+    def f(x, i):
+        out = torch.zeros(3)
+        out[i] = x.sum()
+        return out
+
+    with pytest.raises(IndexError, match=r"index 5 is out of bounds for dimension 0 with size 3 "
+                       r"\(instance 1, at .*test_item_writes.py"):
+        f.map([torch.randn(2), torch.randn(2)], [0, 5])
+
+
+def test_an_index_the_batch_cannot_take_is_refused_clearly():
+    @acrobat.autobatch
+    def f(x):
+        out = torch.zeros(4)
+        out[[0, 2]] = x[:2]  # a list index
+        return out
+
+    with pytest.raises(acrobat.AcrobatError, match=r"index entry \[0, 2\]"):
+        f.map([torch.randn(3)])
