@@ -1401,8 +1401,9 @@ def _rewrite_lookups(node: ast.FunctionDef) -> int:
 # only where nothing else can see ``x``'s tensor: ``x`` is a local (not a parameter) bound
 # only to tensors the function makes (a torch factory, torch.cat/stack, a clone), and
 # every read of it uses the value at once (arithmetic, a torch function or method that
-# returns a new tensor, a metadata attribute, ``return``), never keeping a view or the
-# tensor itself (``y = x``, ``x[0]`` kept, ``x.view(...)``, a list, a call of other code).
+# returns a new tensor, a metadata attribute, ``return``, a layer ``self.fc(x)`` whose
+# result is used at once in turn), never keeping a view or the tensor itself (``y = x``,
+# ``x[0]`` kept, ``x.view(...)``, a list, a call of a function that could keep it).
 
 _OWNING_FACTORIES = frozenset(
     {"zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
@@ -1490,27 +1491,27 @@ def _owned_use(name: ast.Name, parents: dict) -> bool:
                 isinstance(grand, ast.Assign) and len(grand.targets) == 1
             ) or isinstance(grand, ast.AugAssign)
         return _used_at_once(parent, parents)  # x[i]: a view, used right away or not at all
-    if isinstance(parent, ast.Attribute) and parent.value is name:
-        grand = parents.get(id(parent))
-        if parent.attr in _METADATA:
-            return True
-        return (
-            isinstance(grand, ast.Call)
-            and grand.func is parent
-            and parent.attr in _FRESH_METHODS
-            and not any(k.arg == "out" for k in grand.keywords)
-        )
     return _used_at_once(name, parents)
 
 
 def _used_at_once(expr, parents: dict) -> bool:
     """Whether the value of ``expr`` (an owned tensor or a view of it) is consumed where it
-    stands: an operand of arithmetic or a comparison, an argument of a torch function that
-    makes a new tensor (directly or in a list), of a builtin that reads a value, or
-    returned."""
+    stands: an operand of arithmetic or a comparison, the tensor of a method that makes a
+    new tensor or of a metadata attribute, an argument of a torch function that makes a
+    new tensor (directly or in a list) or of a builtin that reads a value, or returned."""
     parent = parents.get(id(expr))
     if isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp)):
         return True
+    if isinstance(parent, ast.Attribute) and parent.value is expr:
+        grand = parents.get(id(parent))
+        if parent.attr in _METADATA:
+            return True
+        return (  # a method that makes a new tensor (or a Python value)
+            isinstance(grand, ast.Call)
+            and grand.func is parent
+            and parent.attr in _FRESH_METHODS
+            and not any(k.arg == "out" for k in grand.keywords)
+        )
     if isinstance(parent, ast.Return):
         return True
     if isinstance(parent, (ast.List, ast.Tuple)) and isinstance(parent.ctx, ast.Load):
@@ -1518,12 +1519,30 @@ def _used_at_once(expr, parents: dict) -> bool:
         if isinstance(grand, ast.Return):
             return True
         return isinstance(grand, ast.Call) and parent in grand.args and _fresh_call(grand)
-    if isinstance(parent, ast.Call) and expr is not parent.func:
-        return _fresh_call(parent)
     if isinstance(parent, ast.keyword):
-        call = parents.get(id(parent))
-        return isinstance(call, ast.Call) and _fresh_call(call)
-    return False
+        parent = parents.get(id(parent))
+        if not isinstance(parent, ast.Call):
+            return False
+    elif not isinstance(parent, ast.Call) or expr is parent.func:
+        return False
+    if _fresh_call(parent):
+        return True
+    # a layer of an object (``self.out(x)``, ``m.proj(x[:-1])``): its result may be the
+    # argument itself (nn.Identity, dropout in eval mode) or a view (nn.Flatten), so it
+    # must be used at once too
+    return _layer_call(parent) and _used_at_once(parent, parents)
+
+
+def _layer_call(call: ast.Call) -> bool:
+    """A call of an attribute of a name (a module's layer: ``self.fc(x)``), no keywords
+    that write into an operand."""
+    f = call.func
+    return (
+        isinstance(f, ast.Attribute)
+        and isinstance(f.value, ast.Name)
+        and not f.attr.endswith("_")
+        and not any(k.arg in ("out", "inplace") for k in call.keywords)
+    )
 
 
 def _fresh_call(call: ast.Call) -> bool:

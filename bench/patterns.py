@@ -6,7 +6,9 @@ other shapes of work users bring: a language model's loss over its tokens, a cau
 transformer trained with dropout, a text CNN, a tagger, self-attention, message passing
 over graphs (a dense adjacency; an edge list, whose node and edge counts vary apart), an
 encoder-decoder over sentence pairs, a BiLSTM-CRF, a greedy attention decoder that
-reads its tokens, generation attending over its own growing history. Each is written once
+reads its tokens, generation attending over its own growing history, an RNN writing
+its states into a buffer (``states[t] = h``), a pointer network masking what it chose.
+Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
 nodes) in rounds that alternate the systems (the order shuffled each round), and
 checked against the eager loop's outputs. Times are medians of ``--rounds`` rounds, in
@@ -63,6 +65,7 @@ class Model(nn.Module):
         self.att_dec = nn.Linear(HIDDEN, HIDDEN, bias=False)
         self.att_v = nn.Linear(HIDDEN, 1, bias=False)
         self.dcell = nn.GRUCell(2 * HIDDEN, HIDDEN)
+        self.cell = nn.GRUCell(HIDDEN, HIDDEN)
 
 
 def lm_gru(tokens, m):
@@ -156,6 +159,33 @@ def autoregressive(tokens, m):
     return torch.stack(steps)
 
 
+def buffer_rnn(tokens, m):
+    # an RNN cell run by hand, each state written into a buffer made up front
+    x = m.emb(tokens)
+    states = torch.zeros(x.shape[0], HIDDEN)
+    h = torch.zeros(HIDDEN)
+    for t in range(x.shape[0]):
+        h = m.cell(x[t], h)
+        states[t] = h
+    return F.cross_entropy(m.out(states[:-1]), tokens[1:])
+
+
+def pointer(tokens, m):
+    # a pointer network's decoding: point at the best token not taken yet (a value read),
+    # mask it out, feed it back; the order of all tokens
+    e = m.emb(tokens)
+    h = e.mean(0)
+    mask = torch.zeros(tokens.shape[0])
+    scores = []
+    for _ in range(tokens.shape[0]):
+        s = e @ m.own(h) + mask
+        i = int(s.argmax())
+        scores.append(s.max())
+        mask[i] = float("-inf")
+        h = m.cell(e[i], h)
+    return torch.stack(scores)
+
+
 def crf_nll(tokens, m):
     h, _ = m.lstm(m.emb(tokens))
     em = m.tags(h)
@@ -186,6 +216,8 @@ PATTERNS = {
     "crf_nll": Pattern(crf_nll, "tokens", False),
     "greedy_decoder": Pattern(greedy_decoder, "tokens", False),
     "autoregressive": Pattern(autoregressive, "tokens", False),
+    "buffer_rnn": Pattern(buffer_rnn, "tokens", True),
+    "pointer": Pattern(pointer, "tokens", False),
 }
 
 

@@ -135,8 +135,18 @@ def test_only_tensors_nothing_else_can_see_are_rewritten():
             out[i] = 1.0
             return y, out
     """) == {"out"}
+    # a layer's result used at once: the layer may hand back its argument, but nothing
+    # keeps it
+    assert _owned("""
+        def f(m, i):
+            out = torch.zeros(3)
+            out[i] = 1.0
+            return F.cross_entropy(m.out(out[:-1]), i) + m.out(out).sum()
+    """) == {"out"}
     for kept in [
         "y = out",  # an alias sees the write in eager
+        "y = m.drop(out)",  # (dropout in eval mode returns its argument)
+        "y = m.flat(out[0])",  # (nn.Flatten returns a view)
         "y = out[0]",  # a view too
         "y = out.view(3)",
         "ys.append(out)",  # a list holding it
@@ -147,7 +157,7 @@ def test_only_tensors_nothing_else_can_see_are_rewritten():
         "y = out.mul_(2)",
     ]:
         src = f"""
-            def f(x, i, ys):
+            def f(x, i, ys, m):
                 out = torch.zeros(3)
                 {kept}
                 out[i] = 1.0
