@@ -46,7 +46,7 @@ from acrobat.ops import (
 )
 from acrobat.scheduler import describe, lower_bound, relevel, schedule
 
-_IMPURE = {"rand_like", "dropout"}
+_IMPURE = {"rand_like", "dropout", "multinomial", "bernoulli"}
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
 
 

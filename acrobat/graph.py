@@ -832,6 +832,13 @@ def builds(rt, func, args) -> bool:
     return bool(args) and id(args[0]) in rt.fresh
 
 
+def buildable(rt, target) -> bool:
+    """Whether a write into ``target`` now would build it (see construct): it is fresh
+    and nothing was recorded since it was made."""
+    entry = rt.fresh.get(id(target))
+    return entry is not None and _stamp(rt) == entry[1]
+
+
 def construct(rt, func, args, kwargs):
     """Run ``func(*args, **kwargs)``, an in-place write into the fresh tensor ``args[0]``,
     all operands real (see the section comment); returns its result."""

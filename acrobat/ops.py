@@ -1155,13 +1155,12 @@ def put(x, index, value):
         return x
     lazy = type(x) is LazyTensor or has_lazy(value) or has_lazy(index)
     if not lazy:
+        if graph.buildable(rt, x):  # a constant being built (graph.construct)
+            x[index] = value
+            return x
         entries = index if type(index) is tuple else (index,)
-        if id(x) in rt.fresh or rt.tracer is not None or not any(type(i) is int for i in entries):
-            # a constant being built (graph.construct), or a write the same for every
-            # instance that makes it (hoisted: one result, shared)
-            if id(x) in rt.fresh:
-                x[index] = value
-                return x
+        if rt.tracer is not None or not any(type(i) is int for i in entries):
+            # a write the same for every instance that makes it: hoisted, one result
             return graph.hoist(_put, (x, index, value), {})
     return _special_put(_put, (x, index, value), {})
 
@@ -1201,6 +1200,8 @@ def _special_put(func, args, kwargs):
             ints += 1
         elif t is slice and all(v is None or type(v) is int for v in (i.start, i.stop, i.step)):
             converted.append(i)
+        elif isinstance(i, Tensor) and t is not LazyTensor and len(entries) == 1:
+            converted.append(i)  # one real index (the same for every instance)
         elif i is Ellipsis and Ellipsis not in entries[:k]:
             converted.append(i)
             dim = len(shape) - (len(entries) - k - 1)  # (each entry after it takes a dim)
@@ -1230,6 +1231,15 @@ def _special_put(func, args, kwargs):
     return record(PUT_INTO if into else PUT, func, (x, index, value), kwargs)
 
 
+def _aligned(V, target: Tensor) -> Tensor:
+    """A batch of per-instance values ``V`` (n, *vs) shaped to broadcast against a batch
+    of targets shaped like ``target`` (one instance's), as eager broadcasts one value."""
+    vs, rank = V.shape[1:], target.ndim
+    if len(vs) > rank:  # (leading ones, as eager strips them)
+        vs = vs[len(vs) - rank :]
+    return V.reshape(V.shape[0], *(1,) * (rank - len(vs)), *vs)
+
+
 def put_rule(node, xs, n):
     """A batch of ``x[index] = value``: the rows of ``x`` (copied; PUT_INTO writes into
     them where they are its own contiguous rows), ints as a column of indices per entry."""
@@ -1246,6 +1256,9 @@ def put_rule(node, xs, n):
     V = next(it) if type(value) is LazyTensor else value
     if any(type(i) is LazyTensor and i.dtype == torch.bool for i in entries):
         X[batched[0]] = V
+        return (X,)
+    if len(entries) == 1 and isinstance(entries[0], Tensor) and type(entries[0]) is not LazyTensor:
+        X[:, entries[0]] = V if type(value) is not LazyTensor else _aligned(V, X[0, entries[0]])
         return (X,)
     lazy = [type(i) is LazyTensor for i in entries]
     if any(lazy):
@@ -1453,7 +1466,45 @@ _add(
     )
 )
 _add(Op("rand_like", vmap_rule, "elementwise", (torch.rand_like, torch.randn_like)))
-graph.IMPURE_OPS.update(["dropout", "rand_like"])  # their shapes: from the meta kernels
+
+
+def multinomial_rule(node, xs, n):
+    """``torch.multinomial`` of a batch: every instance's rows of probabilities drawn from
+    at once (as eager draws per instance; the draws are not eager's: another stream)."""
+    if len(xs) != 1 or type(node.args[0]) is not LazyTensor:
+        return vmap_rule(node, xs, n)  # (a per-instance count or flag: instance by instance)
+    p = xs[0]
+    out = torch.multinomial(p.reshape(-1, p.shape[-1]), *node.args[1:], **node.kwargs)
+    return (out.reshape(*p.shape[:-1], out.shape[-1]),)
+
+
+def bernoulli_rule(node, xs, n):
+    """``torch.bernoulli`` of a batch: one draw per entry (elementwise)."""
+    if len(xs) != 1 or type(node.args[0]) is not LazyTensor:
+        return vmap_rule(node, xs, n)
+    return (torch.bernoulli(xs[0], *node.args[1:], **node.kwargs),)
+
+
+_add(
+    Op(
+        "multinomial",
+        multinomial_rule,
+        "shape",
+        (torch.multinomial, T.multinomial),
+        doc="samples of each instance's categorical rows (a sampling decoder's next token)",
+    )
+)
+_add(
+    Op(
+        "bernoulli",
+        bernoulli_rule,
+        "elementwise",
+        (torch.bernoulli, T.bernoulli),
+        doc="a 0/1 draw per entry of per-instance probabilities",
+    )
+)
+graph.IMPURE_OPS.update(["dropout", "rand_like", "multinomial", "bernoulli"])  # (shapes: from
+# the meta kernels; never hoisted, nor one run for equal operand rows: each call draws)
 graph.INDEX_OPS.update(["loss", "one_hot", "scatter", "embedding", "index_select", "take"])
 _add(
     Op(
@@ -1495,6 +1546,18 @@ for _name, _aliases in {
 }.items():
     _add(Op(_name, reduce_rule, "reduce", _aliases))
 
+for _name, _reduce in (("is_all_true", torch.all), ("is_any_true", torch.any)):
+    # torch.distributions' argument checks: recorded as the reduction they are
+    _add(
+        Op(
+            _name,
+            reduce_rule,
+            "reduce",
+            (getattr(torch, "_" + _name),),
+            special=lambda func, args, kwargs, _r=_reduce: record(FUNCS[_r], _r, args, kwargs),
+            doc=f"torch._{_name}(x): {_reduce.__name__}(x), as torch.distributions checks",
+        )
+    )
 _add(Op("softmax", softmax_rule, "reduce", (torch.softmax, T.softmax, F.softmax)))
 _add(Op("log_softmax", softmax_rule, "reduce", (torch.log_softmax, T.log_softmax, F.log_softmax)))
 _add(

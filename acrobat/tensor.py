@@ -256,11 +256,15 @@ class LazyTensor(_LazyBase):
     def dim(self) -> int:
         return len(self.shape)
 
+    ndimension = dim  # (torch.distributions asks this)
+
     def size(self, dim: int | None = None):
         return self.shape if dim is None else self.shape[dim]
 
     def numel(self) -> int:
         return self.shape.numel()
+
+    nelement = numel
 
     def __len__(self) -> int:
         if not self.shape:

@@ -202,3 +202,26 @@ def test_an_index_the_batch_cannot_take_is_refused_clearly():
 
     with pytest.raises(acrobat.AcrobatError, match=r"index entry \[0, 2\]"):
         f.map([torch.randn(3)])
+
+
+INDEX = torch.tensor([0, 2])
+ROWS = torch.tensor([True, False, True, False])
+
+
+@acrobat.autobatch
+def assorted_writes(x):
+    by_index = torch.zeros(4)
+    by_index[INDEX] = x[:2]  # a real index tensor, the same for every instance
+    by_mask = torch.zeros(4, 2)
+    by_mask[ROWS] = x[:2] * 2  # a real mask: each chosen row gets the value
+    seen = torch.zeros(4, dtype=torch.bool)
+    seen[int(x.argmax())] = True  # a bool buffer, an int read from the values
+    row = torch.zeros(2, 3)
+    row[1] = torch.tensor([1.0, 2.0, 3.0])  # all real: one constant for every instance
+    return by_index, by_mask, seen, row + x[:3].sum()
+
+
+@given(st.lists(st.integers(0, 2**16), min_size=1, max_size=6))
+def test_real_indices_masks_bool_buffers_and_constant_writes(seeds):
+    xs = [torch.randn(4, generator=torch.Generator().manual_seed(s)) for s in seeds]
+    check_map(assorted_writes, xs)

@@ -489,6 +489,34 @@ add(
         x=X(RANKS),
     ),
 )
+# (recorded as the reductions all / any)
+add("is_all_true", case("bool", lambda x: torch._is_all_true(x > 0), x=X(RANKS), recorded=False))
+add("is_any_true", case("bool", lambda x: torch._is_any_true(x > 0), x=X(RANKS), recorded=False))
+add(
+    "multinomial",
+    case(  # draws differ from eager's; what they must satisfy does not
+        "valid draws",
+        lambda x: (
+            torch.softmax(x, -1).gather(-1, torch.multinomial(torch.softmax(x, -1), 1)) > 0,
+            torch.multinomial(torch.softmax(x, -1), x.shape[-1]).sort(-1).values,
+            x.exp().multinomial(2, replacement=True) < x.shape[-1],
+            torch.multinomial(torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).float(), 1),
+        ),
+        x=X(("c", "b c")),
+    ),
+)
+add(
+    "bernoulli",
+    case(
+        "0 and 1",
+        lambda x: (
+            torch.bernoulli(torch.sigmoid(x)) <= 1,
+            torch.bernoulli((x > 0).float()),
+            torch.sigmoid(x).bernoulli() * 0 + x,
+        ),
+        x=X(RANKS),
+    ),
+)
 add(
     "zeros_like",
     case(
@@ -2242,7 +2270,7 @@ def test_max_namedtuple_result():
     check_map(f, [torch.randn(2, 3) for _ in range(3)])
 
 
-_NOT_IN_BLOCKS = {"rand_like", "dropout"}  # random draws: a block is traced once
+_NOT_IN_BLOCKS = {"rand_like", "dropout", "multinomial", "bernoulli"}  # random draws
 
 
 @pytest.mark.parametrize(
