@@ -77,11 +77,15 @@ def count_labels(labels, n: int = 4):
 lengths = st.lists(st.integers(1, 7), min_size=1, max_size=6)
 
 
+def sentences(ns: list, seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, DIM, generator=g) for n in ns]
+
+
 @settings(max_examples=8, deadline=None)
 @given(ns=lengths, seed=st.integers(0, 2**16))
 def test_a_buffer_filled_in_a_loop_equals_eager_and_batches(ns, seed):
-    g = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(n, DIM, generator=g) for n in ns]
+    xs = sentences(ns, seed)
     with torch.no_grad():
         stats = check_map(encode_into_buffer, xs)
     writes = {k: v for k, v in stats.by_op.items() if k.startswith("put")}
@@ -94,8 +98,7 @@ def test_a_buffer_filled_in_a_loop_equals_eager_and_batches(ns, seed):
 @settings(max_examples=8, deadline=None)
 @given(ns=lengths, seed=st.integers(0, 2**16))
 def test_columns_slices_and_accumulated_items(ns, seed):
-    g = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(n, DIM, generator=g) for n in ns]
+    xs = sentences(ns, seed)
     with torch.no_grad():
         check_map(columns_and_slices, xs)
     check_grads(columns_and_slices, xs, CELL, atol=1e-4, rtol=1e-4)  # (gradients of ~300)

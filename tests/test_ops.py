@@ -1202,6 +1202,10 @@ add(
 )
 
 
+# rows a b, a value of b, an int below a read from a per-instance value
+_PUT_ARGS = {"x": X("a b"), "v": X("b"), "i": X("", dtype=torch.long, lo=0, hi="a")}
+
+
 def _put_chain(x, v, i):
     y = put(x * 1, 0, v)  # a put's result nothing else read: the next writes into it
     y = put(y, -1 - int(i), v * 2)
@@ -1218,10 +1222,8 @@ add(
             put(x * 1, (Ellipsis, -1), v[0]),
             put(x * 1, (int(i), slice(0, 1)), v[:1]),
         ),
-        x=X("a b"),
-        v=X("b"),
-        i=X("", dtype=torch.long, lo=0, hi="a"),
         sized=True,
+        **_PUT_ARGS,
     ),
     case(
         "into a shared tensor",
@@ -1230,22 +1232,14 @@ add(
             put(w.clone(), (int(i), slice(None)), v[None]),
         ),
         w=W("a b"),
-        v=X("b"),
-        i=X("", dtype=torch.long, lo=0, hi="a"),
         sized=True,
+        **{k: a for k, a in _PUT_ARGS.items() if k != "x"},
     ),
     case("a boolean mask", lambda x: put(x * 1, x > 0, -1.0), x=X(RANKS1)),
 )
 add(
     "put_into",
-    case(
-        "a chain of writes",
-        _put_chain,
-        x=X("a b"),
-        v=X("b"),
-        i=X("", dtype=torch.long, lo=0, hi="a"),
-        sized=True,
-    ),
+    case("a chain of writes", _put_chain, sized=True, **_PUT_ARGS),
 )
 
 
