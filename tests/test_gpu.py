@@ -695,3 +695,53 @@ def test_sizes_apart_on_cuda(default_device):
     ]
     _states_match_on_cuda(EdgeNet(), graphs)
     check_padded(Histogram(), [torch.randint(30, (n,), generator=g) for n in (3, 6, 1, 6, 4)])
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_session_43_writes_sampling_and_cuts_on_cuda(default_device):
+    """Session 43's work on a GPU: item writes (a buffer filled in a loop, with its
+    gradients; a mask written after each read; real indices and masks), sampling
+    (multinomial from each instance's own probabilities, Categorical), and a decoder
+    whose attention cut runs one padded batch per step."""
+    from tests.helpers import check_map
+    from tests.test_hoisting import Attention, _hoisted_batches, _hoisted_nodes, greedy_decode
+    from tests.test_item_writes import (
+        CELL,
+        assorted_writes,
+        columns_and_slices,
+        count_labels,
+        encode_into_buffer,
+        point_in_turn,
+    )
+
+    CELL.to("cuda")
+    try:
+        xs = [torch.randn(n, 5) for n in (3, 1, 6, 4, 6)]
+        with torch.no_grad():
+            check_map(encode_into_buffer, xs)
+            check_map(columns_and_slices, xs)
+            check_map(assorted_writes, [torch.randn(4) for _ in range(5)])
+            check_map(count_labels, [torch.randint(4, (n,)) for n in (2, 5, 1)])
+            points = [torch.randn(n, 5) for n in (2, 5, 3, 5)]
+            for (order, h), p in zip(point_in_turn.map(points), points):
+                want_order, want_h = point_in_turn.eager(p)
+                assert torch.equal(order, want_order)
+                torch.testing.assert_close(h, want_h, atol=1e-5, rtol=1e-5)
+        check_grads(encode_into_buffer, xs, CELL, atol=1e-4, rtol=1e-4)
+    finally:
+        CELL.to("cpu")
+
+    @acrobat.autobatch
+    def draw(x):
+        return torch.multinomial(x.softmax(-1), 1), torch.bernoulli(x.sigmoid())
+
+    sure = torch.tensor([0.0, -1e9, -1e9])
+    for pick, coins in draw.map([sure] * 6):
+        assert int(pick) == 0 and set(coins.tolist()) <= {0.0, 1.0}
+    m = Attention(8)
+    data = [(torch.randn(n, 8), 5) for n in [3, 6, 4, 6, 2, 5] * 3]
+    with torch.no_grad():
+        check_map(greedy_decode, data, m=m, atol=1e-4, rtol=1e-4)
+        stats = check_map(greedy_decode, data, m=m, atol=1e-4, rtol=1e-4)
+    assert _hoisted_nodes(stats) == len(data) and _hoisted_batches(stats) == 1, stats.by_op
