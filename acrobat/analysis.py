@@ -118,6 +118,8 @@ _RANDOM = {
     "choice",
     "shuffle",
     "sample",
+    "rsample",
+    "gumbel_softmax",
     "gauss",
 }
 _FORBIDDEN = (

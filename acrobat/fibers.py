@@ -46,8 +46,9 @@ from acrobat.ops import (
 )
 from acrobat.scheduler import describe, lower_bound, relevel, schedule
 
-_IMPURE = {"rand_like", "dropout", "multinomial", "bernoulli"}
-_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
+_IMPURE = {"rand_like", "dropout", "multinomial", "bernoulli", "normal"}
+_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson",
+           *graph._RANDOM_FILLS}  # fmt: skip
 
 
 _SETITEM = torch.Tensor.__setitem__
@@ -73,7 +74,7 @@ class RecordMode(TorchFunctionMode):
             if lazy and kwargs.get("out") is not None:  # torch.add(a, b, out=y)
                 return out_kwarg(op, func, args, kwargs)
             if op.special is not None and (lazy or op.kind == "data" or op.name == "getitem"):
-                if not (lazy and stand_in):
+                if not (lazy and (stand_in or "decomposes" in op.extra)):
                     return op.special(func, args, kwargs)
                 # torch took the mode off the thread for this handler: the rule's own torch
                 # calls on lazy tensors (narrow's arange(n) + i) record with it back on, as
@@ -967,6 +968,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
     torch._C._InferenceMode = _inference_mode  # type: ignore[misc, assignment]  # (inference_mode)
     torch.set_autocast_enabled = _set_autocast_enabled  # type: ignore[assignment]  # (torch.autocast
     torch.set_autocast_dtype = _set_autocast_dtype  # type: ignore[assignment]  # calls them)
+    ops.distribution_checks(True)  # (Categorical.log_prob of a lazy sample)
     kernels = config.override(**_AUTOCAST_OFF) if rt.autocast else contextlib.nullcontext()
     try:
         kernels.__enter__()
@@ -990,6 +992,7 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         torch._C._InferenceMode = _INFERENCE_MODE  # type: ignore[misc]
         torch.set_autocast_enabled = _SET_AUTOCAST_ENABLED
         torch.set_autocast_dtype = _SET_AUTOCAST_DTYPE
+        ops.distribution_checks(False)
         graph.RT = None
         stats.t_total = time.perf_counter() - t0
         stats.nodes = rt.nodes

@@ -845,6 +845,8 @@ def construct(rt, func, args, kwargs):
     target = args[0]
     made, stamp = rt.fresh.pop(id(target))
     name = getattr(func, "__name__", "")
+    if name in _RANDOM_FILLS and rt.tracer is None and _stamp(rt) == stamp:
+        return _draw(rt, func, args, kwargs, made)
     building = name in _AUGMENTED or (
         name.endswith("_") and not name.startswith("_") and name not in _NOT_BUILDING
     )
@@ -877,13 +879,41 @@ def construct(rt, func, args, kwargs):
     return out
 
 
+# random fills of a constant right after it is made: eager draws per instance
+_RANDOM_FILLS = frozenset(
+    {"normal_", "uniform_", "bernoulli_", "exponential_", "cauchy_", "geometric_",
+     "log_normal_", "random_"}
+)  # fmt: skip
+_OWN = -1  # rt.built's mark of a tensor an instance drew into: its own, any version
+
+
+def _draw(rt, func, args, kwargs, made):
+    """``torch.empty(n).normal_()`` (torch.distributions' ``rsample``, Gumbel noise): the
+    constant leaves the cache and becomes this instance's own, filled with its own
+    draws, as eager draws per instance; the result is a per-instance data node over it,
+    so the ops that read it batch across instances."""
+    from acrobat.ops import INPUT  # (ops imports this module)
+
+    target = args[0]
+    if rt.hoisted.get(made) is target:
+        del rt.hoisted[made]
+    rt.factory_keys.pop(id(target), None)
+    func(*args, **kwargs)
+    rt.built[id(target)] = _OWN
+    rt.hoist_keepalive.append(args)
+    with torch._C.DisableTorchFunction():
+        shape, dtype, device = target.shape, target.dtype, target.device
+    return record_data(INPUT, (INPUT, shape, dtype, device), target, shape, dtype)
+
+
 def check_hoisted(rt) -> None:
     """A hoisted result is shared by every instance: writing into it in place (``h[0] = 1``
     on a ``torch.zeros`` made inside the instance, after an op read it) would leak into the
     other instances. Writes that built a fresh tensor (construct) are not such writes."""
     built = rt.built
     for tensor, version, func in rt.hoisted_versions:
-        if tensor._version != version and tensor._version != built.get(id(tensor)):
+        own = built.get(id(tensor))
+        if tensor._version != version and tensor._version != own and own != _OWN:
             name = getattr(func, "__name__", str(func))
             raise AcrobatError(
                 f"a tensor made by {name}(...) inside instance code was modified in place "

@@ -1494,6 +1494,25 @@ _add(
         doc="samples of each instance's categorical rows (a sampling decoder's next token)",
     )
 )
+def normal_rule(node, xs, n):
+    """``torch.normal(mean, std)`` of a batch, a tensor mean or std per instance (or
+    shared): one draw per entry (``Normal(mu, sigma).sample()``)."""
+    it = iter(xs)
+    mean, std = (next(it) if type(a) is LazyTensor else a for a in node.args[:2])
+    if isinstance(mean, Tensor) and isinstance(std, Tensor):
+        mean, std = torch.broadcast_tensors(mean, std)
+    return (torch.normal(mean, std, *node.args[2:], **node.kwargs),)
+
+
+_add(
+    Op(
+        "normal",
+        normal_rule,
+        "elementwise",
+        (torch.normal,),
+        doc="a normal draw per entry of a per-instance mean or standard deviation",
+    )
+)
 _add(
     Op(
         "bernoulli",
@@ -1503,8 +1522,38 @@ _add(
         doc="a 0/1 draw per entry of per-instance probabilities",
     )
 )
-graph.IMPURE_OPS.update(["dropout", "rand_like", "multinomial", "bernoulli"])  # (shapes: from
-# the meta kernels; never hoisted, nor one run for equal operand rows: each call draws)
+def _special_gumbel_softmax(func, args, kwargs):
+    """``F.gumbel_softmax``, recorded as the ops it is made of (Jang et al., 2017): Gumbel
+    noise drawn per instance (``-log`` of exponential draws into a new tensor:
+    graph._draw), a softmax at temperature ``tau``, and with ``hard`` the one-hot of its
+    argmax with the soft values' gradient (straight-through)."""
+    bound = inspect.signature(_GUMBEL_SOFTMAX).bind(*args, **kwargs)
+    bound.apply_defaults()
+    logits, tau, hard, dim = (bound.arguments[k] for k in ("logits", "tau", "hard", "dim"))
+    noise = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    gumbels = -noise.exponential_().log()
+    soft = ((logits + gumbels) / tau).softmax(dim)
+    if not hard:
+        return soft
+    index = soft.argmax(dim, keepdim=True)
+    one_hot = torch.zeros_like(logits).scatter(dim, index, 1.0)
+    return one_hot - soft.detach() + soft
+
+
+_GUMBEL_SOFTMAX = F.gumbel_softmax
+_add(
+    Op(
+        "gumbel_softmax",
+        vmap_rule,
+        "reduce",
+        (F.gumbel_softmax,),
+        special=_special_gumbel_softmax,
+        doc="recorded as its parts: per-instance Gumbel noise, softmax, straight-through",
+        extra={"decomposes": True},
+    )
+)
+# draws (shapes from the meta kernels; never hoisted, nor one run for equal operand rows)
+graph.IMPURE_OPS.update(["dropout", "rand_like", "multinomial", "bernoulli", "normal"])
 graph.INDEX_OPS.update(["loss", "one_hot", "scatter", "embedding", "index_select", "take"])
 _add(
     Op(
@@ -3151,6 +3200,50 @@ def factory_call(func, size):
                     rt.fresh.pop(id(hit), None)
                 return hit
     return func(size)
+
+
+# ---- torch.distributions' checks of a sample ------------------------------------------
+# ``Categorical(logits=...).log_prob(a)`` checks that ``a`` is a torch.Tensor first; a
+# lazy tensor is not one (see tensor.py), so a policy's log-probability of its own sampled
+# action raised inside a map. While a map runs, the check takes a lazy value as the
+# tensor it stands for: the same checks of its shape against the distribution's, and of
+# its values against the support (a value read, as eager reads it to raise).
+
+_VALIDATE_SAMPLE = torch.distributions.Distribution._validate_sample
+
+
+def _validate_sample(self, value):
+    if type(value) is not LazyTensor:
+        return _VALIDATE_SAMPLE(self, value)
+    event = tuple(self._event_shape)
+    shape = tuple(value.shape)
+    if event and shape[len(shape) - len(event) :] != event:
+        raise ValueError(
+            f"The right-most size of value must match event_shape: {value.shape} vs "
+            f"{self._event_shape}."
+        )
+    batch = tuple(self._batch_shape)
+    rest = shape[: len(shape) - len(event)]
+    try:
+        torch.broadcast_shapes(rest[len(rest) - min(len(rest), len(batch)) :], batch)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"Value is not broadcastable with batch_shape+event_shape: {value.shape} vs "
+            f"{self._batch_shape + self._event_shape}."
+        ) from exc
+    support = self.support
+    if support is not None and not bool(torch.all(support.check(value))):
+        raise ValueError(
+            f"Expected value argument ({type(value).__name__} of shape {tuple(value.shape)}) "
+            f"to be within the support ({support!r}) of the distribution {self!r}"
+        )
+
+
+def distribution_checks(on: bool) -> None:
+    """Install (or remove) the lazy-aware sample check for the duration of a map."""
+    torch.distributions.Distribution._validate_sample = (  # type: ignore[method-assign]
+        _validate_sample if on else _VALIDATE_SAMPLE
+    )
 
 
 # ---- shortcuts of torch functions -------------------------------------------------------

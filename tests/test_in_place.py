@@ -405,10 +405,23 @@ def test_writes_into_constants_that_were_read_or_shared_stay_refused(fn):
         f.map([torch.randn(3) for _ in range(4)])
 
 
-def test_random_fills_of_constants_stay_refused():
+def test_random_fills_of_new_constants_are_each_instances_own_draws():
     @acrobat.autobatch
     def f(x):
-        return x + torch.empty(3).normal_()  # eager draws per instance; a constant would not
+        return x + torch.empty(3).normal_()  # eager draws per instance (graph._draw)
+
+    xs = [torch.zeros(3) for _ in range(4)]
+    got = f.map(xs)
+    assert len({tuple(g.tolist()) for g in got}) == 4
+
+
+def test_random_fills_of_constants_read_before_stay_refused():
+    @acrobat.autobatch
+    def f(x):
+        e = torch.empty(3)
+        y = x + e  # the constant was read: a fill now would change what y reads
+        e.normal_()
+        return y + e
 
     with pytest.raises(acrobat.AcrobatError, match="modified in place"):
         f.map([torch.randn(3) for _ in range(3)])

@@ -506,6 +506,31 @@ add(
     ),
 )
 add(
+    "gumbel_softmax",
+    case(  # (draws differ from eager's: rows that sum to one, one-hots)
+        "soft and hard",
+        lambda x: (
+            F.gumbel_softmax(x, tau=0.5).sum(-1),
+            F.gumbel_softmax(x, hard=True).sum(-1),
+            F.gumbel_softmax(x, 2.0, True, dim=-1).amax(-1),
+        ),
+        x=X(("c", "b c")),
+        recorded=False,  # (recorded as its parts)
+    ),
+)
+add(
+    "normal",
+    case(  # (draws differ from eager's: a zero std draws the mean itself)
+        "tensor mean and std",
+        lambda x: (
+            torch.normal(x, x.abs() * 0),
+            torch.normal(x * 0, 1.0).shape[-1] + x,
+            torch.normal(x, torch.ones(x.shape)) * 0 + x,
+        ),
+        x=X(RANKS1),
+    ),
+)
+add(
     "bernoulli",
     case(
         "0 and 1",
@@ -2264,7 +2289,7 @@ def test_max_namedtuple_result():
     check_map(f, [torch.randn(2, 3) for _ in range(3)])
 
 
-_NOT_IN_BLOCKS = {"rand_like", "dropout", "multinomial", "bernoulli"}  # random draws
+_NOT_IN_BLOCKS = {"rand_like", "dropout", "multinomial", "bernoulli", "gumbel_softmax", "normal"}
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,3 +95,133 @@ def test_draws_differ_between_instances():
     xs = [torch.zeros(50) for _ in range(6)]  # uniform over 50: equal draws are unlikely
     got = draw.map(xs)
     assert len({int(g) for g in got}) > 1
+
+
+POLICY = nn.Linear(4, 3)
+
+
+@acrobat.autobatch
+def episode(inst, policy=POLICY):
+    """A policy's rollout over given states and actions (a replayed episode): the
+    log-probability and entropy of each action under torch.distributions.Categorical."""
+    states, actions = inst
+    logp, entropy = [], []
+    for s, a in zip(states, actions):
+        d = torch.distributions.Categorical(logits=policy(s))
+        logp.append(d.log_prob(torch.tensor(a)))
+        entropy.append(d.entropy())
+    return torch.stack(logp).sum(), torch.stack(entropy).mean()
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    episodes=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=5), min_size=1, max_size=5),
+    seed=st.integers(0, 99),
+)
+def test_log_probabilities_of_given_actions_equal_eager_and_train(episodes, seed):
+    g = torch.Generator().manual_seed(seed)
+    data = [(list(torch.randn(len(acts), 4, generator=g)), acts) for acts in episodes]
+    got = episode.map(data)
+    want = [episode.eager(x) for x in data]
+    for (lp, h), (wlp, wh) in zip(got, want):
+        torch.testing.assert_close(lp, wlp)
+        torch.testing.assert_close(h, wh)
+    POLICY.zero_grad()
+    sum(lp for lp, _ in got).backward()
+    grads = [p.grad.clone() for p in POLICY.parameters()]
+    POLICY.zero_grad()
+    sum(lp for lp, _ in want).backward()
+    for a, p in zip(grads, POLICY.parameters()):
+        torch.testing.assert_close(a, p.grad)
+
+
+def test_a_sampled_policy_and_a_value_outside_the_support():
+    @acrobat.autobatch
+    def act(s, policy=POLICY):
+        d = torch.distributions.Categorical(logits=policy(s))
+        a = d.sample()
+        return a, d.log_prob(a)
+
+    torch.manual_seed(5)
+    for a, lp in act.map([torch.randn(4) for _ in range(8)]):
+        logits = POLICY(torch.zeros(4)).detach()  # (any state: a valid action index)
+        assert 0 <= int(a) < logits.shape[0] and float(lp) <= 0.0
+
+    @acrobat.autobatch
+    def bad(s, policy=POLICY):
+        return torch.distributions.Categorical(logits=policy(s)).log_prob(s.sum() * 0 + 7)
+
+    with pytest.raises(ValueError, match="support"):
+        bad.map([torch.randn(4), torch.randn(4)])
+
+
+LATENT = nn.Linear(4, 6)
+
+
+@acrobat.autobatch
+def reparameterized(x, enc=LATENT):
+    """A VAE's latent sample: Normal(mu, sigma).rsample() (torch.distributions draws into
+    torch.empty(shape).normal_()): each instance its own noise, batched."""
+    mu, logvar = enc(x).chunk(2, -1)
+    return torch.distributions.Normal(mu, (0.5 * logvar).exp()).rsample()
+
+
+def test_rsample_draws_per_instance_with_the_right_distribution_and_batches():
+    torch.manual_seed(6)
+    xs = [torch.randn(4) for _ in range(500)]
+    with torch.no_grad():
+        got, stats = reparameterized.map(xs, stats=True)
+        mu, logvar = LATENT(torch.stack(xs)).chunk(2, -1)
+    noise = (torch.stack(got) - mu) / (0.5 * logvar).exp()
+    assert abs(noise.mean().item()) < 0.05 and abs(noise.std().item() - 1) < 0.05
+    assert len({tuple(n.tolist()) for n in noise}) == len(xs)  # nobody shares a draw
+    assert stats.batches < 20, stats.by_op  # the reading ops batch across instances
+
+
+def test_gumbel_softmax_is_one_hot_with_the_soft_gradient():
+    @acrobat.autobatch
+    def pick(x, enc=LATENT):
+        return torch.nn.functional.gumbel_softmax(enc(x), tau=0.5, hard=True)
+
+    torch.manual_seed(7)
+    xs = [torch.randn(4) for _ in range(6)]
+    got = pick.map(xs)
+    for y in got:
+        assert sorted(y.tolist()) == [0.0] * 5 + [1.0]
+    LATENT.zero_grad()
+    (torch.stack(got) * torch.arange(6.0)).sum().backward()
+    assert LATENT.weight.grad.abs().sum() > 0  # straight through: the soft values' gradient
+
+
+def test_a_random_fill_inside_a_block_is_refused():
+    noise = acrobat.block(lambda x: x + torch.empty(x.shape).normal_())
+
+    @acrobat.autobatch
+    def f(x):
+        return noise(x * 2)
+
+    with pytest.raises(acrobat.AcrobatError, match="inside a block"):
+        f.map([torch.randn(3), torch.randn(3)])
+
+
+def test_a_gaussian_policy_samples_and_scores_its_actions():
+    @acrobat.autobatch
+    def act(x, enc=LATENT):
+        mu, log_std = enc(x).chunk(2, -1)
+        d = torch.distributions.Normal(mu, log_std.exp())
+        a = d.sample()
+        return (a - mu) / log_std.exp(), d.log_prob(a).sum(), d.entropy().sum()
+
+    torch.manual_seed(8)
+    xs = [torch.randn(4) for _ in range(400)]
+    with torch.no_grad():
+        got = act.map(xs)
+    z = torch.stack([g[0] for g in got])
+    assert abs(z.mean().item()) < 0.06 and abs(z.std().item() - 1) < 0.06
+    for (zi, logp, h), x in zip(got, xs):  # log N(a; mu, sigma) from the standardized draw
+        with torch.no_grad():
+            _, log_std = LATENT(x).chunk(2, -1)
+        want = (-0.5 * zi**2 - log_std - 0.5 * math.log(2 * math.pi)).sum()
+        torch.testing.assert_close(logp, want, atol=1e-4, rtol=1e-4)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum()
+        torch.testing.assert_close(h, entropy, atol=1e-4, rtol=1e-4)
