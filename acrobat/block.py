@@ -554,7 +554,7 @@ def _flatten_out(value, leaves: list):
         return (t, [_flatten_out(v, leaves) for v in value])
     if is_namedtuple(value):  # built by field
         return (("fields", t), [_flatten_out(v, leaves) for v in value])
-    raise AcrobatError(
+    raise LazyValueError(  # (an automatic block then runs its code as written)
         f"a block returned a {t.__name__}; return tensors or (named) tuples, lists or "
         "dicts of them"
     )

@@ -225,3 +225,21 @@ def test_a_gaussian_policy_samples_and_scores_its_actions():
         torch.testing.assert_close(logp, want, atol=1e-4, rtol=1e-4)
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum()
         torch.testing.assert_close(h, entropy, atol=1e-4, rtol=1e-4)
+
+
+def test_a_run_that_builds_a_distribution_runs_as_written():
+    """Without argument checks (validate_args=False) nothing in ``h = cell(x, h); d =
+    Categorical(logits=head(h))`` reads a value, so the two lines are one run: a block
+    that would return a Categorical. The run then runs as written (before, the map
+    raised "a block returned a Categorical")."""
+
+    @acrobat.autobatch
+    def act(x, enc=LATENT):
+        h = torch.tanh(enc(x))
+        d = torch.distributions.Categorical(logits=h, validate_args=False)
+        best = int(d.logits.argmax())  # (a read: the run ends here, d lives on)
+        return d.log_prob(torch.tensor(best))
+
+    xs = [torch.randn(4) for _ in range(5)]
+    for got, x in zip(act.map(xs), xs):
+        torch.testing.assert_close(got, act.eager(x))
