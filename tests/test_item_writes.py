@@ -228,3 +228,48 @@ def assorted_writes(x):
 def test_real_indices_masks_bool_buffers_and_constant_writes(seeds):
     xs = [torch.randn(4, generator=torch.Generator().manual_seed(s)) for s in seeds]
     check_map(assorted_writes, xs)
+
+
+@st.composite
+def _writes(draw):
+    """(shape, index, value shape): a basic index of ints (negative too), slices (steps
+    too) and at most one ``...``, and a value that broadcasts to the part it writes (a
+    suffix of its shape, with a leading one, or a scalar)."""
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    entries: list = []
+    for n in shape[: draw(st.integers(1, len(shape)))]:
+        if draw(st.booleans()):
+            entries.append(draw(st.integers(-n, n - 1)))
+        else:
+            entries.append(
+                slice(
+                    draw(st.sampled_from([None, 0, 1])),
+                    draw(st.sampled_from([None, n, n - 1])),
+                    draw(st.sampled_from([None, 1, 2])),
+                )
+            )
+    if len(shape) > 1 and draw(st.booleans()):
+        entries.insert(draw(st.integers(0, len(entries))), Ellipsis)
+    index = tuple(entries) if len(entries) != 1 else entries[0]
+    part = torch.zeros(shape)[index].shape
+    kind = draw(st.sampled_from(["scalar", "suffix", "leading one", "whole"]))
+    cut = draw(st.integers(0, len(part)))
+    value = {"scalar": (), "suffix": part[cut:], "leading one": (1, *part), "whole": part}[kind]
+    return shape, index, tuple(value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(write=_writes(), batch=st.integers(1, 4))
+def test_any_basic_index_and_broadcast_value_equals_eager(write, batch):
+    from acrobat.ops import put
+
+    shape, index, value_shape = write
+
+    @acrobat.autobatch
+    def f(x, v):
+        return put(x * 1, index, v * 2)  # (x * 1: a lazy tensor the write may not alter)
+
+    xs = [torch.randn(shape) for _ in range(batch)]
+    vs = [torch.randn(value_shape) for _ in range(batch)]
+    for got, x, v in zip(f.map(xs, vs), xs, vs):
+        assert torch.equal(got, f.eager(x, v))
