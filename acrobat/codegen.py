@@ -71,6 +71,8 @@ def _emit_elementwise(e, nd, var, k):
             return None
         parts.append(src)
     for key, a in (nd.kwargs or {}).items():
+        if key == "memory_format":  # (for the instance's rank: see ops.elementwise_rule)
+            continue
         src = _operand(e, a, var, f"c{k}_{key}", out_nd)
         if src is None:
             return None

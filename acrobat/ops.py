@@ -273,7 +273,11 @@ def elementwise_rule(node, xs, n):
     args = [_align(a, it, n, out_nd) for a in node.args]
     func = BATCHED_FUNCS.get(node.func, node.func)
     if node.kwargs:
-        kwargs = {k: _align(v, it, n, out_nd) for k, v in node.kwargs.items()}
+        # (a memory format is a layout for the instance's rank, channels_last for 4 dims:
+        # the batch has one more, and its rows come out as views whatever its layout)
+        kwargs = {
+            k: _align(v, it, n, out_nd) for k, v in node.kwargs.items() if k != "memory_format"
+        }
         return (func(*args, **kwargs),)
     return (func(*args),)
 

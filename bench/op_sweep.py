@@ -44,7 +44,6 @@ RANDOM = ("rand", "normal", "uniform", "bernoulli", "multinomial", "dropout", "c
 NOT_CALLED = ("item", "__rdiv__")
 # known limitations, each with why: (op name, what the detail says) -> reason
 KNOWN = {
-    ("to", "channels_last"): "a rank-4 memory format asked of the batched rank-5 tensor",
     # (--ragged: the op inside an explicit block, which must not read values; the error
     # says so in other words for this one)
     ("masked_select", "did not receive"): "a read of the mask inside a block: refused",

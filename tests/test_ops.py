@@ -2656,3 +2656,20 @@ def test_list_arguments_changed_after_the_call_keep_their_values(name):
     xs = [torch.randn(6) for _ in range(3)]
     with torch.no_grad():
         check_map(f, xs)
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_a_memory_format_for_the_instances_rank(block):
+    """``y.to(memory_format=torch.channels_last)`` of a 4-d value: the batch is 5-d, so
+    the format (a layout, not a value) is left out of it, in a rule and in a block's
+    generated code alike (it raised "required rank 4 tensor")."""
+    conv = nn.Conv2d(3, 4, 3)
+
+    def body(x):
+        y = conv(x[None]).to(memory_format=torch.channels_last)
+        return y.contiguous(memory_format=torch.channels_last).clone(
+            memory_format=torch.preserve_format
+        ).sum((0, 2, 3))
+
+    f = acrobat.autobatch(acrobat.block(body) if block else body)
+    check_map(f, [torch.randn(3, 6, 6) for _ in range(3)], atol=1e-5)
