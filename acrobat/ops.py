@@ -1206,6 +1206,23 @@ def _special_put(func, args, kwargs):
             converted.append(i)
         elif isinstance(i, Tensor) and t is not LazyTensor and len(entries) == 1:
             converted.append(i)  # one real index (the same for every instance)
+        elif t is list and len(entries) == 1 and i and all(type(j) is int for j in i):
+            size = shape[0] if shape else 0
+            for j in i:  # (eager checks them all before it writes)
+                if not -size <= j < size:
+                    raise IndexError(
+                        f"index {j} is out of bounds for dimension 0 with size {size} "
+                        f"(instance {rt.fiber.instance}, at {user_line(4)})"
+                    )
+            converted.append(value_data(i))  # positions of this instance: data
+        elif (
+            t is LazyTensor
+            and len(entries) == 1
+            and i.ndim == 1
+            and not i.dtype.is_floating_point
+            and i.dtype != torch.bool
+        ):
+            converted.append(i)  # per-instance positions along dim 0
         elif i is Ellipsis and Ellipsis not in entries[:k]:
             converted.append(i)
             dim = len(shape) - (len(entries) - k - 1)  # (each entry after it takes a dim)
@@ -1213,8 +1230,9 @@ def _special_put(func, args, kwargs):
         else:
             raise UnsupportedOpError(
                 f"x[index] = value with the index entry {i!r} (at {user_line(4)}) cannot be "
-                "batched: use ints, slices and ..., a per-instance int scalar tensor, or one "
-                "boolean mask; or build the tensor with torch.where / torch.stack"
+                "batched: use ints, slices and ..., a per-instance int scalar tensor, a list "
+                "or tensor of positions alone, or one boolean mask; or build the tensor with "
+                "torch.where / torch.stack"
             )
         dim += 1
     if masks and (len(entries) != 1 or has_lazy(value) or (
@@ -1235,10 +1253,10 @@ def _special_put(func, args, kwargs):
     return record(PUT_INTO if into else PUT, func, (x, index, value), kwargs)
 
 
-def _aligned(V, target: Tensor) -> Tensor:
+def _aligned(V, rank: int) -> Tensor:
     """A batch of per-instance values ``V`` (n, *vs) shaped to broadcast against a batch
-    of targets shaped like ``target`` (one instance's), as eager broadcasts one value."""
-    vs, rank = V.shape[1:], target.ndim
+    of targets of ``rank`` dims each (one instance's), as eager broadcasts one value."""
+    vs = V.shape[1:]
     if len(vs) > rank:  # (leading ones, as eager strips them)
         vs = vs[len(vs) - rank :]
     return V.reshape(V.shape[0], *(1,) * (rank - len(vs)), *vs)
@@ -1262,7 +1280,12 @@ def put_rule(node, xs, n):
         X[batched[0]] = V
         return (X,)
     if len(entries) == 1 and isinstance(entries[0], Tensor) and type(entries[0]) is not LazyTensor:
-        X[:, entries[0]] = V if type(value) is not LazyTensor else _aligned(V, X[0, entries[0]])
+        rank = X[0, entries[0]].ndim
+        X[:, entries[0]] = V if type(value) is not LazyTensor else _aligned(V, rank)
+        return (X,)
+    if len(entries) == 1 and type(entries[0]) is LazyTensor and len(entries[0].shape) == 1:
+        rows = torch.arange(n, device=X.device)[:, None]  # (positions: each row its own)
+        X[rows, batched[0]] = _aligned(V, X.ndim - 1) if type(value) is LazyTensor else V
         return (X,)
     lazy = [type(i) is LazyTensor for i in entries]
     if any(lazy):
@@ -1544,6 +1567,38 @@ def _special_gumbel_softmax(func, args, kwargs):
     return one_hot - soft.detach() + soft
 
 
+def _special_pad_sequence(func, args, kwargs):
+    """``nn.utils.rnn.pad_sequence`` of an instance's own sequences (a document's
+    sentences), recorded as what it is: each padded to the longest along its first dim,
+    then stacked (their lengths are known when recorded)."""
+    bound = inspect.signature(_PAD_SEQUENCE).bind(*args, **kwargs)
+    bound.apply_defaults()
+    seqs = list(bound.arguments["sequences"])
+    first = bound.arguments["batch_first"]
+    value, side = bound.arguments["padding_value"], bound.arguments["padding_side"]
+    if side not in ("left", "right"):
+        raise ValueError(f"pad_sequence: padding_side must be 'left' or 'right', not {side!r}")
+    longest = max(t.shape[0] for t in seqs)
+    padded = []
+    for t in seqs:
+        extra = longest - t.shape[0]
+        pads = [0, 0] * (len(t.shape) - 1) + ([extra, 0] if side == "left" else [0, extra])
+        padded.append(F.pad(t, pads, value=value) if extra else t)
+    return torch.stack(padded, 0 if first else 1)
+
+
+_PAD_SEQUENCE = nn.utils.rnn.pad_sequence
+_add(
+    Op(
+        "pad_sequence",
+        vmap_rule,
+        "shape",
+        (torch._C._nn.pad_sequence,),  # (what nn.utils.rnn.pad_sequence calls)
+        special=_special_pad_sequence,
+        doc="recorded as its parts: each sequence padded to the longest, then stacked",
+        extra={"decomposes": True},
+    )
+)
 _GUMBEL_SOFTMAX = F.gumbel_softmax
 _add(
     Op(

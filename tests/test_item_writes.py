@@ -199,11 +199,11 @@ def test_an_index_out_of_range_names_the_instance_and_line():
 def test_an_index_the_batch_cannot_take_is_refused_clearly():
     @acrobat.autobatch
     def f(x):
-        out = torch.zeros(4)
-        out[[0, 2]] = x[:2]  # a list index
+        out = torch.zeros(4, 2)
+        out[None, 0] = x[:2]  # a new axis
         return out
 
-    with pytest.raises(acrobat.AcrobatError, match=r"index entry \[0, 2\]"):
+    with pytest.raises(acrobat.AcrobatError, match=r"index entry None"):
         f.map([torch.randn(3)])
 
 
@@ -273,3 +273,22 @@ def test_any_basic_index_and_broadcast_value_equals_eager(write, batch):
     vs = [torch.randn(value_shape) for _ in range(batch)]
     for got, x, v in zip(f.map(xs, vs), xs, vs):
         assert torch.equal(got, f.eager(x, v))
+
+
+@acrobat.autobatch
+def write_positions(inst):
+    x, picks = inst
+    out = torch.zeros(5, 2)
+    out[picks] = x[: len(picks)] * 2  # a list of this instance's positions
+    where = torch.tensor(picks)
+    out[where] += x.sum()  # a tensor of them
+    return out
+
+
+@given(st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=4, unique=True), min_size=1,
+                max_size=5))  # fmt: skip
+def test_writes_at_a_list_or_tensor_of_positions(picks):
+    data = [
+        (torch.randn(4, 2, generator=torch.Generator().manual_seed(len(p))), p) for p in picks
+    ]
+    check_map(write_positions, data)

@@ -493,6 +493,19 @@ add(
 add("is_all_true", case("bool", lambda x: torch._is_all_true(x > 0), x=X(RANKS), recorded=False))
 add("is_any_true", case("bool", lambda x: torch._is_any_true(x > 0), x=X(RANKS), recorded=False))
 add(
+    "pad_sequence",
+    case(  # (recorded as its parts: F.pad of each, a stack)
+        "sides and values",
+        lambda x: (
+            nn.utils.rnn.pad_sequence([x, x[:1] * 2], batch_first=True, padding_value=-1.0),
+            torch._C._nn.pad_sequence([x * 2, x[:2]], False, 0.5, "left"),
+            nn.utils.rnn.pad_sequence([x]),
+        ),
+        x=X(("a", "a b")),
+        recorded=False,
+    ),
+)
+add(
     "multinomial",
     case(  # draws differ from eager's; what they must satisfy does not
         "valid draws",

@@ -101,3 +101,23 @@ def test_child_sum_treelstm_trains_like_eager():
     examples = [(build(p), torch.randn(len(p) + 1, 5, generator=gen)) for p in shapes]
     model = ChildSumTreeLSTM(5, 4)
     check_grads(sentence_state, examples, model, model=model)
+
+
+SENTENCE = torch.nn.Linear(3, 3)
+
+
+@acrobat.autobatch
+def encode_document(doc, lin=SENTENCE):
+    """A document's sentences padded into one tensor (nn.utils.rnn.pad_sequence), pooled
+    per sentence, then over the document."""
+    padded = torch.nn.utils.rnn.pad_sequence([torch.tanh(lin(s)) for s in doc], batch_first=True)
+    return padded.max(1).values.mean(0)
+
+
+@given(st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=4), min_size=1, max_size=5))
+def test_pad_sequence_of_an_instances_own_sentences(docs):
+    g = torch.Generator().manual_seed(len(docs))
+    data = [[torch.randn(n, 3, generator=g) for n in doc] for doc in docs]
+    with torch.no_grad():
+        check_map(encode_document, data)
+    check_grads(encode_document, data, SENTENCE, atol=1e-5)
