@@ -430,7 +430,13 @@ class LazyTensor(_LazyBase):
             m = ops.generic_method(name)
             if m is not None:
                 return m.__get__(self)
-
+            if name in ("requires_grad_", "retain_grad", "register_hook"):
+                raise UnsupportedMethodError(
+                    f"x.{name}() on a per-instance value (at {user_line(2)}): gradients "
+                    "with respect to values computed inside an instance (torch.autograd.grad "
+                    "there) are not supported; pass the inputs to f.map with "
+                    "requires_grad=True and take gradients of its outputs after it returns"
+                )
             raise UnsupportedMethodError(
                 f"acrobat cannot batch Tensor.{name} on lazy tensors (at {user_line(2)}); "
                 "see acrobat.ops.TABLE for the supported ops, compute it on real tensors "

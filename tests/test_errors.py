@@ -281,3 +281,19 @@ def test_in_place_write_into_a_shared_constant_is_an_error():
     got = g.map(check_map_pairs, [0, 1, 2])
     for out, x, i in zip(got, check_map_pairs, [0, 1, 2]):
         torch.testing.assert_close(out, g.eager(x, i))
+
+
+def test_gradients_inside_an_instance_say_how_to_take_them():
+    @acrobat.autobatch
+    def f(x):
+        x = x.clone().requires_grad_()
+        return torch.autograd.grad((x * x).sum(), x)[0]
+
+    with pytest.raises(acrobat.UnsupportedOpError, match="take gradients of its outputs"):
+        f.map([torch.randn(3), torch.randn(3)])
+    # the way it says: inputs that require grad, gradients of the map's outputs
+    g = acrobat.autobatch(lambda x: (x * x).sum())
+    xs = [torch.randn(3, requires_grad=True) for _ in range(3)]
+    grads = torch.autograd.grad(torch.stack(g.map(xs)).sum(), xs)
+    for x, grad in zip(xs, grads):
+        torch.testing.assert_close(grad, 2 * x.detach())
