@@ -46,7 +46,6 @@ from acrobat.ops import (
 )
 from acrobat.scheduler import describe, lower_bound, relevel, schedule
 
-_IMPURE = {"rand_like", "dropout", "multinomial", "bernoulli", "normal"}
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson",
            *graph._RANDOM_FILLS}  # fmt: skip
 
@@ -86,7 +85,7 @@ class RecordMode(TorchFunctionMode):
                     torch._C._pop_torch_function_stack()
             if lazy:
                 return record(op, func, args, kwargs)
-            if op.name in _IMPURE:
+            if op.name in graph.IMPURE_OPS:  # a draw: each call its own
                 return func(*args, **kwargs)
             return hoist(func, args, kwargs)
         if func in HOISTED_FACTORIES or func in HOISTED_GETTERS:

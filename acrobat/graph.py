@@ -861,9 +861,7 @@ def construct(rt, func, args, kwargs):
         key += freeze_kwargs(kwargs, inputs)
     except (AcrobatError, TypeError):
         return func(*args, **kwargs)
-    if rt.hoisted.get(made) is target:
-        del rt.hoisted[made]  # the next instance that makes it gets a new one
-    rt.factory_keys.pop(id(target), None)  # (a trace keys it by identity from now on)
+    _leave_cache(rt, target, made)
     out = func(*args, **kwargs)
     rt.built[id(target)] = target._version
     rt.hoist_keepalive.append(args)
@@ -895,15 +893,21 @@ def _draw(rt, func, args, kwargs, made):
     from acrobat.ops import INPUT  # (ops imports this module)
 
     target = args[0]
-    if rt.hoisted.get(made) is target:
-        del rt.hoisted[made]
-    rt.factory_keys.pop(id(target), None)
+    _leave_cache(rt, target, made)
     func(*args, **kwargs)
     rt.built[id(target)] = _OWN
     rt.hoist_keepalive.append(args)
     with torch._C.DisableTorchFunction():
         shape, dtype, device = target.shape, target.dtype, target.device
     return record_data(INPUT, (INPUT, shape, dtype, device), target, shape, dtype)
+
+
+def _leave_cache(rt, target, made) -> None:
+    """The constant ``target`` (made as ``made`` says) becomes the writing instance's own:
+    the next instance that makes it gets a new one, and a trace keys it by identity."""
+    if rt.hoisted.get(made) is target:
+        del rt.hoisted[made]
+    rt.factory_keys.pop(id(target), None)
 
 
 def check_hoisted(rt) -> None:

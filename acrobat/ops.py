@@ -1026,13 +1026,13 @@ def _slices_key(idx: tuple) -> tuple:
     return tuple((i.start, i.stop, i.step) for i in idx)
 
 
-def _check_index(rt, index: int, size: int) -> None:
-    """Raise eager's IndexError for a Python int out of a dimension 0 of ``size``, naming
-    the instance and the user's line."""
+def _check_index(rt, index: int, size: int, dim: int = 0) -> None:
+    """Raise eager's IndexError for a Python int out of dimension ``dim`` of ``size``,
+    naming the instance and the user's line."""
     if not -size <= index < size:
         inst = rt.fiber.instance if rt.fiber is not None else None
         raise IndexError(
-            f"index {index} is out of bounds for dimension 0 with size {size} "
+            f"index {index} is out of bounds for dimension {dim} with size {size} "
             f"(instance {inst}, at {user_line(3)})"
         )
 
@@ -1188,12 +1188,7 @@ def _special_put(func, args, kwargs):
     for k, i in enumerate(entries):
         t = type(i)
         if t is int:
-            size = shape[dim] if dim < len(shape) else 0
-            if dim >= len(shape) or not -size <= i < size:
-                raise IndexError(
-                    f"index {i} is out of bounds for dimension {dim} with size {size} "
-                    f"(instance {rt.fiber.instance}, at {user_line(4)})"
-                )
+            _check_index(rt, i, shape[dim] if dim < len(shape) else 0, dim)
             converted.append(scalar_data(i))
             ints += 1
         elif t is LazyTensor and i.dtype == torch.bool:
@@ -1207,13 +1202,8 @@ def _special_put(func, args, kwargs):
         elif isinstance(i, Tensor) and t is not LazyTensor and len(entries) == 1:
             converted.append(i)  # one real index (the same for every instance)
         elif t is list and len(entries) == 1 and i and all(type(j) is int for j in i):
-            size = shape[0] if shape else 0
             for j in i:  # (eager checks them all before it writes)
-                if not -size <= j < size:
-                    raise IndexError(
-                        f"index {j} is out of bounds for dimension 0 with size {size} "
-                        f"(instance {rt.fiber.instance}, at {user_line(4)})"
-                    )
+                _check_index(rt, j, shape[0] if shape else 0)
             converted.append(value_data(i))  # positions of this instance: data
         elif (
             t is LazyTensor
@@ -1294,14 +1284,10 @@ def put_rule(node, xs, n):
     else:
         bidx = (slice(None), *batched)
     rank = X.ndim - 1 - sum(lazy) - sum(type(i) is int for i in entries)
-    if isinstance(V, Tensor):
-        if type(value) is LazyTensor:
-            vs = V.shape[1:]
-            if len(vs) > rank:  # (leading ones, as eager strips them)
-                vs = vs[len(vs) - rank :]
-            V = V.reshape(n, *(1,) * (rank - len(vs)), *vs)
-        elif V.ndim > rank:
-            V = V.reshape(V.shape[V.ndim - rank :])
+    if type(value) is LazyTensor:
+        V = _aligned(V, rank)
+    elif isinstance(V, Tensor) and V.ndim > rank:  # (leading ones, as eager strips them)
+        V = V.reshape(V.shape[V.ndim - rank :])
     X[bidx] = V
     return (X,)
 
@@ -1512,15 +1498,6 @@ def bernoulli_rule(node, xs, n):
     return (torch.bernoulli(xs[0], *node.args[1:], **node.kwargs),)
 
 
-_add(
-    Op(
-        "multinomial",
-        multinomial_rule,
-        "shape",
-        (torch.multinomial, T.multinomial),
-        doc="samples of each instance's categorical rows (a sampling decoder's next token)",
-    )
-)
 def normal_rule(node, xs, n):
     """``torch.normal(mean, std)`` of a batch, a tensor mean or std per instance (or
     shared): one draw per entry (``Normal(mu, sigma).sample()``)."""
@@ -1531,24 +1508,17 @@ def normal_rule(node, xs, n):
     return (torch.normal(mean, std, *node.args[2:], **node.kwargs),)
 
 
-_add(
-    Op(
-        "normal",
-        normal_rule,
-        "elementwise",
-        (torch.normal,),
-        doc="a normal draw per entry of a per-instance mean or standard deviation",
-    )
-)
-_add(
-    Op(
-        "bernoulli",
-        bernoulli_rule,
-        "elementwise",
-        (torch.bernoulli, T.bernoulli),
-        doc="a 0/1 draw per entry of per-instance probabilities",
-    )
-)
+for _name, _rule, _kind, _aliases, _doc in (
+    ("multinomial", multinomial_rule, "shape", (torch.multinomial, T.multinomial),
+     "samples of each instance's categorical rows (a sampling decoder's next token)"),
+    ("normal", normal_rule, "elementwise", (torch.normal,),
+     "a normal draw per entry of a per-instance mean or standard deviation"),
+    ("bernoulli", bernoulli_rule, "elementwise", (torch.bernoulli, T.bernoulli),
+     "a 0/1 draw per entry of per-instance probabilities"),
+):  # fmt: skip
+    _add(Op(_name, _rule, _kind, _aliases, doc=_doc))
+
+
 def _special_gumbel_softmax(func, args, kwargs):
     """``F.gumbel_softmax``, recorded as the ops it is made of (Jang et al., 2017): Gumbel
     noise drawn per instance (``-log`` of exponential draws into a new tensor:
@@ -2862,7 +2832,7 @@ def _install_in_place():
 
 
 _install_in_place()
-LazyTensor.__setitem__ = _lazy_setitem  # type: ignore[method-assign,assignment]
+LazyTensor.__setitem__ = _lazy_setitem  # type: ignore[index]  # x[i] = v: special_setitem
 
 
 def supported_names() -> list[str]:

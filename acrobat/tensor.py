@@ -466,5 +466,5 @@ class LazyTensor(_LazyBase):
             "tensor instead (torch.cat, torch.where, torch.zeros_like)."
         )
 
-    __imatmul__ = __setitem__ = _inplace  # (__setitem__: replaced by acrobat.ops)
+    __imatmul__ = _inplace
     copy_ = zero_ = fill_ = _inplace
