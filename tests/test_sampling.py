@@ -243,3 +243,25 @@ def test_a_run_that_builds_a_distribution_runs_as_written():
     xs = [torch.randn(4) for _ in range(5)]
     for got, x in zip(act.map(xs), xs):
         torch.testing.assert_close(got, act.eager(x))
+
+
+def test_a_sample_of_the_wrong_shape_raises_as_eager():
+    """The lazy-aware sample check keeps eager's shape checks: the event size (a one-hot
+    of 4 against 3 categories) and the batch shape (3 values against a batch of 2)."""
+
+    @acrobat.autobatch
+    def wrong_event(x, enc=LATENT):
+        d = torch.distributions.OneHotCategorical(logits=enc(x)[:3])
+        return d.log_prob(torch.cat([x, x])[:4] * 0)
+
+    @acrobat.autobatch
+    def wrong_batch(x, enc=LATENT):
+        d = torch.distributions.Categorical(logits=enc(x).reshape(2, 3))
+        return d.log_prob(x[:3].long() * 0)
+
+    xs = [torch.randn(4), torch.randn(4)]
+    for f, message in ((wrong_event, "right-most size"), (wrong_batch, "not broadcastable")):
+        with pytest.raises(ValueError, match=message):
+            f.eager(xs[0])
+        with pytest.raises(ValueError, match=message):
+            f.map(xs)
