@@ -72,7 +72,9 @@ def check_grads(f, inputs, module, atol=1e-6, rtol=1e-5, **shared):
     want = {k: p.grad for k, p in module.named_parameters() if p.grad is not None}
     assert got.keys() == want.keys()
     for k in want:
-        torch.testing.assert_close(got[k], want[k], atol=atol, rtol=rtol, msg=k)
+        torch.testing.assert_close(
+            got[k], want[k], atol=atol, rtol=rtol, msg=lambda m, k=k: f"{k}: {m}"
+        )
     return stats
 
 
