@@ -1569,7 +1569,7 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
  * per call */
 static PyObject *torch_mod;     /* torch: its tensor, likewise */
 static PyObject *s_tensor_args, *s_code_like, *s_hits, *s_region_call, *s_region_block,
-    *s_value_data, *s_tensor;
+    *s_value_data, *s_tensor, *s_index_args;
 
 /* ops.value_data for the common run arguments, in C: an int (a deferred scalar), a
  * float, a non-empty flat list or tuple of ints or of floats (a mask, a few ids). NULL
@@ -1630,7 +1630,7 @@ static PyObject *setup_values(PyObject *mod, PyObject *args) {
 
 static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     PyObject *rt = NULL, *fiber = NULL, *targs = NULL, *known = NULL, *newargs = NULL,
-             *blk = NULL, *out = NULL, *v = NULL;
+             *blk = NULL, *out = NULL, *v = NULL, *iargs = NULL;
     int python = 1;
     if (miss == NULL || analysis_mod == NULL || (kw != NULL && PyDict_GET_SIZE(kw) != 0))
         goto done;
@@ -1642,18 +1642,28 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     known = SLOT_GET(self, s_code_like);
     if (known == NULL || !PyDict_Check(known)) goto done;
     Py_ssize_t n = PyTuple_GET_SIZE(args), nt = PyTuple_GET_SIZE(targs);
-    char made[64];
+    char made[64], index[64];
     if (n > 64) goto done;
     memset(made, 0, (size_t)n);
+    memset(index, 0, (size_t)n);
     for (Py_ssize_t j = 0; j < nt; j++) {
         Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(targs, j));
         if (i == -1 && PyErr_Occurred()) goto done;
         if (i < 0 || i >= n) goto done;
         made[i] = 1;
     }
+    /* parameters read only as an index (analysis._index_only): an int there is made a
+     * data node (RegionBlock._indices) once the call is a block call */
+    iargs = SLOT_GET(self, s_index_args);
+    if (iargs == NULL || !PyTuple_Check(iargs)) goto done;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(iargs); j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(iargs, j));
+        if (i == -1 && PyErr_Occurred()) goto done;
+        if (i >= 0 && i < n && Py_TYPE(PyTuple_GET_ITEM(args, i)) == &PyLong_Type) index[i] = 1;
+    }
     int lazy = nt > 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (made[i]) continue;
+        if (made[i] || index[i]) continue;
         PyObject *a = PyTuple_GET_ITEM(args, i);
         PyTypeObject *tp = Py_TYPE(a);
         if (tp == lazy_cls) {
@@ -1673,6 +1683,19 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     if (newargs == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(args, i), *x;
+        if (index[i]) {  /* as RegionBlock._indices: scalar_data(a), deferred */
+            x = value_data_fast(rt, a);
+            if (x == NULL && PyErr_Occurred()) goto done;
+            if (x == NULL) {
+                PyObject *f = PyObject_GetAttr(analysis_mod, s_scalar_data);
+                if (f == NULL) goto done;
+                x = PyObject_CallOneArg(f, a);
+                Py_DECREF(f);
+                if (x == NULL) goto done;
+            }
+            PyTuple_SET_ITEM(newargs, i, x);
+            continue;
+        }
         if (made[i]) {  /* as RegionBlock._tensors: value_data(a), else torch.tensor(a) */
             x = value_data_fast(rt, a);
             if (x == NULL && PyErr_Occurred()) goto done;
@@ -1719,6 +1742,7 @@ done:
     Py_XDECREF(fiber);
     Py_XDECREF(rt);
     Py_XDECREF(targs);
+    Py_XDECREF(iargs);
     Py_XDECREF(known);
     Py_XDECREF(newargs);
     Py_XDECREF(blk);
@@ -3479,6 +3503,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_block, "block");
     INTERN(s_call, "_call");
     INTERN(s_tensor_args, "tensor_args");
+    INTERN(s_index_args, "index_args");
     INTERN(s_code_like, "code_like");
     INTERN(s_hits, "hits");
     INTERN(s_region_call, "_region_call");

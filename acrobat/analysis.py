@@ -873,6 +873,7 @@ _SIZE_FACTORIES = {"zeros", "ones"}  # torch.<name>(size) with one positional si
 ITEM_WRITES = True
 _PUT_PLACEHOLDER = -_REGION_BASE * 3
 _SLICE_PLACEHOLDER = -_REGION_BASE * 4  # the builtin slice, whatever the module calls it
+_WRITE_PLACEHOLDERS = (_PUT_PLACEHOLDER, _SLICE_PLACEHOLDER)
 
 
 class Outlined:
@@ -913,10 +914,17 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
     call in Python."""
 
     def __init__(
-        self, fn: types.FunctionType, tensor_args: tuple[int, ...] = (), stacked: tuple = ()
+        self,
+        fn: types.FunctionType,
+        tensor_args: tuple[int, ...] = (),
+        stacked: tuple = (),
+        index_args: tuple[int, ...] = (),
     ):
         super().__init__(fn)
         self.hits = 0
+        # parameters read only as an index: a Python int there is made a per-instance
+        # data node when the run is a block call (one trace for all ints)
+        self.index_args = index_args
         # parameters the run reads only as torch.stack(p): a list there is an argument
         # (keyed by its length; acrobat/padding.py pads the lengths into one batch)
         self.stacked = stacked
@@ -961,7 +969,17 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
                 self.disabled = True  # never per-instance work: skip the check from now on
             return self.impl(*args)
         self.hits += 1
+        if self.index_args:
+            args = self._indices(args)
         return self._region_block(*args)
+
+    def _indices(self, args: tuple) -> tuple:
+        """``args`` with the Python ints at ``index_args`` made per-instance data nodes."""
+        out = list(args)
+        for i in self.index_args:
+            if i < len(out) and type(out[i]) is int:
+                out[i] = scalar_data(out[i], deferred=True)
+        return tuple(out)
 
     def _region_block(self, *args):
         """The block call of a hit (arguments converted, counted)."""
@@ -1244,11 +1262,12 @@ def _outline(fn) -> Outlined | None:
         return None  # the source is not what runs (edited since import)
     imports, flags = context
     owned = _owned_tensors(node, set(code.co_varnames)) if ITEM_WRITES else set()
+    # (before the runs are found: a rewritten write, x = put_item(v, x, i), may join one)
+    writes = _rewrite_item_writes(node, owned) if owned else 0
     rewriter = _Rewriter(fn, set(code.co_varnames) - _comprehension_only(node))
     rewriter.rewrite(node)
     lookups = _rewrite_lookups(node) if LOOKUP_CALLS or FACTORY_CALLS else 0
     checks = _rewrite_type_checks(node) if TYPE_CHECKS else 0
-    writes = _rewrite_item_writes(node, owned) if owned else 0
     if not rewriter.regions and not lookups and not checks and not writes:
         return None
     body = [*imports, node, *(r.definition for r in rewriter.regions)]
@@ -1265,7 +1284,8 @@ def _outline(fn) -> Outlined | None:
     for r in rewriter.regions:
         lines = f"line {r.first}" if r.first == r.last else f"lines {r.first}-{r.last}"
         where = f"{fn.__name__} ({code.co_filename.rsplit('/', 1)[-1]}, {lines})"
-        region_fn = types.FunctionType(codes[r.name], fn.__globals__, where)
+        region_code = _dispatched(codes[r.name], dispatchers)  # (its writes' put_item)
+        region_fn = types.FunctionType(region_code, fn.__globals__, where)
         region_fn.__qualname__ = where  # names the block op: errors and stats say where
         dispatcher: object
         if r.carried or r.appends:
@@ -1273,7 +1293,7 @@ def _outline(fn) -> Outlined | None:
                 region_fn, r.carried, r.appends, r.sequences, r.reverse, r.values
             )
         else:
-            dispatcher = RegionBlock(region_fn, r.tensor_args, r.stacked)
+            dispatcher = RegionBlock(region_fn, r.tensor_args, r.stacked, r.index_args)
         dispatchers[r.placeholder] = dispatcher
         regions.append(dispatcher)
     main = _dispatched(codes[node.name], dispatchers)
@@ -1791,6 +1811,7 @@ class _Region:
         self.sequences = 0  # elements per step: 0 (counted), 1, or zip's sequences
         self.values: tuple[int, ...] = ()  # sequences of numbers the body reads as tensors
         self.tensor_args: tuple[int, ...] = ()  # parameters the call passes x of torch.tensor(x)
+        self.index_args: tuple[int, ...] = ()  # parameters read only as an index (_index_only)
         self.stacked = tuple(i for i, p in enumerate(params) if _only_stacked(p, stmts))
         self.name = f"_acrobat_region_{k}"
         self.placeholder = _REGION_BASE * (k + 3)
@@ -1816,6 +1837,35 @@ class _Region:
             ),
         )
         self.call = _located(call, stmts[0], stmts[-1])
+
+
+def _index_only(stmts: list, names: list) -> tuple[int, ...]:
+    """Positions of the parameters ``names`` that ``stmts`` read only as an index: the
+    position of a rewritten write (``put_item(v, x, i)``) or the whole index of a load
+    ``x[i]``. A Python int passed there becomes a per-instance data node at the call
+    (RegionBlock): one trace for every int (a pointer network's chosen row, a step's
+    slot in a buffer) where the int would key a trace per value."""
+    uses: dict = {}
+    index_uses: dict = {}
+    for stmt in stmts:
+        for sub in ast.walk(stmt):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                uses[sub.id] = uses.get(sub.id, 0) + 1
+            index = None
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Constant)
+                and sub.func.value == _PUT_PLACEHOLDER
+                and len(sub.args) == 3
+            ):
+                index = sub.args[2]
+            elif isinstance(sub, ast.Subscript) and isinstance(sub.ctx, ast.Load):
+                index = sub.slice
+            if isinstance(index, ast.Name):
+                index_uses[index.id] = index_uses.get(index.id, 0) + 1
+    return tuple(
+        k for k, p in enumerate(names) if index_uses.get(p) and index_uses[p] == uses.get(p)
+    )
 
 
 def _only_stacked(name: str, stmts: list) -> bool:
@@ -2285,6 +2335,7 @@ class _Rewriter:
             assigned = live or assigned[-1:]  # (a run nothing reads still runs: its errors)
         region = _Region(len(self.regions), run, names, values, assigned)
         region.tensor_args = made
+        region.index_args = _index_only(run, names)
         self.regions.append(region)
         return [region.call]
 
@@ -2325,7 +2376,15 @@ class _Rewriter:
                 return -1
             if isinstance(sub, ast.Call):
                 f = sub.func
-                if isinstance(f, ast.Name) and f.id in _DEMANDS and f.id not in self.local:
+                if isinstance(f, ast.Constant) and f.value in _WRITE_PLACEHOLDERS:
+                    ops += f.value == _PUT_PLACEHOLDER  # (a rewritten x[i] = v: one op)
+                    continue
+                if (
+                    isinstance(f, ast.Name)
+                    and f.id in _DEMANDS
+                    and f.id not in self.local
+                    and not all(isinstance(a, ast.Constant) for a in sub.args)
+                ):  # (float("-inf") reads no value)
                     return -1
                 if isinstance(f, ast.Attribute) and f.attr in _DEMAND_METHODS:
                     return -1

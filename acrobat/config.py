@@ -241,6 +241,15 @@ MAP_CHOICE: bool = bool(_env_int("ACROBAT_MAP_CHOICE", 1))
 #: one batch per part count. Read at every call.
 RAGGED: bool = bool(_env_int("ACROBAT_RAGGED", 1))
 
+#: Op-by-op work over per-instance values whose leading size differs from instance to
+#: instance (a pointer network's scores over its own tokens) batches across the sizes:
+#: ``x[i]`` (a row of each instance's x: one concatenation of all of them, one index) and
+#: whole reductions ``x.max()`` / ``x.sum()`` / ``x.argmax()`` ... (the values padded with
+#: the reduction's neutral element, reduced along one dim): their signatures leave the
+#: leading size (the pick) or the whole shape (the reduction) out. Off: a batch per
+#: shape. Read at every call.
+RAGGED_ROWS: bool = bool(_env_int("ACROBAT_RAGGED_ROWS", 1))
+
 #: ``x[i]`` of a lazy tensor with a Python int ``i`` that differs from instance to instance
 #: (the score of the chosen token, ``logp[tok]``; a label's log-probability) batches
 #: across the ints: the int is left out of the op's signature and a batch picks each

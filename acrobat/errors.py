@@ -70,6 +70,10 @@ class ShapeError(AcrobatError, ValueError):
     """An op's operands do not fit together (raised at record time)."""
 
 
+class InstanceIndexError(AcrobatError, IndexError):
+    """An index out of range in one instance's batched work (the instance named)."""
+
+
 class LazyValueError(AcrobatError):
     """A lazy tensor was used where its value cannot be produced (escaped its map, inside a
     block, or a demand that can never be satisfied)."""

@@ -17,10 +17,22 @@ from array import array
 import torch
 
 from acrobat import config, padding
-from acrobat.errors import AcrobatError, UnsupportedOpError
+from acrobat.errors import AcrobatError, InstanceIndexError, UnsupportedOpError
 from acrobat.fusion import reads_in_place
-from acrobat.graph import grad_tag
-from acrobat.ops import DATA_OPS, PICK, ROW_VIEWS, TAKE, TENSOR, picks, reshape_rule
+from acrobat.graph import LazyTensor, grad_tag
+from acrobat.ops import (
+    DATA_OPS,
+    PICK,
+    ROW_VIEWS,
+    TAKE,
+    TENSOR,
+    picks,
+    ragged_picks,
+    ragged_put_rule,
+    reshape_rule,
+    whole_rows,
+    whole_rule,
+)
 from acrobat.rows import rows_of
 from acrobat.scan import looping
 from acrobat.tensor import _native, index_array, index_tensor
@@ -65,7 +77,7 @@ def constant(rt, value: torch.Tensor):
     hit = rt.constants.get(id(value))
     if hit is not None:  # every instance after the first
         return hit
-    from acrobat.graph import Info, LazyTensor, Node
+    from acrobat.graph import Info, Node
     from acrobat.ops import INPUT
 
     with torch._C.DisableTorchFunction():  # (attribute reads dispatch to the mode)
@@ -395,13 +407,32 @@ def run_batch(nodes: list, stats) -> None:
     elif op.kind == "ragged":
         _run_ragged(nodes, n, stats, t0)
         return
+    elif op.kind == "ragged_put":
+        _run_ragged_put(nodes, n, stats, t0)
+        return
     elif op.kind == "sequences":
         _run_sequences(nodes, n, stats, t0)
         return
     elif op is PICK:  # x[i], each node its own int i
-        x = gather([nd.inputs[0] for nd in nodes], n, stats, (op, 0))
-        t1 = time.perf_counter()
-        outs = (picks(nodes, x),)
+        column = [nd.inputs[0] for nd in nodes]
+        if _same_shapes(column):
+            x = gather(column, n, stats, (op, 0))
+            t1 = time.perf_counter()
+            outs = (picks(nodes, x),)
+        else:  # (config.RAGGED_ROWS: values of different leading sizes)
+            values = _values(column)
+            t1 = time.perf_counter()
+            outs = (ragged_picks(nodes, values),)
+    elif op.kind == "whole":  # x.max() ... of values of any shapes (ops._special_whole)
+        column = [nd.inputs[0] for nd in nodes]
+        if _same_shapes(column):
+            x = gather(column, n, stats, (op, 0))
+            t1 = time.perf_counter()
+            outs = (whole_rows(op.name, x.reshape(n, -1)),)
+        else:
+            values = _values(column)
+            t1 = time.perf_counter()
+            outs = (whole_rule(nodes, values),)
     elif op.extra.get("lookup") and _lookup_in_place(nodes, op.extra["lookup"], stats, t0):
         return
     else:
@@ -425,6 +456,16 @@ def run_batch(nodes: list, stats) -> None:
         _run_operands(nodes, n, stats, t0)
         return
     _finish_batch(nodes, outs, n, stats, t0, t1)
+
+
+def _same_shapes(column: list) -> bool:
+    key = column[0].key
+    return all(t.key == key for t in column)
+
+
+def _values(column: list) -> list:
+    """Each computed LazyTensor's own value (a row of its producer's batch output)."""
+    return [t.node.outs[t.idx][t.node.row] for t in column]
 
 
 def _run_padded(nodes: list, stats) -> bool:
@@ -833,6 +874,31 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     _account(nodes, n, stats, t0, t1)
 
 
+def _run_ragged_put(nodes: list, n: int, stats, t0: float) -> None:
+    """``x[i] = v`` (ops._ragged_put): where the x's differ in size, one write into a copy
+    of all of them (ops.ragged_put_rule), each node's result its own view (a batch of one
+    to its consumers' gathers); where they are of one size, put_rule's batch as usual."""
+    column = [nd.inputs[0] for nd in nodes]
+    if _same_shapes(column):
+        _run_operands(nodes, n, stats, t0)
+        return
+    xs = _values(column)
+    index = gather([nd.inputs[1] for nd in nodes], n, stats)
+    value = nodes[0].args[2]
+    lazy = type(value) is LazyTensor
+    V = gather([nd.inputs[2] for nd in nodes], n, stats) if lazy else value
+    t1 = time.perf_counter()
+    outs = ragged_put_rule(xs, index, V, lazy)
+    if outs is None:  # an index out of its instance's range: torch's error, named
+        _explain_failure(nodes, IndexError("x[i] = v: an index out of range"))
+        raise AcrobatError("x[i] = v: an index out of range, but no instance alone failed")
+    for nd, out in zip(nodes, outs):
+        nd.outs = (out,)
+        nd.row = 0
+        nd.slot = next(_batches) << _BATCH_SHIFT
+    _account(nodes, n, stats, t0, t1)
+
+
 def _run_sequences(nodes: list, n: int, stats, t0: float) -> None:
     """Sequence modules over per-instance sequences of any lengths (ops.sequences_rule):
     one packed call; each node's results are its own (a batch of one to its consumers)."""
@@ -1016,7 +1082,8 @@ def _explain_failure(nodes: list, exc: Exception, alone=None) -> None:
         except Exception as own:
             where = nd.op.extra.get("where")
             name = f"{nd.op.name} in {where}" if where else nd.op.name
-            raise AcrobatError(f"{name} failed for instance {nd.instance}: {own}") from own
+            error = InstanceIndexError if isinstance(own, IndexError) else AcrobatError
+            raise error(f"{name} failed for instance {nd.instance}: {own}") from own
     n0 = nodes[0]
     if ".item()" in str(exc) and any(
         t.shape == () and not t.dtype.is_floating_point for t in n0.inputs

@@ -1090,7 +1090,9 @@ def _pick(rt, func, base, index: int):
     picks of every instance batch whatever their ints (config.INT_PICKS); the int is
     checked here, as eager checks it, and the batch reads each node's (executor)."""
     _check_index(rt, index, base.shape[0])
-    sig = (PICK, base.key)
+    # (RAGGED_ROWS: the rows' shape, not the leading size: picks from values of every
+    # size batch together, executor._ragged_picks)
+    sig = (PICK, (base.shape[1:], base.dtype)) if config.RAGGED_ROWS else (PICK, base.key)
     info = rt.sig_info.get(sig)
     if info is None:
         info = rt.sig_info[sig] = graph.infer(PICK, func, (base, 0), {}, rt)
@@ -1101,6 +1103,19 @@ def _pick(rt, func, base, index: int):
 def pick_rule(node, xs, n):
     """A batch of picks that share one int (executor._run_pick batches the others)."""
     return (xs[0][:, node.args[1]],)
+
+
+def ragged_picks(nodes: list, values: list) -> Tensor:
+    """Row ``k`` of node ``k``'s own value (``values``, of any leading sizes): one
+    concatenation of all of them, one lookup at each one's offset + its int."""
+    positions = []
+    offset = 0
+    for nd, v in zip(nodes, values):
+        size = v.shape[0]
+        positions.append(offset + nd.args[1] % size)
+        offset += size
+    x = torch.cat(values)
+    return x.index_select(0, index_tensor(positions, x.device))
 
 
 def picks(nodes: list, x: Tensor) -> Tensor:
@@ -1149,6 +1164,13 @@ def _put(x, index, value):
     return y
 
 
+def _real_put(x, index, value):
+    """``_put`` of real tensors only, torch's own (a hoisted write: its copy is the result,
+    not a tensor the instance made and then wrote into)."""
+    with torch._C.DisableTorchFunction():
+        return _put(x, index, value)
+
+
 def put(x, index, value):
     """``x[index] = value`` as written by analysis for a local ``x`` the function owns:
     ``x = put(x, index, value)``. Outside a map (or on real tensors only, where the write
@@ -1165,7 +1187,7 @@ def put(x, index, value):
         entries = index if type(index) is tuple else (index,)
         if rt.tracer is not None or not any(type(i) is int for i in entries):
             # a write the same for every instance that makes it: hoisted, one result
-            return graph.hoist(_put, (x, index, value), {})
+            return graph.hoist(_real_put, (x, index, value), {})
     return _special_put(_put, (x, index, value), {})
 
 
@@ -1179,8 +1201,7 @@ def _special_put(func, args, kwargs):
     """Record ``x[index] = value`` out of place (see the section comment)."""
     x, index, value = args
     rt = graph.RT
-    if rt.tracer is not None:  # in a block's trace: the index is part of its signature
-        return record(PUT, func, args, kwargs)
+    tracing = rt.tracer is not None  # in a block's trace: the ints are part of its signature
     entries = index if type(index) is tuple else (index,)
     shape = x.shape
     converted = []
@@ -1188,8 +1209,9 @@ def _special_put(func, args, kwargs):
     for k, i in enumerate(entries):
         t = type(i)
         if t is int:
-            _check_index(rt, i, shape[dim] if dim < len(shape) else 0, dim)
-            converted.append(scalar_data(i))
+            if not tracing:
+                _check_index(rt, i, shape[dim] if dim < len(shape) else 0, dim)
+            converted.append(i if tracing else scalar_data(i))
             ints += 1
         elif t is LazyTensor and i.dtype == torch.bool:
             masks += 1
@@ -1202,6 +1224,9 @@ def _special_put(func, args, kwargs):
         elif isinstance(i, Tensor) and t is not LazyTensor and len(entries) == 1:
             converted.append(i)  # one real index (the same for every instance)
         elif t is list and len(entries) == 1 and i and all(type(j) is int for j in i):
+            if tracing:
+                converted.append(i)
+                continue
             for j in i:  # (eager checks them all before it writes)
                 _check_index(rt, j, shape[0] if shape else 0)
             converted.append(value_data(i))  # positions of this instance: data
@@ -1232,15 +1257,59 @@ def _special_put(func, args, kwargs):
             f"x[mask] = value (at {user_line(4)}) is batched for one boolean mask and one "
             "value for all its entries; write torch.where(mask, value, x)"
         )
+    if tracing:
+        return record(PUT, func, args, kwargs)
     index = tuple(converted) if type(index) is tuple else converted[0]
     node = x.node if type(x) is LazyTensor else None
     into = (
         node is not None
-        and (node.op is PUT or node.op is PUT_INTO)
+        and (node.op is PUT or node.op is PUT_INTO or node.op is RAGGED_PUT)
         and not node.used
         and id(node.outs) not in rt.shared
     )
+    if (
+        not into
+        and config.RAGGED_ROWS
+        and node is not None
+        and type(index) is LazyTensor
+        and index.ndim == 0
+        and not kwargs
+    ):
+        return _ragged_put(rt, func, x, index, value)
     return record(PUT_INTO if into else PUT, func, (x, index, value), kwargs)
+
+
+def _ragged_put(rt, func, x, index, value):
+    """``x[i] = value`` at one per-instance int ``i`` of dim 0, recorded with a signature
+    that leaves out x's leading size (RAGGED_ROWS): the writes into values of every size
+    batch together (executor._run_ragged_put); each result is the node's own."""
+    inputs = [x, index]
+    v = graph.freeze(value, inputs)
+    sig = (RAGGED_PUT, func, (x.shape[1:], x.dtype), index.key, v)
+    key = (sig, x.shape)
+    info = rt.sig_info.get(key)
+    if info is None:  # (its shape and dtype: x's; meta checks the value broadcasts)
+        info = rt.sig_info[key] = graph.infer(PUT, func, (x, index, value), {}, rt)
+    node = graph.add_node(rt, RAGGED_PUT, func, (x, index, value), {}, inputs, info, sig)
+    return graph.wrap_outputs(node, info)
+
+
+def ragged_put_rule(xs: list, index: Tensor, V, lazy: bool) -> list | None:
+    """Writes into per-node values ``xs`` (leading sizes differ) at the per-node ints
+    ``index`` (n,), of ``V`` (the gathered values where ``lazy``, else one real value):
+    one concatenated copy of all of them written at each one's offset + its int; the
+    results are views of it, one per node with a leading dim of one. None where an index
+    is out of its own value's range (the caller runs each node alone: torch's error)."""
+    sizes = [x.shape[0] for x in xs]
+    size = torch.tensor(sizes, device=index.device)
+    if bool(((index < -size) | (index >= size)).any()):
+        return None
+    X = torch.cat(xs)
+    at = size.cumsum(0) - size + torch.where(index < 0, index + size, index)
+    X[at] = _aligned(V, X.ndim - 1) if lazy else V
+    return list(X.unsqueeze(0).split_with_sizes(sizes, 1))
+
+
 
 
 def _aligned(V, rank: int) -> Tensor:
@@ -1278,6 +1347,8 @@ def put_rule(node, xs, n):
         X[rows, batched[0]] = _aligned(V, X.ndim - 1) if type(value) is LazyTensor else V
         return (X,)
     lazy = [type(i) is LazyTensor for i in entries]
+    if n == 1 and not any(e is Ellipsis for e in entries):  # (the executor's rerun of one instance)
+        _put_bounds(X, entries, batched)
     if any(lazy):
         rows = torch.arange(n, device=X.device)
         bidx = (rows, *batched)
@@ -1290,6 +1361,20 @@ def put_rule(node, xs, n):
         V = V.reshape(V.shape[V.ndim - rank :])
     X[bidx] = V
     return (X,)
+
+
+def _put_bounds(X: Tensor, entries: tuple, batched: list) -> None:
+    """Raise eager's IndexError for a per-instance int index out of its dim's range in a
+    batch of one (the executor reruns a failed batch node by node to name the instance;
+    the batched write's own error counts the batch dim)."""
+    d = 0
+    for e, b in zip(entries, batched):
+        if type(e) is LazyTensor and e.ndim == 0 and not e.dtype.is_floating_point:
+            size = X.shape[d + 1]
+            i = int(b.reshape(-1)[0])
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
+        d += e is not None
 
 
 def special_setitem(func, args, kwargs):
@@ -1608,6 +1693,75 @@ for _name, _aliases in {
     _add(Op(_name, reshape_rule, "shape", _aliases))
 _add(Op("expand", expand_rule, "shape", (T.expand, T.expand_as)))
 
+def _special_whole(func, args, kwargs):
+    """``x.max()`` / ``torch.sum(x)`` ... of one lazy ``x`` over all its elements: a WHOLE
+    node whose signature leaves out ``x``'s shape (RAGGED_ROWS), so the reductions of
+    values of different sizes batch together (executor.run_batch). Anything else (dims,
+    kwargs, an empty or 0-d x, a block's trace) records as usual."""
+    op = FUNCS[func]
+    rt = graph.RT
+    x = args[0] if args else None
+    if (
+        kwargs
+        or len(args) != 1
+        or type(x) is not LazyTensor
+        or op.name not in _WHOLE
+        or not config.RAGGED_ROWS
+        or rt is None
+        or rt.tracer is not None
+        or x.ndim == 0
+        or x.shape.numel() == 0
+    ):
+        return record(op, func, args, kwargs)
+    whole = _WHOLE[op.name]
+    sig = (whole, func, x.dtype)
+    info = rt.sig_info.get(sig)
+    if info is None:
+        info = rt.sig_info[sig] = graph.infer(op, func, args, kwargs, rt)
+    return graph.wrap_outputs(graph.add_node(rt, whole, func, args, {}, [x], info, sig), info)
+
+
+def whole_rule(nodes: list, values: list) -> Tensor:
+    """The whole reductions of ``nodes`` over their values (each its own shape): flattened,
+    padded to the longest with the reduction's neutral element, reduced along dim 1."""
+    name = nodes[0].op.name
+    flat = [v.reshape(-1) for v in values]
+    x = flat[0]
+    neutral = _WHOLE_FILL[name]
+    fill: float
+    if neutral == "low" or neutral == "high":
+        if x.dtype.is_floating_point:
+            fill = -math.inf if neutral == "low" else math.inf
+        elif x.dtype == torch.bool:
+            fill = float(neutral == "high")
+        else:
+            info = torch.iinfo(x.dtype)
+            fill = info.min if neutral == "low" else info.max
+    else:
+        fill = float(neutral)
+    X = torch.nn.utils.rnn.pad_sequence(flat, batch_first=True, padding_value=fill)
+    if name == "mean":
+        sizes = torch.tensor([f.shape[0] for f in flat], dtype=X.dtype, device=X.device)
+        return X.sum(1) / sizes
+    return whole_rows(name, X)
+
+
+def whole_rows(name: str, X: Tensor) -> Tensor:
+    """The whole reduction ``name`` of each row of the matrix ``X``."""
+    fn = torch.amax if name == "max" else torch.amin if name == "min" else getattr(torch, name)
+    return fn(X, 1)
+
+
+# per whole reduction: what its pads hold ("low"/"high": the dtype's lowest/highest)
+_WHOLE_FILL: dict[str, float | str] = {
+    "sum": 0, "mean": 0, "prod": 1, "amax": "low", "amin": "high", "max": "low",
+    "min": "high", "argmax": "low", "argmin": "high", "all": 1, "any": 0,
+}  # fmt: skip
+# its node's op row, per reduction (named as the reduction in the stats)
+_WHOLE = {name: Op(name, whole_rule, "whole", doc=f"{name} of a whole value of any shape")
+          for name in _WHOLE_FILL}  # fmt: skip
+
+
 for _name, _aliases in {
     "sum": (torch.sum, T.sum),
     "mean": (torch.mean, T.mean),
@@ -1622,7 +1776,7 @@ for _name, _aliases in {
     "all": (torch.all, T.all),
     "any": (torch.any, T.any),
 }.items():
-    _add(Op(_name, reduce_rule, "reduce", _aliases))
+    _add(Op(_name, reduce_rule, "reduce", _aliases, special=_special_whole))
 
 for _name, _reduce in (("is_all_true", torch.all), ("is_any_true", torch.any)):
     # torch.distributions' argument checks: recorded as the reduction they are
@@ -2291,6 +2445,10 @@ PUT_INTO = _add(
         doc="x[index] = value into the rows of a put's result nothing else reads",
         extra={"pure": False},
     )
+)
+# (not a row of the table: what _special_put records where RAGGED_ROWS applies)
+RAGGED_PUT = Op(
+    "put", put_rule, "ragged_put", doc="x[i] = value at a per-instance int, x of any size"
 )
 DROPOUT = TABLE["dropout"]
 TENSOR = _add(

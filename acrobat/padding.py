@@ -1007,6 +1007,8 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
     name, kind = inner.op.name, inner.op.kind
     if name == "scatter":  # (its base may be a real tensor hoisted at each size)
         return _scatter_action(inner, f_in, f_out)
+    if name == "put":  # (likewise)
+        return _put_action(inner, f_in, f_out)
     if not ragged:
         if any(any(f) for f in f_out):
             raise Decline(f"{name} makes a ragged value from fixed ones")
@@ -1149,6 +1151,34 @@ def _lookup_action(ji: int, fi: tuple, bounds: tuple | None) -> Action | None:
     if not any(fi) and bounds is None:
         return None
     return Action((ji,) if any(fi) else (), "zero", bounds=bounds)
+
+
+def _put_action(inner, f_in: list, f_out: list) -> Action | None:
+    """``x[index] = value`` into a ragged ``x`` (analysis's ``put``; a pointer network's
+    ``mask[i] = -inf`` at the row it chose): whole slices and ints >= 0 at fixed dims, a
+    per-instance int scalar at any dim, checked against its instance's true size there
+    (negative ones counted from that end); one value broadcast over what the index takes,
+    fixed in size. Writes land in each instance's real part, the pads stay as they were.
+    ``x`` may be a real tensor hoisted at each size (``mask = torch.zeros(n)``)."""
+    _, index, value = inner.args
+    fx = f_out[0]  # (x's flags: a put keeps its target's shape)
+    if type(value) is LazyTensor and any(f_in[_where(inner, value)]):
+        raise Decline("put of a ragged value")
+    bounds = None
+    for d, e in enumerate(index if type(index) is tuple else (index,)):
+        if d >= len(fx):
+            raise Decline("put by an index longer than its target's rank")
+        if type(e) is slice and e == slice(None):
+            continue
+        if type(e) is LazyTensor and _integer(e) and e.ndim == 0:
+            if fx[d]:
+                if bounds is not None:
+                    raise Decline("put at two ragged dims")
+                bounds = (_where(inner, e), fx[d], True)
+            continue
+        if fx[d] or type(e) is not int or e < 0:
+            raise Decline("put at a ragged dim other than by a per-instance int")
+    return Action((), "zero", bounds=bounds) if bounds is not None else None
 
 
 def _scatter_action(inner, f_in: list, f_out: list) -> Action | None:

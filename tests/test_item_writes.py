@@ -88,11 +88,32 @@ def test_a_buffer_filled_in_a_loop_equals_eager_and_batches(ns, seed):
     xs = sentences(ns, seed)
     with torch.no_grad():
         stats = check_map(encode_into_buffer, xs)
+    # the cell and the write are one block per step, the step's int a per-instance index
+    # (one trace for all steps: not a trace per int)
+    (body,) = [k for k in stats.by_op if k.startswith("block:encode_into_buffer")]
+    assert stats.by_op[body][1] == sum(ns), stats.by_op
+    assert not any(k.startswith("put") for k in stats.by_op), stats.by_op
+    check_grads(encode_into_buffer, xs, CELL, atol=1e-5)
+
+
+@acrobat.autobatch
+def copy_into_buffer(xs):
+    out = torch.zeros(xs.shape[0], DIM)
+    for t in range(xs.shape[0]):
+        out[t] = xs[t]  # (a write alone: recorded op by op)
+    return out
+
+
+@settings(max_examples=8, deadline=None)
+@given(ns=lengths, seed=st.integers(0, 2**16))
+def test_writes_op_by_op_go_into_the_buffer_the_one_before_made(ns, seed):
+    xs = sentences(ns, seed)
+    with torch.no_grad():
+        stats = check_map(copy_into_buffer, xs)
     writes = {k: v for k, v in stats.by_op.items() if k.startswith("put")}
     assert sum(nodes for _, nodes in writes.values()) == sum(ns), stats.by_op
     # every write after the first goes into the buffer the one before made
     assert writes.get("put_into", (0, 0))[1] == sum(ns) - len(ns), stats.by_op
-    check_grads(encode_into_buffer, xs, CELL, atol=1e-5)
 
 
 @settings(max_examples=8, deadline=None)
@@ -191,9 +212,22 @@ def test_an_index_out_of_range_names_the_instance_and_line():
         out[i] = x.sum()
         return out
 
+    # (the write and the sum are one block, the int i a per-instance index into it: the
+    # error comes when it runs, naming the block's lines and the instance)
+    with pytest.raises(IndexError, match=r"f \(test_item_writes.py, lines \d+-\d+\) failed for "
+                       r"instance 1: index 5 is out of bounds for dimension 0 with size 3"):
+        f.map([torch.randn(2), torch.randn(2)], [0, 5])
+
+    @acrobat.autobatch
+    def g(x, i):
+        out = torch.zeros(3)
+        if i >= 0:  # (the write alone: recorded as it runs, checked there)
+            out[i] = x
+        return out
+
     with pytest.raises(IndexError, match=r"index 5 is out of bounds for dimension 0 with size 3 "
                        r"\(instance 1, at .*test_item_writes.py"):
-        f.map([torch.randn(2), torch.randn(2)], [0, 5])
+        g.map([torch.randn(()), torch.randn(())], [0, 5])
 
 
 def test_an_index_the_batch_cannot_take_is_refused_clearly():

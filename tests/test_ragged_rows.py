@@ -1,0 +1,197 @@
+"""Op-by-op work over per-instance values of different sizes (config.RAGGED_ROWS): a row
+picked by a per-instance int, a whole reduction, a write at a per-instance int, each one
+batch whatever the sizes; and the runs that hold such a write (``mask[i] = -inf`` after a
+choice), one block for every int and, padded, for every size. The map equals the eager
+loop, values and gradients, with the option on and off."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from acrobat import config
+from tests.helpers import check_grads, check_map
+
+DIM = 4
+torch.manual_seed(0)
+LAYER = nn.Linear(DIM, DIM)
+
+sizes = st.lists(st.integers(1, 6), min_size=2, max_size=6)
+
+
+def values(ns: list, seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, DIM, generator=g) for n in ns]
+
+
+def batches(stats, name: str) -> int:
+    return stats.by_op.get(name, (0, 0))[0]
+
+
+@acrobat.autobatch
+def pick_row(x, i, layer=LAYER):
+    h = layer(x)
+    return h[i]  # (no run of its own: a pick, recorded as it runs)
+
+
+@st.composite
+def values_and_ints(draw) -> tuple:
+    """Per-instance values of different sizes, and an int in range of each (negative too)."""
+    ns = draw(sizes)
+    ints = [draw(st.integers(-n, n - 1)) for n in ns]
+    return ns, values(ns, draw(st.integers(0, 2**16))), ints
+
+
+@settings(max_examples=10, deadline=None)
+@given(values_and_ints())
+def test_picks_from_values_of_different_sizes_are_one_batch(case):
+    ns, xs, ints = case
+    with torch.no_grad():
+        got, stats = pick_row.map(xs, ints, stats=True)
+    want = [pick_row.eager(x, i) for x, i in zip(xs, ints)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert batches(stats, "pick") == 1, stats.by_op
+    with config.override(RAGGED_ROWS=False), torch.no_grad():
+        _, per_size = pick_row.map(xs, ints, stats=True)
+    assert batches(per_size, "pick") == len(set(ns)), per_size.by_op
+
+
+REDUCTIONS = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "all",
+              "any"]  # fmt: skip
+
+
+def whole(name: str, dtype: torch.dtype):
+    def f(x, layer=LAYER):
+        h = layer(x)
+        if dtype == torch.bool:
+            h = h > 0
+        elif dtype != torch.float32:
+            h = (h * 10).to(dtype)
+        out = getattr(h, name)()  # (alone in its run: a whole reduction as it runs)
+        return out
+
+    f.__name__ = f"whole_{name}"
+    return acrobat.autobatch(f)
+
+
+@pytest.mark.parametrize("name", REDUCTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_whole_reductions_of_values_of_different_sizes_are_one_batch(name, dtype):
+    if name in ("mean",) and dtype != torch.float32:
+        pytest.skip("mean of an integer tensor is an error in eager too")
+    if name in ("amax", "amin", "argmax", "argmin") and dtype == torch.bool:
+        pytest.skip("torch has no such reduction of a bool tensor")
+    f = whole(name, dtype)
+    xs = values([3, 1, 5, 3, 6, 2], seed=4)
+    with torch.no_grad():
+        stats = check_map(f, xs)
+    assert batches(stats, name) == 1, stats.by_op
+    with config.override(RAGGED_ROWS=False), torch.no_grad():
+        per_size = check_map(f, xs)
+    assert batches(per_size, name) == 5, per_size.by_op
+
+
+@settings(max_examples=10, deadline=None)
+@given(sizes, st.integers(0, 2**16))
+def test_whole_reductions_train_through_the_padding(ns, seed):
+    xs = values(ns, seed)
+    for name in ("sum", "mean", "amax", "prod"):
+        check_grads(whole(name, torch.float32), xs, LAYER, atol=1e-5)
+
+
+@acrobat.autobatch
+def write_row(x, i, layer=LAYER):
+    h = layer(x) + 1.0  # (not tanh: eager's own backward needs tanh's output unwritten)
+    h[i] = 0.5  # (not a local it made: a write into the lazy h, recorded as it runs)
+    return h
+
+
+@settings(max_examples=10, deadline=None)
+@given(values_and_ints())
+def test_writes_into_values_of_different_sizes_are_one_batch(case):
+    _, xs, ints = case
+    got, stats = write_row.map(xs, ints, stats=True)
+    for g, x, i in zip(got, xs, ints):
+        torch.testing.assert_close(g, write_row.eager(x, i))
+    assert batches(stats, "put") == 1, stats.by_op
+    LAYER.zero_grad()
+    torch.stack([g.sum() for g in write_row.map(xs, ints)]).sum().backward()
+    got_grad = LAYER.weight.grad.clone()
+    LAYER.zero_grad()
+    torch.stack([write_row.eager(x, i).sum() for x, i in zip(xs, ints)]).sum().backward()
+    torch.testing.assert_close(got_grad, LAYER.weight.grad, atol=1e-5, rtol=1e-5)
+
+
+def pointer(tokens, emb, cell):
+    """A pointer network's loop: choose the best row not taken yet (a value read), mask it
+    out, feed it back (bench/patterns.py's pointer)."""
+    e = emb(tokens)
+    h = e.mean(0)
+    mask = torch.zeros(tokens.shape[0])
+    scores = []
+    for _ in range(tokens.shape[0]):
+        s = e @ h + mask
+        i = int(s.argmax())
+        scores.append(s.max())
+        mask[i] = float("-inf")
+        h = cell(e[i], h)
+    return torch.stack(scores)
+
+
+EMB = nn.Embedding(30, DIM)
+CELL = nn.GRUCell(DIM, DIM)
+
+
+@settings(max_examples=8, deadline=None)
+@given(sizes, st.integers(0, 2**16))
+def test_a_pointer_network_writes_its_mask_in_one_padded_block_per_step(ns, seed):
+    g = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(30, (n,), generator=g) for n in ns]
+    f = acrobat.autobatch(pointer)
+    with torch.no_grad():
+        check_map(f, tokens, emb=EMB, cell=CELL)
+        stats = check_map(f, tokens, emb=EMB, cell=CELL)
+    # the write and the cell: one block, its int a per-instance index (no trace per int);
+    # each instance's last step is dead (nothing reads its mask or h)
+    step = f"block:pointer (test_ragged_rows.py, lines {_line('mask[i]')}-{_line('h = cell')})"
+    if max(ns) > 1:
+        assert stats.by_op[step][1] == sum(ns) - len(ns), stats.by_op
+    assert "put" not in stats.by_op and "put_into" not in stats.by_op, stats.by_op
+    # padded over the sizes: a batch per step, but the first, whose mask is the real
+    # zeros(n) of each size, a batch per size (its traces differ in a constant only)
+    assert stats.by_op.get(step, (0, 0))[0] <= max(ns) - 2 + len(set(ns)), stats.by_op
+    holder = nn.Module()
+    holder.emb, holder.cell = EMB, CELL
+    check_grads(f, tokens, holder, atol=1e-5, emb=EMB, cell=CELL)
+
+
+def _line(text: str) -> int:
+    """The line of ``pointer``'s source that holds ``text``."""
+    source, start = inspect.getsourcelines(pointer)
+    return start + next(k for k, line in enumerate(source) if text in line)
+
+
+def test_an_int_out_of_range_in_a_padded_write_names_the_instance():
+    @acrobat.autobatch
+    def f(x, i, layer=LAYER):
+        h = torch.tanh(layer(x)).clone()  # (its own tensor: the write joins the block)
+        h[i] = 0.0
+        return h.sum(0) * 2
+
+    xs = values([2, 4, 3], seed=1)
+    f.map(xs, [0, 0, 0])  # (the traces of the three sizes made, and joined)
+    _, stats = f.map(xs, [1, -4, -3], stats=True)
+    assert sum(b for k, (b, _) in stats.by_op.items() if k.startswith("block:f")) == 1, stats
+    with pytest.raises(IndexError, match=r"block:f \(test_ragged_rows.py, lines \d+-\d+\) failed "
+                       r"for instance 2: index 3 is out of bounds for dimension 0 with size 3"):
+        f.map(xs, [1, -4, 3])
+    got = f.map(xs, [1, -4, -3])  # (negative ints count from each instance's own end)
+    for g, x, i in zip(got, xs, [1, -4, -3]):
+        torch.testing.assert_close(g, f.eager(x, i))
