@@ -26,7 +26,13 @@ from models.common import flatten, outputs_close, run_eager
 # The test modules whose models these tests borrow make module-level tensors (CONV, QUERY,
 # INDEX...) with CPU generators: imported here, before a test makes cuda the default device
 # (imported inside such a test, torch.randn(generator=cpu) raised on the cuda default).
-from tests import test_hoisting, test_item_writes, test_padding, test_weight_lookups  # noqa: F401
+from tests import (  # noqa: F401
+    test_hoisting,
+    test_item_writes,
+    test_padding,
+    test_ragged_rows,
+    test_weight_lookups,
+)
 from tests.helpers import check_grads
 
 ALL = ["treelstm", "mvrnn", "birnn", "nestedrnn", "drnn", "berxit", "stackrnn"]
@@ -754,3 +760,65 @@ def test_session_43_writes_sampling_and_cuts_on_cuda(default_device):
         check_map(greedy_decode, data, m=m, atol=1e-4, rtol=1e-4)
         stats = check_map(greedy_decode, data, m=m, atol=1e-4, rtol=1e-4)
     assert _hoisted_nodes(stats) == len(data) and _hoisted_batches(stats) == 1, stats.by_op
+
+
+@needs_cuda
+@pytest.mark.parametrize("default_device", ["cuda"], indirect=True)
+def test_session_44_ragged_rows_on_cuda(default_device):
+    """Session 44 on a GPU: picks, whole reductions and writes over values of different
+    sizes as one batch each (config.RAGGED_ROWS), a pointer network's step as one padded
+    block with its write (the int per-instance data), an out-of-range int named; values
+    and gradients as eager's."""
+    from tests.helpers import check_map
+    from tests.test_ragged_rows import (
+        CELL,
+        EMB,
+        LAYER,
+        batches,
+        pick_row,
+        pointer,
+        whole,
+        write_row,
+    )
+
+    for module in (CELL, EMB, LAYER):
+        module.to("cuda")
+    try:
+        xs = [torch.randn(n, 4) for n in (3, 1, 5, 3, 6)]
+        ints = [2, 0, -5, -1, 4]
+        with torch.no_grad():
+            got, stats = pick_row.map(xs, ints, stats=True)
+            assert batches(stats, "pick") == 1, stats.by_op
+            for g, x, i in zip(got, xs, ints):
+                assert g.device.type == "cuda"
+                torch.testing.assert_close(g, pick_row.eager(x, i))
+            for name, dtype in (("sum", torch.float32), ("argmax", torch.int32),
+                                ("any", torch.bool), ("mean", torch.float32)):  # fmt: skip
+                stats = check_map(whole(name, dtype), xs)
+                assert batches(stats, name) == 1, stats.by_op
+            got, stats = write_row.map(xs, ints, stats=True)
+            assert batches(stats, "put") == 1, stats.by_op
+            for g, x, i in zip(got, xs, ints):
+                torch.testing.assert_close(g, write_row.eager(x, i))
+            f = acrobat.autobatch(pointer)
+            tokens = [torch.randint(30, (n,)) for n in (3, 5, 2, 5, 4)]
+            check_map(f, tokens, emb=EMB, cell=CELL)
+            stats = check_map(f, tokens, emb=EMB, cell=CELL)
+            assert "put" not in stats.by_op, stats.by_op
+        check_grads(whole("amax", torch.float32), xs, LAYER, atol=1e-5)
+        holder = torch.nn.Module()
+        holder.emb, holder.cell = EMB, CELL
+        check_grads(f, tokens, holder, atol=1e-5, emb=EMB, cell=CELL)
+
+        @acrobat.autobatch
+        def bad(x, i, layer=LAYER):
+            h = torch.tanh(layer(x)).clone()
+            h[i] = 0.0
+            return h.sum(0) * 2
+
+        bad.map(xs[:3], [0, 0, 0])
+        with pytest.raises(IndexError, match=r"instance 2: index 5 is out of bounds"):
+            bad.map(xs[:3], [1, -1, 5])
+    finally:
+        for module in (CELL, EMB, LAYER):
+            module.to("cpu")
