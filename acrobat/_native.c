@@ -1569,7 +1569,7 @@ static PyObject *autobase_call(PyObject *self, PyObject *args, PyObject *kw) {
  * per call */
 static PyObject *torch_mod;     /* torch: its tensor, likewise */
 static PyObject *s_tensor_args, *s_code_like, *s_hits, *s_region_call, *s_region_block,
-    *s_value_data, *s_tensor, *s_index_args;
+    *s_value_data, *s_tensor, *s_index_args, *s_state_args;
 
 /* ops.value_data for the common run arguments, in C: an int (a deferred scalar), a
  * float, a non-empty flat list or tuple of ints or of floats (a mask, a few ids). NULL
@@ -1630,7 +1630,7 @@ static PyObject *setup_values(PyObject *mod, PyObject *args) {
 
 static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     PyObject *rt = NULL, *fiber = NULL, *targs = NULL, *known = NULL, *newargs = NULL,
-             *blk = NULL, *out = NULL, *v = NULL, *iargs = NULL;
+             *blk = NULL, *out = NULL, *v = NULL, *iargs = NULL, *sargs = NULL;
     int python = 1;
     if (miss == NULL || analysis_mod == NULL || (kw != NULL && PyDict_GET_SIZE(kw) != 0))
         goto done;
@@ -1660,6 +1660,19 @@ static PyObject *regionbase_call(PyObject *self, PyObject *args, PyObject *kw) {
         Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(iargs, j));
         if (i == -1 && PyErr_Occurred()) goto done;
         if (i >= 0 && i < n && Py_TYPE(PyTuple_GET_ITEM(args, i)) == &PyLong_Type) index[i] = 1;
+    }
+    /* a parameter the run writes into (analysis._written) given a real tensor: the Python path
+     * reads a shared one as a row (RegionBlock._converted) */
+    sargs = SLOT_GET(self, s_state_args);
+    if (sargs == NULL || !PyTuple_Check(sargs)) goto done;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(sargs); j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(sargs, j));
+        if (i == -1 && PyErr_Occurred()) goto done;
+        if (i < 0 || i >= n) continue;
+        PyTypeObject *tp = Py_TYPE(PyTuple_GET_ITEM(args, i));
+        if (tp != lazy_cls && tp != &PyLong_Type && tp != &PyFloat_Type && tp != &PyBool_Type &&
+            PyTuple_GET_ITEM(args, i) != Py_None)
+            goto done;
     }
     int lazy = nt > 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1743,6 +1756,7 @@ done:
     Py_XDECREF(rt);
     Py_XDECREF(targs);
     Py_XDECREF(iargs);
+    Py_XDECREF(sargs);
     Py_XDECREF(known);
     Py_XDECREF(newargs);
     Py_XDECREF(blk);
@@ -3504,6 +3518,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_call, "_call");
     INTERN(s_tensor_args, "tensor_args");
     INTERN(s_index_args, "index_args");
+    INTERN(s_state_args, "state_args");
     INTERN(s_code_like, "code_like");
     INTERN(s_hits, "hits");
     INTERN(s_region_call, "_region_call");

@@ -874,6 +874,9 @@ ITEM_WRITES = True
 _PUT_PLACEHOLDER = -_REGION_BASE * 3
 _SLICE_PLACEHOLDER = -_REGION_BASE * 4  # the builtin slice, whatever the module calls it
 _WRITE_PLACEHOLDERS = (_PUT_PLACEHOLDER, _SLICE_PLACEHOLDER)
+# a run's parameter that it writes into, given a real tensor the instances share, is
+# read as a row (RegionBlock._converted; read at every call)
+STATE_ROWS = True
 
 
 class Outlined:
@@ -919,12 +922,18 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
         tensor_args: tuple[int, ...] = (),
         stacked: tuple = (),
         index_args: tuple[int, ...] = (),
+        state_args: tuple[int, ...] = (),
     ):
         super().__init__(fn)
         self.hits = 0
         # parameters read only as an index: a Python int there is made a per-instance
         # data node when the run is a block call (one trace for all ints)
         self.index_args = index_args
+        # parameters the run writes into (analysis._written): a real tensor the instances
+        # share there (a mask's hoisted torch.zeros(n)) is read as a row
+        # (executor.constant), so the first call's traces of every size are one padded
+        # family, as the later calls' are
+        self.state_args = state_args
         # parameters the run reads only as torch.stack(p): a list there is an argument
         # (keyed by its length; acrobat/padding.py pads the lengths into one batch)
         self.stacked = stacked
@@ -969,16 +978,22 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
                 self.disabled = True  # never per-instance work: skip the check from now on
             return self.impl(*args)
         self.hits += 1
-        if self.index_args:
-            args = self._indices(args)
+        if self.index_args or self.state_args:
+            args = self._converted(graph.RT, args)
         return self._region_block(*args)
 
-    def _indices(self, args: tuple) -> tuple:
-        """``args`` with the Python ints at ``index_args`` made per-instance data nodes."""
+    def _converted(self, rt, args: tuple) -> tuple:
+        """``args`` with the Python ints at ``index_args`` made per-instance data nodes, and
+        the shared factory constants at ``state_args`` read as rows."""
         out = list(args)
         for i in self.index_args:
             if i < len(out) and type(out[i]) is int:
                 out[i] = scalar_data(out[i], deferred=True)
+        if STATE_ROWS and config.CONSTANT_STATES:
+            for i in self.state_args:
+                v = out[i] if i < len(out) else None
+                if type(v) is torch.Tensor and not v.requires_grad:
+                    out[i] = executor.constant(rt, v)
         return tuple(out)
 
     def _region_block(self, *args):
@@ -1293,7 +1308,9 @@ def _outline(fn) -> Outlined | None:
                 region_fn, r.carried, r.appends, r.sequences, r.reverse, r.values
             )
         else:
-            dispatcher = RegionBlock(region_fn, r.tensor_args, r.stacked, r.index_args)
+            dispatcher = RegionBlock(
+                region_fn, r.tensor_args, r.stacked, r.index_args, r.state_args
+            )
         dispatchers[r.placeholder] = dispatcher
         regions.append(dispatcher)
     main = _dispatched(codes[node.name], dispatchers)
@@ -1812,6 +1829,7 @@ class _Region:
         self.values: tuple[int, ...] = ()  # sequences of numbers the body reads as tensors
         self.tensor_args: tuple[int, ...] = ()  # parameters the call passes x of torch.tensor(x)
         self.index_args: tuple[int, ...] = ()  # parameters read only as an index (_index_only)
+        self.state_args: tuple[int, ...] = ()  # parameters it writes into (_written)
         self.stacked = tuple(i for i, p in enumerate(params) if _only_stacked(p, stmts))
         self.name = f"_acrobat_region_{k}"
         self.placeholder = _REGION_BASE * (k + 3)
@@ -1866,6 +1884,24 @@ def _index_only(stmts: list, names: list) -> tuple[int, ...]:
     return tuple(
         k for k, p in enumerate(names) if index_uses.get(p) and index_uses[p] == uses.get(p)
     )
+
+
+def _written(stmts: list, names: list) -> tuple[int, ...]:
+    """Positions of the parameters ``names`` that ``stmts`` write into (the target of a
+    rewritten ``x = put_item(v, x, i)``: a mask, a buffer): given a real tensor the
+    instances share (the hoisted ``torch.zeros(n)`` it starts as), the call reads it as
+    a row (RegionBlock), so the traces of the first call, one per size, pad together."""
+    targets = {
+        sub.args[1].id
+        for stmt in stmts
+        for sub in ast.walk(stmt)
+        if isinstance(sub, ast.Call)
+        and isinstance(sub.func, ast.Constant)
+        and sub.func.value == _PUT_PLACEHOLDER
+        and len(sub.args) == 3
+        and isinstance(sub.args[1], ast.Name)
+    }
+    return tuple(k for k, p in enumerate(names) if p in targets)
 
 
 def _only_stacked(name: str, stmts: list) -> bool:
@@ -2336,6 +2372,7 @@ class _Rewriter:
         region = _Region(len(self.regions), run, names, values, assigned)
         region.tensor_args = made
         region.index_args = _index_only(run, names)
+        region.state_args = _written(run, names)
         self.regions.append(region)
         return [region.call]
 
