@@ -14,6 +14,7 @@ from acrobat.block import block
 from acrobat.errors import (
     AcrobatError,
     AcrobatWarning,
+    InstanceIndexError,
     LazyValueError,
     ShapeError,
     UnsupportedOpError,
@@ -31,6 +32,7 @@ __all__ = [
     "AcrobatWarning",
     "Autobatched",
     "Future",
+    "InstanceIndexError",
     "LazyTensor",
     "LazyValueError",
     "ShapeError",
