@@ -110,6 +110,7 @@ _RANDOM = {
     "bernoulli",
     "multinomial",
     "poisson",
+    "binomial",
     "rand_like",
     "randn_like",
     "randint_like",

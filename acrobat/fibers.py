@@ -47,7 +47,7 @@ from acrobat.ops import (
 from acrobat.scheduler import describe, lower_bound, relevel, schedule
 
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson",
-           *graph._RANDOM_FILLS}  # fmt: skip
+           "binomial", *graph._RANDOM_FILLS}  # fmt: skip
 
 
 _SETITEM = torch.Tensor.__setitem__

@@ -1577,20 +1577,24 @@ def multinomial_rule(node, xs, n):
 
 
 def bernoulli_rule(node, xs, n):
-    """``torch.bernoulli`` of a batch: one draw per entry (elementwise)."""
+    """``torch.bernoulli`` / ``torch.poisson`` of a batch: one draw per entry
+    (elementwise, of the batch's probabilities or rates)."""
     if len(xs) != 1 or type(node.args[0]) is not LazyTensor:
         return vmap_rule(node, xs, n)
-    return (torch.bernoulli(xs[0], *node.args[1:], **node.kwargs),)
+    draw = torch.poisson if node.op.name == "poisson" else torch.bernoulli
+    return (draw(xs[0], *node.args[1:], **node.kwargs),)
 
 
 def normal_rule(node, xs, n):
-    """``torch.normal(mean, std)`` of a batch, a tensor mean or std per instance (or
-    shared): one draw per entry (``Normal(mu, sigma).sample()``)."""
+    """``torch.normal(mean, std)`` / ``torch.binomial(count, prob)`` of a batch, either
+    operand per instance (or shared): one draw per entry (``Normal(mu, sigma).sample()``,
+    ``Binomial(n, p).sample()``)."""
     it = iter(xs)
-    mean, std = (next(it) if type(a) is LazyTensor else a for a in node.args[:2])
-    if isinstance(mean, Tensor) and isinstance(std, Tensor):
-        mean, std = torch.broadcast_tensors(mean, std)
-    return (torch.normal(mean, std, *node.args[2:], **node.kwargs),)
+    a, b = (next(it) if type(v) is LazyTensor else v for v in node.args[:2])
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        a, b = torch.broadcast_tensors(a, b)
+    draw = torch.binomial if node.op.name == "binomial" else torch.normal
+    return (draw(a, b, *node.args[2:], **node.kwargs),)
 
 
 for _name, _rule, _kind, _aliases, _doc in (
@@ -1600,6 +1604,10 @@ for _name, _rule, _kind, _aliases, _doc in (
      "a normal draw per entry of a per-instance mean or standard deviation"),
     ("bernoulli", bernoulli_rule, "elementwise", (torch.bernoulli, T.bernoulli),
      "a 0/1 draw per entry of per-instance probabilities"),
+    ("poisson", bernoulli_rule, "elementwise", (torch.poisson,),
+     "a Poisson draw per entry of per-instance rates (a count model's sample)"),
+    ("binomial", normal_rule, "elementwise", (torch.binomial,),
+     "a binomial draw per entry of per-instance counts or probabilities"),
 ):  # fmt: skip
     _add(Op(_name, _rule, _kind, _aliases, doc=_doc))
 
@@ -1667,7 +1675,9 @@ _add(
     )
 )
 # draws (shapes from the meta kernels; never hoisted, nor one run for equal operand rows)
-graph.IMPURE_OPS.update(["dropout", "rand_like", "multinomial", "bernoulli", "normal"])
+graph.IMPURE_OPS.update(
+    ["dropout", "rand_like", "multinomial", "bernoulli", "normal", "poisson", "binomial"]
+)
 graph.INDEX_OPS.update(["loss", "one_hot", "scatter", "embedding", "index_select", "take"])
 _add(
     Op(
@@ -2536,8 +2546,8 @@ _TENSOR_ONLY = frozenset(
      "new_ones", "new_full"}
 )  # fmt: skip
 _PUBLIC: dict = {}  # id(a public function of a torch namespace) -> its public name
-_RANDOM_WORDS = ("rand", "normal", "bernoulli", "poisson", "multinomial", "dropout", "rrelu",
-                 "gumbel", "uniform", "exponential", "cauchy", "geometric", "random",
+_RANDOM_WORDS = ("rand", "normal", "bernoulli", "poisson", "binomial", "multinomial", "dropout",
+                 "rrelu", "gumbel", "uniform", "exponential", "cauchy", "geometric", "random",
                  "seed", "fractional", "lowrank", "rng")  # fmt: skip
 # not ops on values: storage, devices, autograd, printing, sizes, Python conversions
 _NOT_OPS = frozenset(

@@ -34,11 +34,11 @@ def test_unsupported_function_names_function_and_line():
 
 def test_a_random_function_without_a_row_stays_unsupported():
     """The generic vmap rows leave out random draws (a batch would draw other numbers
-    than the eager loop): torch.poisson on a lazy tensor raises, naming the line."""
+    than the eager loop): torch.rrelu in training on a lazy tensor raises, naming the line."""
 
     @acrobat.autobatch
     def f(x):
-        return torch.poisson(x.abs())  # random-op-line
+        return torch.rrelu(x, training=True)  # random-op-line
 
     with pytest.raises(acrobat.UnsupportedOpError, match="random-op-line"):
         f.map([torch.randn(4), torch.randn(4)])

@@ -544,6 +544,29 @@ add(
     ),
 )
 add(
+    "poisson",
+    case(  # (draws differ from eager's: a zero rate draws zero, a draw is a count)
+        "rates",
+        lambda x: (
+            torch.poisson(x.abs() * 0),
+            torch.poisson(x.abs()) >= 0,
+            (torch.poisson(x.abs()) % 1) * 0 + x,
+        ),
+        x=X(RANKS),
+    ),
+)
+add(
+    "binomial",
+    case(  # (a certain success or failure draws the count or zero)
+        "counts and probabilities",
+        lambda x: (
+            torch.binomial(x.abs().round(), (x > 0).float()),
+            torch.binomial(torch.full(x.shape, 3.0), torch.sigmoid(x)) <= 3,
+        ),
+        x=X(RANKS),
+    ),
+)
+add(
     "bernoulli",
     case(
         "0 and 1",
@@ -2302,7 +2325,8 @@ def test_max_namedtuple_result():
     check_map(f, [torch.randn(2, 3) for _ in range(3)])
 
 
-_NOT_IN_BLOCKS = {"rand_like", "dropout", "multinomial", "bernoulli", "gumbel_softmax", "normal"}
+_NOT_IN_BLOCKS = {"rand_like", "dropout", "multinomial", "bernoulli", "gumbel_softmax", "normal",
+                  "poisson", "binomial"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -189,8 +189,11 @@ def test_an_int_out_of_range_in_a_padded_write_names_the_instance():
     f.map(xs, [0, 0, 0])  # (the traces of the three sizes made, and joined)
     _, stats = f.map(xs, [1, -4, -3], stats=True)
     assert sum(b for k, (b, _) in stats.by_op.items() if k.startswith("block:f")) == 1, stats
-    with pytest.raises(acrobat.InstanceIndexError, match=r"block:f \(test_ragged_rows.py, lines \d+-\d+\) failed "
-                       r"for instance 2: index 3 is out of bounds for dimension 0 with size 3"):
+    with pytest.raises(
+        acrobat.InstanceIndexError,
+        match=r"block:f \(test_ragged_rows.py, lines \d+-\d+\) failed for instance 2: index 3 "
+        r"is out of bounds for dimension 0 with size 3",
+    ):
         f.map(xs, [1, -4, 3])
     got = f.map(xs, [1, -4, -3])  # (negative ints count from each instance's own end)
     for g, x, i in zip(got, xs, [1, -4, -3]):

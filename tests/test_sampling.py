@@ -90,6 +90,40 @@ def test_samples_without_replacement_are_distinct_and_bernoulli_is_zero_or_one()
         assert set(coins.flatten().tolist()) <= {0.0, 1.0}
 
 
+def test_poisson_draws_count_each_instances_own_rates():
+    @acrobat.autobatch
+    def counts(x):
+        return torch.poisson(torch.exp(x))  # (a count model's sample of its own rates)
+
+    torch.manual_seed(5)
+    rates = [math.log(0.5), math.log(4.0), math.log(30.0)]
+    xs = [torch.full((4000,), r) for r in rates]
+    got, stats = counts.map(xs, stats=True)
+    assert stats.by_op["poisson"][0] == 1, stats.by_op  # (one draw for all instances)
+    for g, r in zip(got, rates):
+        assert g.shape == (4000,) and g.dtype == torch.float32
+        assert torch.equal(g, g.round()) and bool((g >= 0).all())
+        rate = math.exp(r)  # the sample mean within 5 standard errors of the rate
+        assert abs(float(g.mean()) - rate) < 5 * math.sqrt(rate / 4000), (float(g.mean()), rate)
+
+
+def test_binomial_draws_use_each_instances_own_probabilities():
+    @acrobat.autobatch
+    def successes(x):
+        return torch.binomial(torch.full_like(x, 10.0), torch.sigmoid(x))
+
+    torch.manual_seed(6)
+    probs = [0.1, 0.5, 0.9, 0.5]  # (two instances with equal rows: each its own draw)
+    xs = [torch.full((3000,), math.log(p / (1 - p))) for p in probs]
+    got, stats = successes.map(xs, stats=True)
+    assert stats.by_op["binomial"][0] == 1, stats.by_op
+    assert not torch.equal(got[1], got[3])
+    for g, p in zip(got, probs):
+        assert torch.equal(g, g.round()) and bool(((g >= 0) & (g <= 10)).all())
+        sd = math.sqrt(10 * p * (1 - p) / 3000)
+        assert abs(float(g.mean()) - 10 * p) < 5 * sd, (float(g.mean()), p)
+
+
 def test_draws_differ_between_instances():
     torch.manual_seed(3)
     xs = [torch.zeros(50) for _ in range(6)]  # uniform over 50: equal draws are unlikely
