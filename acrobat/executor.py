@@ -867,11 +867,17 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     column = [t for nd in nodes for t in nd.inputs]
     x = gather(column, len(column), stats)
     t1 = time.perf_counter()
-    for nd, out in zip(nodes, nodes[0].op.rule(nodes, x)):
-        nd.outs = (out,)
+    _own(nodes, [(out,) for out in nodes[0].op.rule(nodes, x)])
+    _account(nodes, n, stats, t0, t1)
+
+
+def _own(nodes: list, results: list) -> None:
+    """Give each node its own ``results`` entry (a tuple of outputs with a leading dim of
+    one): a batch of one as far as its consumers' gathers know."""
+    for nd, outs in zip(nodes, results):
+        nd.outs = outs
         nd.row = 0
         nd.slot = next(_batches) << _BATCH_SHIFT
-    _account(nodes, n, stats, t0, t1)
 
 
 def _run_ragged_put(nodes: list, n: int, stats, t0: float) -> None:
@@ -892,10 +898,7 @@ def _run_ragged_put(nodes: list, n: int, stats, t0: float) -> None:
     if outs is None:  # an index out of its instance's range: torch's error, named
         _explain_failure(nodes, IndexError("x[i] = v: an index out of range"))
         raise AcrobatError("x[i] = v: an index out of range, but no instance alone failed")
-    for nd, out in zip(nodes, outs):
-        nd.outs = (out,)
-        nd.row = 0
-        nd.slot = next(_batches) << _BATCH_SHIFT
+    _own(nodes, [(out,) for out in outs])
     _account(nodes, n, stats, t0, t1)
 
 
@@ -910,10 +913,7 @@ def _run_sequences(nodes: list, n: int, stats, t0: float) -> None:
     except Exception as exc:
         _explain_failure(nodes, exc, alone=lambda nd, vals: rule([nd], [vals]))
         raise
-    for nd, outs in zip(nodes, results):
-        nd.outs = outs
-        nd.row = 0
-        nd.slot = next(_batches) << _BATCH_SHIFT
+    _own(nodes, results)
     _account(nodes, n, stats, t0, t1)
 
 
