@@ -819,6 +819,20 @@ def test_session_44_ragged_rows_on_cuda(default_device):
         bad.map(xs[:3], [0, 0, 0])
         with pytest.raises(IndexError, match=r"instance 2: index 5 is out of bounds"):
             bad.map(xs[:3], [1, -1, 5])
+
+        @acrobat.autobatch
+        def counts(x):  # (Poisson and binomial draws of each instance's own rates)
+            tens = torch.full_like(x, 10.0)
+            return torch.poisson(torch.exp(x)), torch.binomial(tens, x.sigmoid())
+
+        rates = [torch.full((2000,), v) for v in (-1.0, 1.0, 3.0)]
+        got, stats = counts.map(rates, stats=True)
+        assert stats.by_op["poisson"][0] == 1 and stats.by_op["binomial"][0] == 1, stats.by_op
+        for (p, b), r in zip(got, rates):
+            assert p.device.type == "cuda" and b.device.type == "cuda"
+            rate, prob = math.exp(float(r[0])), 1 / (1 + math.exp(-float(r[0])))
+            assert abs(float(p.mean()) - rate) < 5 * math.sqrt(rate / 2000)
+            assert abs(float(b.mean()) - 10 * prob) < 5 * math.sqrt(10 * prob * (1 - prob) / 2000)
     finally:
         for module in (CELL, EMB, LAYER):
             module.to("cpu")
