@@ -40,7 +40,7 @@ import threading
 import types
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -1871,12 +1871,7 @@ def _index_only(stmts: list, names: list) -> tuple[int, ...]:
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
                 uses[sub.id] = uses.get(sub.id, 0) + 1
             index = None
-            if (
-                isinstance(sub, ast.Call)
-                and isinstance(sub.func, ast.Constant)
-                and sub.func.value == _PUT_PLACEHOLDER
-                and len(sub.args) == 3
-            ):
+            if _is_put(sub):
                 index = sub.args[2]
             elif isinstance(sub, ast.Subscript) and isinstance(sub.ctx, ast.Load):
                 index = sub.slice
@@ -1896,13 +1891,19 @@ def _written(stmts: list, names: list) -> tuple[int, ...]:
         sub.args[1].id
         for stmt in stmts
         for sub in ast.walk(stmt)
-        if isinstance(sub, ast.Call)
-        and isinstance(sub.func, ast.Constant)
-        and sub.func.value == _PUT_PLACEHOLDER
-        and len(sub.args) == 3
-        and isinstance(sub.args[1], ast.Name)
+        if _is_put(sub) and isinstance(sub.args[1], ast.Name)
     }
     return tuple(k for k, p in enumerate(names) if p in targets)
+
+
+def _is_put(node) -> TypeGuard[ast.Call]:
+    """Whether ``node`` is a rewritten write's call, ``put_item(value, x, index)``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Constant)
+        and node.func.value == _PUT_PLACEHOLDER
+        and len(node.args) == 3
+    )
 
 
 def _only_stacked(name: str, stmts: list) -> bool:

@@ -337,12 +337,10 @@ def reduce_rule(node, xs, n):
         kw["dtype"] = node.kwargs["dtype"]
     if isinstance(dim, (Tensor, LazyTensor)) or nd == 0:  # max(x, other) or a 0-d input
         return vmap_rule(node, xs, n)
-    fn = getattr(torch, name)
     if dim is None:
-        if name in ("max", "min"):
-            fn = torch.amax if name == "max" else torch.amin
-        out = fn(xs[0].reshape(n, -1), 1, **kw)
+        out = whole_rows(name, xs[0].reshape(n, -1), **kw)
         return (out.reshape(n, *node.info.metas[0][0]),)
+    fn = getattr(torch, name)
     if isinstance(dim, (tuple, list)):  # (an empty one: every dim, as torch reads it)
         dim = tuple(_dim(d, nd) for d in dim) if dim else tuple(range(1, nd + 1))
     else:
@@ -1032,9 +1030,13 @@ def _check_index(rt, index: int, size: int, dim: int = 0) -> None:
     if not -size <= index < size:
         inst = rt.fiber.instance if rt.fiber is not None else None
         raise IndexError(
-            f"index {index} is out of bounds for dimension {dim} with size {size} "
-            f"(instance {inst}, at {user_line(3)})"
+            f"{_out_of_bounds(index, dim, size)} (instance {inst}, at {user_line(3)})"
         )
+
+
+def _out_of_bounds(index: int, dim: int, size: int) -> str:
+    """Eager's words for an int index out of a dimension's range."""
+    return f"index {index} is out of bounds for dimension {dim} with size {size}"
 
 
 def take_rule(nodes):
@@ -1310,8 +1312,6 @@ def ragged_put_rule(xs: list, index: Tensor, V, lazy: bool) -> list | None:
     return list(X.unsqueeze(0).split_with_sizes(sizes, 1))
 
 
-
-
 def _aligned(V, rank: int) -> Tensor:
     """A batch of per-instance values ``V`` (n, *vs) shaped to broadcast against a batch
     of targets of ``rank`` dims each (one instance's), as eager broadcasts one value."""
@@ -1373,7 +1373,7 @@ def _put_bounds(X: Tensor, entries: tuple, batched: list) -> None:
             size = X.shape[d + 1]
             i = int(b.reshape(-1)[0])
             if not -size <= i < size:
-                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
+                raise IndexError(_out_of_bounds(i, d, size))
         d += e is not None
 
 
@@ -1736,19 +1736,7 @@ def whole_rule(nodes: list, values: list) -> Tensor:
     padded to the longest with the reduction's neutral element, reduced along dim 1."""
     name = nodes[0].op.name
     flat = [v.reshape(-1) for v in values]
-    x = flat[0]
-    neutral = _WHOLE_FILL[name]
-    fill: float
-    if neutral == "low" or neutral == "high":
-        if x.dtype.is_floating_point:
-            fill = -math.inf if neutral == "low" else math.inf
-        elif x.dtype == torch.bool:
-            fill = float(neutral == "high")
-        else:
-            info = torch.iinfo(x.dtype)
-            fill = info.min if neutral == "low" else info.max
-    else:
-        fill = float(neutral)
+    fill = neutral_value(NEUTRAL[name], flat[0].dtype)
     X = torch.nn.utils.rnn.pad_sequence(flat, batch_first=True, padding_value=fill)
     if name == "mean":
         sizes = torch.tensor([f.shape[0] for f in flat], dtype=X.dtype, device=X.device)
@@ -1756,20 +1744,37 @@ def whole_rule(nodes: list, values: list) -> Tensor:
     return whole_rows(name, X)
 
 
-def whole_rows(name: str, X: Tensor) -> Tensor:
+def whole_rows(name: str, X: Tensor, **kw) -> Tensor:
     """The whole reduction ``name`` of each row of the matrix ``X``."""
     fn = torch.amax if name == "max" else torch.amin if name == "min" else getattr(torch, name)
-    return fn(X, 1)
+    return fn(X, 1, **kw)
 
 
-# per whole reduction: what its pads hold ("low"/"high": the dtype's lowest/highest)
-_WHOLE_FILL: dict[str, float | str] = {
-    "sum": 0, "mean": 0, "prod": 1, "amax": "low", "amin": "high", "max": "low",
-    "min": "high", "argmax": "low", "argmin": "high", "all": 1, "any": 0,
+# per reduction (and softmax), its neutral element: what a pad holds so that it changes
+# nothing (whole reductions here, padded programs in acrobat/padding.py)
+NEUTRAL = {
+    "sum": "zero", "mean": "zero", "any": "zero", "prod": "one", "all": "one",
+    "amax": "low", "max": "low", "argmax": "low", "logsumexp": "low", "softmax": "low",
+    "log_softmax": "low", "amin": "high", "min": "high", "argmin": "high",
 }  # fmt: skip
-# its node's op row, per reduction (named as the reduction in the stats)
-_WHOLE = {name: Op(name, whole_rule, "whole", doc=f"{name} of a whole value of any shape")
-          for name in _WHOLE_FILL}  # fmt: skip
+
+
+def neutral_value(neutral: str, dtype: torch.dtype):
+    """The neutral element ``neutral`` ("zero", "one", "low", "high") of ``dtype``."""
+    if dtype is torch.bool:
+        return neutral in ("one", "high")
+    if dtype.is_floating_point or dtype.is_complex:
+        return {"zero": 0.0, "one": 1.0, "low": -math.inf, "high": math.inf}[neutral]
+    info = torch.iinfo(dtype)
+    return {"zero": 0, "one": 1, "low": info.min, "high": info.max}[neutral]
+
+
+# the whole reductions' op rows (named as the reduction in the stats)
+_WHOLE = {
+    name: Op(name, whole_rule, "whole", doc=f"{name} of a whole value of any shape")
+    for name in ("sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin",
+                 "all", "any")
+}  # fmt: skip
 
 
 for _name, _aliases in {

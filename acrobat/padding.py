@@ -54,7 +54,15 @@ import torch
 
 from acrobat import config
 from acrobat.graph import LazyTensor, substitute
-from acrobat.ops import _ORIGINAL_FORWARD, _align, _arg, _batched_hx, _sequence_form
+from acrobat.ops import (
+    _ORIGINAL_FORWARD,
+    NEUTRAL,
+    _align,
+    _arg,
+    _batched_hx,
+    _sequence_form,
+    neutral_value,
+)
 
 _F = torch.nn.functional
 
@@ -73,11 +81,6 @@ _ALONG = {
     "select": (1, "dim", None),
     "cat": (1, "dim", 0),
 }
-_NEUTRAL = {
-    "sum": "zero", "mean": "zero", "any": "zero", "prod": "one", "all": "one",
-    "amax": "low", "max": "low", "argmax": "low", "logsumexp": "low", "softmax": "low",
-    "log_softmax": "low", "amin": "high", "min": "high", "argmin": "high",
-}  # fmt: skip
 # elementwise ops whose pads may raise (an integer division by a zero pad)
 _DIVIDING = frozenset({"floor_divide", "remainder"})  # elementwise but for their divisor
 
@@ -289,7 +292,7 @@ class Family:
             if act is not None:
                 for j in act.masked:
                     x = ins[j]
-                    neutral = _value(act.neutral, x.dtype)
+                    neutral = neutral_value(act.neutral, x.dtype)
                     ins[j] = torch.where(_mask(masks, flags[j], x, lens), x, neutral)
                 if act.bounds is not None:
                     _in_bounds(act.bounds, ins, lens, inner.op.name)
@@ -365,7 +368,7 @@ def _column(lens: torch.Tensor, sym: int) -> torch.Tensor:
 
 def _clean(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """``x`` with zeros at its pads (autograd: see the module's docstring)."""
-    return torch.where(_mask(masks, flags, x, lens), x, _value("zero", x.dtype))
+    return torch.where(_mask(masks, flags, x, lens), x, neutral_value("zero", x.dtype))
 
 
 def cut(flags: tuple, size) -> tuple:
@@ -409,16 +412,6 @@ def _mask(masks: dict, flags: tuple, x: torch.Tensor, lens: torch.Tensor) -> tor
     assert m is not None
     masks[key] = m
     return m
-
-
-def _value(neutral: str, dtype: torch.dtype):
-    """The neutral element ``neutral`` ("zero", "one", "low", "high") of ``dtype``."""
-    if dtype is torch.bool:
-        return neutral in ("one", "high")
-    if dtype.is_floating_point or dtype.is_complex:
-        return {"zero": 0.0, "one": 1.0, "low": -math.inf, "high": math.inf}[neutral]
-    info = torch.iinfo(dtype)
-    return {"zero": 0, "one": 1, "low": info.min, "high": info.max}[neutral]
 
 
 # ---- forming a family -----------------------------------------------------------------
@@ -1787,9 +1780,9 @@ def _reduce_action(inner, name: str, j: int, f_in: list, f_out: list) -> Action 
     over = tuple(d for d in reduced if flags[d])
     if not over:
         return None
-    if name not in _NEUTRAL:
+    if name not in NEUTRAL:
         raise Decline(name)
-    return Action((0,), _NEUTRAL[name], over if name == "mean" else ())
+    return Action((0,), NEUTRAL[name], over if name == "mean" else ())
 
 
 # ---- running ----------------------------------------------------------------------------
