@@ -198,3 +198,21 @@ def test_an_int_out_of_range_in_a_padded_write_names_the_instance():
     got = f.map(xs, [1, -4, -3])  # (negative ints count from each instance's own end)
     for g, x, i in zip(got, xs, [1, -4, -3]):
         torch.testing.assert_close(g, f.eager(x, i))
+
+
+def test_writes_at_per_instance_index_tensors_check_each_instances_own_size():
+    """``h[t] = v`` with ``t`` a per-instance 0-d index tensor (not an int, so not checked
+    when recorded): one batch over the sizes, negative indices from each instance's own
+    end, and one out of its instance's range raises naming that instance."""
+    xs = values([2, 4, 3], seed=1)
+    good = [torch.tensor(1), torch.tensor(-4), torch.tensor(-3)]
+    got, stats = write_row.map(xs, good, stats=True)
+    assert batches(stats, "put") == 1, stats.by_op
+    for g, x, t in zip(got, xs, good):
+        torch.testing.assert_close(g, write_row.eager(x, t))
+    bad = [torch.tensor(1), torch.tensor(-4), torch.tensor(3)]
+    with pytest.raises(acrobat.InstanceIndexError, match=r"put failed for instance 2: index 3 "
+                       r"is out of bounds for dimension 0 with size 3"):  # fmt: skip
+        write_row.map(xs, bad)
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        write_row.eager(xs[2], bad[2])  # (what eager says for that instance)
