@@ -875,6 +875,11 @@ ITEM_WRITES = True
 _PUT_PLACEHOLDER = -_REGION_BASE * 3
 _SLICE_PLACEHOLDER = -_REGION_BASE * 4  # the builtin slice, whatever the module calls it
 _WRITE_PLACEHOLDERS = (_PUT_PLACEHOLDER, _SLICE_PLACEHOLDER)
+# for t in range(...) whose counter is read only as ``x[t]`` (x a local the body does not
+# touch otherwise) -> a loop over the rows x[t] would read, which can be a scan (read when
+# outlining); ``_index_loop``
+INDEX_LOOPS = True
+_ROWS_PLACEHOLDER = -_REGION_BASE * 5
 # a run's parameter that it writes into, given a real tensor the instances share, is
 # read as a row (RegionBlock._converted; read at every call)
 STATE_ROWS = True
@@ -1127,9 +1132,12 @@ class ScanBlock(_native.ScanBase if _native is not None else object):  # type: i
         if k and not _all_lazy(values[:k]):
             if config.CONSTANT_STATES:
                 # a state that starts as a shared constant (torch.zeros(h)): read as a row
-                made = rt.factory_keys
+                # (or one a block trace made and returns, in a later map)
+                made, traced = rt.factory_keys, graph.TRACE_FACTORIES
                 values = tuple(
-                    executor.constant(rt, v) if i < k and id(v) in made else v
+                    executor.constant(rt, v)
+                    if i < k and (id(v) in made or id(v) in traced)
+                    else v
                     for i, v in enumerate(values)
                 )
             if not all(isinstance(v, _TENSORS) for v in values[:k]):
@@ -1295,6 +1303,7 @@ def _outline(fn) -> Outlined | None:
         _IS_TENSOR_PLACEHOLDER: lazy_is_tensor,
         _PUT_PLACEHOLDER: put_item,
         _SLICE_PLACEHOLDER: slice,
+        _ROWS_PLACEHOLDER: index_rows,
     }
     regions = []
     for r in rewriter.regions:
@@ -2029,7 +2038,15 @@ class _Rewriter:
                 out.extend(mapped)
                 bound |= _assigned_names(stmt)
                 continue
-            scan = self._scan(stmt, bound) if isinstance(stmt, ast.For) else None
+            scan = None
+            if INDEX_LOOPS and isinstance(stmt, ast.For):
+                # (first: _scan takes ``for t in reversed(range(n))`` as a loop over
+                # numbers, which its ScanBlock declines at run time: a range is no list)
+                loop = self._index_loop(stmt)
+                if loop is not None and (scan := self._scan(loop, bound)) is not None:
+                    stmt = loop  # (its fallback, the loop as written, reads the rows too)
+            if scan is None and isinstance(stmt, ast.For):
+                scan = self._scan(stmt, bound)
             if scan is not None:
                 out.extend(self._scan_call(scan, stmt, bound))
                 continue
@@ -2234,6 +2251,87 @@ class _Rewriter:
         region.reverse = not counted and self._builtin_call(it, "reversed") and len(it.args) == 1
         self.regions.append(region)
         return region
+
+    def _index_loop(self, stmt: ast.For) -> ast.For | None:
+        """``for t in range(...)`` (or ``reversed(range(...))``) whose counter the body
+        reads only as ``x[t]``, ``x`` a local the body reads only that way, rewritten to a
+        loop over those rows::
+
+            for _acrobat_rowK_0, _acrobat_rowK_1 in zip(
+                index_rows(x, range(...)), index_rows(y, range(...))
+            ):
+                <body with x[t] -> _acrobat_rowK_0, y[t] -> _acrobat_rowK_1>
+
+        which ``_scan`` can take as a loop over sequences (an RNN written over positions,
+        ``h = cell(x[t], h)``: one node per instance instead of its ops at every step).
+        The rows are the same values ``x[t]`` reads at each step (``index_rows``: one
+        unbind of a lazy tensor, eager's IndexError for a position out of range, before
+        the loop instead of at that step). None where it does not apply: the counter read
+        otherwise or after the loop, an ``else``, or a range whose arguments are not plain
+        reads (the zip evaluates the range once per sequence)."""
+        target, it = stmt.target, stmt.iter
+        if stmt.orelse or not isinstance(target, ast.Name) or not self.scannable:
+            return None
+        counter = target.id
+        span: Any = it
+        if self._builtin_call(it, "reversed") and len(span.args) == 1:
+            span = span.args[0]
+        if not self._builtin_call(span, "range") or len(span.args) > 3:
+            return None
+        if self.root is None or _loads_outside_loops_over(self.root, counter):
+            return None  # its last value is read after the loop
+        uses: dict[int, str] = {}  # id of each x[t] node -> x
+        for s in stmt.body:
+            for sub in ast.walk(s):
+                if (
+                    isinstance(sub, ast.Subscript)
+                    and isinstance(sub.ctx, ast.Load)
+                    and isinstance(sub.slice, ast.Name)
+                    and sub.slice.id == counter
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id in self.local
+                    and sub.value.id != counter
+                ):
+                    uses[id(sub)] = sub.value.id
+        if not uses:
+            return None
+        sequences = sorted(set(uses.values()))
+        seen = dict.fromkeys((counter, *sequences), 0)  # every Name node of them, any ctx
+        for s in stmt.body:
+            for sub in ast.walk(s):
+                if isinstance(sub, ast.Name) and sub.id in seen:
+                    seen[sub.id] += 1
+                elif isinstance(sub, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
+                    return None
+        if seen.pop(counter) != len(uses):
+            return None  # the counter read otherwise (or bound in the body)
+        if any(n != list(uses.values()).count(x) for x, n in seen.items()):
+            return None  # x read (or bound) otherwise than as x[t]
+        if len(sequences) > 1 and not all(_plain_read(a) for a in span.args):
+            return None
+        k = len(self.regions)
+        names = {x: f"_acrobat_row{k}_{j}" for j, x in enumerate(sequences)}
+        body = [_RowReplacer(counter, names).visit(copy.deepcopy(s)) for s in stmt.body]
+        calls: list[ast.expr] = [
+            ast.Call(
+                func=ast.Constant(_ROWS_PLACEHOLDER),
+                args=[ast.Name(x, ast.Load()), copy.deepcopy(it)],
+                keywords=[],
+            )
+            for x in sequences
+        ]
+        if len(calls) == 1:
+            new_target: ast.expr = ast.Name(names[sequences[0]], ast.Store())
+            new_iter = calls[0]
+        else:
+            stores: list[ast.expr] = [ast.Name(names[x], ast.Store()) for x in sequences]
+            new_target = ast.Tuple(stores, ast.Store())
+            new_iter = ast.Call(ast.Name("zip", ast.Load()), calls, [])
+        self.local.update(names.values())  # (locals of the rewritten code)
+        loop = ast.For(target=new_target, iter=new_iter, body=body, orelse=[])
+        ast.copy_location(loop, stmt)
+        loop.end_lineno, loop.end_col_offset = stmt.end_lineno, stmt.end_col_offset
+        return _located(loop, stmt)
 
     def _scan_call(self, region: _Region, loop: ast.For, bound: set) -> list:
         """The statements replacing ``loop``: the ScanBlock records the loop as one node
@@ -2820,10 +2918,67 @@ def _index_use(node: ast.Subscript, name: str) -> bool:
         return False
     parts = _name_and_slices(node.slice)
     return (
-        parts is not None
-        and parts[0].id == name
-        and not any(name in _names(e) for e in parts[1])
+        parts is not None and parts[0].id == name and not any(name in _names(e) for e in parts[1])
     )
+
+
+class _RowReplacer(ast.NodeTransformer):
+    """Each ``x[t]`` (``t`` the counter, ``x`` one of ``names``) replaced by the name of
+    ``x``'s rows (``_Rewriter._index_loop`` checked that the counter is read only so)."""
+
+    def __init__(self, counter: str, names: dict):
+        self.counter = counter
+        self.names = names
+
+    def visit_Subscript(self, node):
+        if (
+            isinstance(node.slice, ast.Name)
+            and node.slice.id == self.counter
+            and isinstance(node.value, ast.Name)
+            and node.value.id in self.names
+        ):
+            return ast.copy_location(ast.Name(self.names[node.value.id], ast.Load()), node)
+        return self.generic_visit(node)
+
+
+def _plain_read(expr) -> bool:
+    """Whether evaluating ``expr`` twice is the same as once: names, constants, their
+    attributes, items and arithmetic, ``len(...)`` and ``.size(...)`` of those."""
+    if isinstance(expr, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(expr, ast.Attribute):
+        return _plain_read(expr.value)
+    if isinstance(expr, ast.Subscript):
+        return _plain_read(expr.value) and _plain_read(expr.slice)
+    if isinstance(expr, ast.UnaryOp):
+        return _plain_read(expr.operand)
+    if isinstance(expr, ast.BinOp):
+        return _plain_read(expr.left) and _plain_read(expr.right)
+    if isinstance(expr, ast.Call) and not expr.keywords and all(map(_plain_read, expr.args)):
+        f = expr.func
+        return (isinstance(f, ast.Name) and f.id == "len") or (
+            isinstance(f, ast.Attribute) and f.attr == "size" and _plain_read(f.value)
+        )
+    return False
+
+
+def index_rows(seq: Any, indices) -> list:
+    """``[seq[i] for i in indices]``: the rows a loop ``for t in indices`` reading
+    ``seq[t]`` reads, in its order (``analysis._index_loop``). A tensor's are views from
+    one unbind (a lazy one records one node); a position out of range raises eager's
+    IndexError (before the loop, not at its step)."""
+    tensor = type(seq) is graph.LazyTensor or isinstance(seq, torch.Tensor)
+    if tensor and seq.ndim:
+        positions = list(indices)
+        n = seq.shape[0]
+        for i in positions:
+            if type(i) is not int:
+                return [seq[i] for i in positions]
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for dimension 0 with size {n}")
+        rows = seq.unbind(0)
+        return [rows[i] for i in positions]
+    return [seq[i] for i in indices]
 
 
 class _Renamer(ast.NodeTransformer):

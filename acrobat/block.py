@@ -708,6 +708,8 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
                 metas.append((leaf.shape, leaf.dtype))
             else:
                 out_sources.append(("real", leaf))
+                if isinstance(leaf, torch.Tensor):
+                    graph.note_trace_factory(rt, leaf)
         if not out_lazies:
             raise LazyValueError(
                 f"block {tracer.name} computes no per-instance tensor; call it without @block"

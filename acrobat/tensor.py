@@ -186,11 +186,20 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return pinned.to(device, non_blocking=True)
 
 
+#: Type keys count down from here: ints no op takes as an argument. (They counted down
+#: from -1 until session 45, and so met the ints ops do take: the signature of
+#: ``x[-1]`` was that of ``x[i]`` for a lazy index ``i`` whose (shape, dtype) was the
+#: first interned, and a map after one with such an input inferred a gather's shape for
+#: a row's; tests/test_graph.py::test_type_keys_are_no_int_arguments.)
+_KEY_BASE = -(1 << 59)
+
+
 def type_key(shape: torch.Size, dtype: torch.dtype) -> int:
-    """A small int naming (shape, dtype): cheaper to hash in signatures than the pair."""
+    """An int naming (shape, dtype): cheaper to hash in signatures than the pair, and
+    never an int argument of an op (``_KEY_BASE``)."""
     key = _TYPE_KEYS.get((shape, dtype))
     if key is None:
-        key = _TYPE_KEYS[(shape, dtype)] = -1 - len(_TYPE_KEYS)  # negative: never an int arg
+        key = _TYPE_KEYS[(shape, dtype)] = _KEY_BASE - len(_TYPE_KEYS)
     return key
 
 

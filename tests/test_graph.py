@@ -410,3 +410,34 @@ def test_aligned_schedules_compute_what_eager_does(trip_lists, window):
     xs = [(torch.randn(8, generator=gen), tuple(t)) for t in trip_lists]
     with torch.no_grad(), acrobat.config.override(ALIGN_WINDOW=window, VERIFY=True):
         check_map(nested_loops, xs)
+
+
+def test_type_keys_are_no_int_arguments():
+    """A lazy tensor stands in a signature for its (shape, dtype) key, an int: keys must
+    not be ints ops take. They counted down from -1, so ``x[-1]`` had the signature of
+    ``x[i]`` for a lazy index ``i`` of the first interned (shape, dtype): after a map
+    whose first input was an int64 vector of 3, a block's ``h[-1]`` of a (3, 8) tensor
+    was inferred as a gather of rows, (3, 8) instead of (8,) (session 45)."""
+    from acrobat import tensor
+
+    shapes = [torch.Size([n]) for n in range(1, 40)]
+    keys = [tensor.type_key(s, torch.int64) for s in shapes]
+    assert all(k <= tensor._KEY_BASE for k in keys)
+    assert all(k < -(1 << 58) for k in tensor._TYPE_KEYS.values())
+
+    first = acrobat.autobatch(lambda t: t * 2)
+    with torch.no_grad():
+        first.map([torch.arange(3), torch.arange(4)])
+
+    @acrobat.block
+    def body(x):
+        h = torch.tanh(x)
+        return h[h[:, 0].argsort()][-1] + h[-2] + h[h[:, 1].argmax()]
+
+    @acrobat.autobatch
+    def last_rows(x):
+        return body(x)
+
+    xs = [torch.randn(n, 8) for n in (3, 2, 4, 3, 5)]
+    with torch.no_grad():
+        check_map(last_rows, xs)
