@@ -831,6 +831,8 @@ SPLIT_DEMANDS = True  # x = int(<tensor work>): the work may join a run (read wh
 SPLIT_RETURNS = True  # return <tensor work>: the work may join a run (read when outlining)
 SPLIT_STORES = True  # obj.h = <tensor work> / d[k] = ...: the work may join a run (likewise)
 SPLIT_LISTS = True  # y = f([<work> for x in xs], ...): the comprehension mapped on its own
+# y = g(f(xs)[i]) / return ... with xs a container local: f(xs) split off, the rest a run
+SPLIT_PARTS = True
 # ... and a returned expression alone (no run before it) is a run of its own
 LONE_RETURNS = True
 # a run's reads of ``obj.attr`` where ``obj`` is only read that way are made at its call
@@ -2100,6 +2102,7 @@ class _Rewriter:
             ("stored", _stored if SPLIT_STORES else None),
             ("value", _demanded if SPLIT_DEMANDS else None),
             ("list", _list_argument if SPLIT_LISTS else None),
+            ("part", self._container_call if SPLIT_PARTS else None),
         ):
             found = split(stmt, self.local) if split is not None else None
             if found is None:
@@ -2114,8 +2117,50 @@ class _Rewriter:
             found[1](ast.Name(name, ast.Load()))
             if prefix == "list":
                 self.containers.add(name)  # (a run given the list would run as written)
+            elif prefix == "part":
+                self.local.add(name)  # (a tensor: the statement can join a run)
             return [*self._split(assign), stmt]  # (a read's work may hold a list)
         return [stmt]
+
+    def _container_call(self, stmt, local: set):
+        """(C, put) when the value of ``stmt`` (an assignment's or a return's) starts by
+        calling ``f(c, ...)`` on ``c``, one of the function's container locals
+        (SPLIT_CONTAINERS): ``torch.stack(states)`` in ``return
+        F.cross_entropy(m.out(torch.stack(states)[:-1]), tokens[1:])``. The call goes
+        first in Python's order of evaluation (down first arguments, attributes,
+        subscripted values and left operands, past name-chain lookups, which do
+        nothing), so
+        ``_acrobat_part_k = C`` before the statement is exact; it stays out of runs, and
+        the rest, reading a tensor now, can be one (a loss over a loop's stacked outputs:
+        one padded block for all lengths instead of its ops per size)."""
+        if isinstance(stmt, ast.Assign):
+            if not all(_plain_target(t, set()) for t in stmt.targets):
+                return None
+        elif not isinstance(stmt, ast.Return) or stmt.value is None:
+            return None
+        if not self.containers:
+            return None
+        put: Any = None  # sets the node in its parent
+        node = stmt.value
+        while True:
+            if isinstance(node, ast.Call):
+                if isinstance(node.func, ast.Attribute) and not _name_chain(node.func):
+                    put, node = _value_setter(node.func), node.func.value  # (r.sum(0): r first)
+                    continue
+                if not node.args or not _name_chain(node.func):
+                    return None
+                if any(isinstance(a, ast.Starred) for a in node.args):
+                    return None
+                first = node.args[0]
+                if isinstance(first, ast.Name) and first.id in self.containers:
+                    return (node, put) if put is not None else None  # (not the whole value)
+                put, node = _first_setter(node.args), first
+            elif isinstance(node, (ast.Attribute, ast.Subscript)):
+                put, node = _value_setter(node), node.value
+            elif isinstance(node, ast.BinOp):  # (its left operand is evaluated first)
+                put, node = _left_setter(node), node.left
+            else:
+                return None
 
     def _scan(self, stmt: ast.For, bound: set) -> _Region | None:
         """``stmt`` outlined as a loop (ScanBlock), if it has no ``else`` and its body is
@@ -2639,6 +2684,16 @@ def _list_argument(stmt, local: set):
         while isinstance(call, ast.Attribute):
             call = call.value
     return None
+
+
+def _value_setter(node):
+    """A function making ``node.value`` its argument."""
+    return lambda e: setattr(node, "value", e)
+
+
+def _left_setter(node):
+    """A function making ``node.left`` its argument."""
+    return lambda e: setattr(node, "left", e)
 
 
 def _first_setter(args: list):

@@ -7,7 +7,8 @@ transformer trained with dropout, a text CNN, a tagger, self-attention, message 
 over graphs (a dense adjacency; an edge list, whose node and edge counts vary apart), an
 encoder-decoder over sentence pairs, a BiLSTM-CRF, a greedy attention decoder that
 reads its tokens, generation attending over its own growing history, an RNN writing
-its states into a buffer (``states[t] = h``), a pointer network masking what it chose.
+its states into a buffer (``states[t] = h``), the same cell over positions (``x[t]``)
+with its states appended and stacked, a pointer network masking what it chose.
 Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
 nodes) in rounds that alternate the systems (the order shuffled each round), and
@@ -170,6 +171,18 @@ def buffer_rnn(tokens, m):
     return F.cross_entropy(m.out(states[:-1]), tokens[1:])
 
 
+def position_rnn(tokens, m):
+    # an RNN cell run by hand over positions, its states appended and stacked under the
+    # loss (the common way to write one): the loop reads x[t]
+    x = m.emb(tokens)
+    h = torch.zeros(HIDDEN)
+    states = []
+    for t in range(len(tokens)):
+        h = m.cell(x[t], h)
+        states.append(h)
+    return F.cross_entropy(m.out(torch.stack(states)[:-1]), tokens[1:])
+
+
 def pointer(tokens, m):
     # a pointer network's decoding: point at the best token not taken yet (a value read),
     # mask it out, feed it back; the order of all tokens
@@ -217,6 +230,7 @@ PATTERNS = {
     "greedy_decoder": Pattern(greedy_decoder, "tokens", False),
     "autoregressive": Pattern(autoregressive, "tokens", False),
     "buffer_rnn": Pattern(buffer_rnn, "tokens", True),
+    "position_rnn": Pattern(position_rnn, "tokens", True),
     "pointer": Pattern(pointer, "tokens", False),
 }
 

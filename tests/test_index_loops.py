@@ -251,3 +251,47 @@ def test_index_rows_reads_what_the_loop_would():
         analysis.index_rows(x, range(-5, 0))
     with pytest.raises(IndexError):
         analysis.index_rows([1, 2], range(3))
+
+
+# ---- a statement that first stacks a list: the stack split off, the rest a run ----------
+# (analysis.SPLIT_PARTS). A loop's outputs appended to a list and stacked under a loss
+# kept the whole statement out of runs (it reads a list), so the loss ran op by op, a
+# batch per length of each op; now ``torch.stack(states)`` is split off before it.
+
+
+def loss_over_states(tokens, m):
+    x = m.emb(tokens)
+    h = torch.zeros(DIM)
+    states = []
+    for t in range(x.shape[0]):
+        h = m.cell(x[t], h)
+        states.append(h)
+    return torch.nn.functional.cross_entropy(m.out(torch.stack(states)[:-1]), tokens[1:] % 3)
+
+
+def assigned_then_returned(tokens, m):
+    x = m.emb(tokens)
+    outs = [torch.tanh(v) for v in x]
+    y = m.out(torch.stack(outs)).sum(0) * 2
+    return y
+
+
+def whole_value_is_the_stack(tokens, m):
+    outs = [m.emb(v) for v in tokens]
+    return torch.stack(outs)  # (nothing to split: the statement is the stack)
+
+
+@pytest.mark.parametrize(
+    "fn", [loss_over_states, assigned_then_returned, whole_value_is_the_stack],
+    ids=lambda f: f.__name__,
+)
+def test_a_stack_of_a_list_is_split_off_the_work_after_it(fn):
+    f = acrobat.autobatch(fn)
+    data = _tokens([3, 6, 2, 5, 6, 4], 11)
+    with torch.no_grad():
+        stats = check_map(f, data, m=MODEL)
+    # the work after the stack: block nodes, one padded batch for all lengths (before,
+    # its ops ran one by one, a batch per length each)
+    assert all(v[0] == 1 for k, v in stats.by_op.items() if k.startswith("block:")), stats.by_op
+    assert not {"linear", "loss", "sum", "mul", "reshape"} & set(stats.by_op), stats.by_op
+    check_grads(f, data, MODEL, atol=1e-5, m=MODEL)

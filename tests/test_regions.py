@@ -458,11 +458,12 @@ def embed_all(ids, h):
 def test_factories_over_comprehension_variables_stay_inside():
     ids = [[1, 2, 3], [4], [5, 6, 7, 8]]
     hs = [torch.randn(DIM) for _ in ids]
-    # the comprehension is a scan over the ids (acrobat/scan.py); the sum reads its list
-    # (SPLIT_CONTAINERS: given the list, a run would run op by op) and the tanh after it
-    # is one op: no run
-    (scan,) = analysis.outline(embed_all.fn).regions
+    # the comprehension is a scan over the ids (acrobat/scan.py); the stack reads its
+    # list (SPLIT_CONTAINERS: given the list, a run would run op by op), so it is split
+    # off (SPLIT_PARTS) and the sum, the add and the tanh after it are a run
+    scan, run = analysis.outline(embed_all.fn).regions
     assert isinstance(scan, analysis.ScanBlock) and scan.values == (0,)
+    assert isinstance(run, analysis.RegionBlock) and not isinstance(run, analysis.ScanBlock)
     _map_matches_eager(embed_all, ids, hs)
 
 
