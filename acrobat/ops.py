@@ -687,7 +687,13 @@ def embedding_rule(node, xs, n):
     idx, w = node.args[0], _arg(node, 1, "weight")
     if _is_lazy(idx) and not _is_lazy(w):
         args = (xs[0],) + tuple(node.args[1:])
-        return (F.embedding(*args, **(node.kwargs or {})),)
+        kwargs = node.kwargs or {}
+        if not _per_row_gradient(node.args, kwargs) and torch.is_grad_enabled():
+            # scale_grad_by_freq counts an id's occurrences in the call: each instance's
+            # own lookup (one call of all would count every instance's; session 45)
+            rows = [F.embedding(x, *node.args[1:], **kwargs) for x in xs[0]]
+            return (torch.stack(rows),)
+        return (F.embedding(*args, **kwargs),)
     if _is_lazy(idx) and _is_lazy(w) and len(xs) == 2:  # a per-instance table: its rows
         check_range(xs[0], xs[1].shape[1], "embedding")  # lie end to end in vmap's call
     return vmap_rule(node, xs, n)
@@ -954,6 +960,15 @@ def _embedding_options(args, kwargs) -> tuple:
         options.get(k) for k in ("scale_grad_by_freq", "sparse")
     )
     return options.get("max_norm"), grad_options
+
+
+def _per_row_gradient(args, kwargs) -> bool:
+    """Whether an ``F.embedding`` call's gradient is each looked-up row's alone, the same
+    from one lookup of many instances' ids: not scaled by how often an id occurs in the
+    call (``scale_grad_by_freq`` would count every instance's), not sparse."""
+    options = dict(zip(_EMBEDDING_OPTIONS, args[2:]))
+    options.update((k, kwargs[k]) for k in _EMBEDDING_OPTIONS if k in kwargs)
+    return not options.get("scale_grad_by_freq") and not options.get("sparse")
 
 
 def _special_embedding(func, args, kwargs):

@@ -216,3 +216,26 @@ def test_writes_at_per_instance_index_tensors_check_each_instances_own_size():
         write_row.map(xs, bad)
     with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
         write_row.eager(xs[2], bad[2])  # (what eager says for that instance)
+
+
+# ---- an embedding whose gradient counts ids (scale_grad_by_freq) ---------------------
+# A batch of lookups ran as one F.embedding of every instance's ids, so an id's count was
+# every instance's: a wrong gradient (found in session 45). Under autograd such a batch
+# looks up each instance's ids on its own.
+
+FREQ = nn.Embedding(11, DIM, scale_grad_by_freq=True)
+
+
+@acrobat.autobatch
+def look_up_counted(ids):
+    return FREQ(ids)  # (a lone lookup: no run, recorded as it runs)
+
+
+@settings(max_examples=8, deadline=None)
+@given(ns=sizes, seed=st.integers(0, 999))
+def test_a_lookup_that_counts_ids_trains_as_eager(ns, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(4, (n,), generator=g) for n in ns]  # (ids repeat across instances)
+    with torch.no_grad():
+        check_map(look_up_counted, ids)
+    check_grads(look_up_counted, ids, FREQ, atol=1e-6)
