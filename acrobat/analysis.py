@@ -2216,7 +2216,7 @@ class _Rewriter:
         if ops == 0:
             return None
         for name in set(lists):  # appended to only: the loop must not read the list
-            if body_loads.get(name, 0) != lists.count(name) or _names(it) & {name}:
+            if body_loads.get(name, 0) != lists.count(name) or _read_names(it) & {name}:
                 return None
         assigned: list[str] = []
         reads: list[str] = []  # local names read before the body assigns them
@@ -2357,10 +2357,17 @@ class _Rewriter:
         k = len(self.regions)
         names = {x: f"_acrobat_row{k}_{j}" for j, x in enumerate(sequences)}
         body = [_RowReplacer(counter, names).visit(copy.deepcopy(s)) for s in stmt.body]
+        # the lists the body appends to: one of them may be x under another name, whose
+        # rows the loop as written reads as they grow (index_rows checks, at run time)
+        grown = sorted({found[0] for s in stmt.body if (found := _append(s)) is not None})
         calls: list[ast.expr] = [
             ast.Call(
                 func=ast.Constant(_ROWS_PLACEHOLDER),
-                args=[ast.Name(x, ast.Load()), copy.deepcopy(it)],
+                args=[
+                    ast.Name(x, ast.Load()),
+                    copy.deepcopy(it),
+                    ast.Tuple([ast.Name(g, ast.Load()) for g in grown], ast.Load()),
+                ],
                 keywords=[],
             )
             for x in sequences
@@ -2996,6 +3003,23 @@ class _RowReplacer(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
+def _read_names(it) -> set:
+    """The names a loop's iterable reads, leaving out the lists an index loop gives
+    ``index_rows`` only to compare identities with (``_Rewriter._index_loop``)."""
+    zipped = isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "zip"
+    names: set = set()
+    for part in it.args if zipped else [it]:
+        if (
+            isinstance(part, ast.Call)
+            and isinstance(part.func, ast.Constant)
+            and part.func.value == _ROWS_PLACEHOLDER
+        ):
+            names |= _names(part.args[0]) | _names(part.args[1])
+        else:
+            names |= _names(part)
+    return names
+
+
 def _plain_read(expr) -> bool:
     """Whether evaluating ``expr`` twice is the same as once: names, constants, their
     attributes, items and arithmetic, ``len(...)`` and ``.size(...)`` of those."""
@@ -3017,11 +3041,15 @@ def _plain_read(expr) -> bool:
     return False
 
 
-def index_rows(seq: Any, indices) -> list:
+def index_rows(seq: Any, indices, grown: tuple = ()):
     """``[seq[i] for i in indices]``: the rows a loop ``for t in indices`` reading
     ``seq[t]`` reads, in its order (``analysis._index_loop``). A tensor's are views from
     one unbind (a lazy one records one node); a position out of range raises eager's
-    IndexError (before the loop, not at its step)."""
+    IndexError (before the loop, not at its step). Where ``seq`` is one of the lists the
+    loop appends to (``grown``: another name for it), each is read at its step, as the
+    loop as written reads it (an iterator: the scan declines it)."""
+    if any(g is seq for g in grown):
+        return (seq[i] for i in indices)
     tensor = type(seq) is graph.LazyTensor or isinstance(seq, torch.Tensor)
     if tensor and seq.ndim:
         positions = list(indices)

@@ -538,26 +538,53 @@ def _kept(args, kwargs) -> list:
     return keep
 
 
-def _flatten_out(value, leaves: list):
-    """Output pytree -> spec with leaf positions; leaves collected in ``leaves``."""
+def _flatten_out(value, leaves: list, seen: set | None = None):
+    """Output pytree -> spec with leaf positions; leaves collected in ``leaves``. A call
+    returns lists and dicts built anew from the spec, so one the outputs hold twice, or
+    one the arguments hold (``seen``: their ids), would no longer be one object: another
+    name for it would not see it change (``out = xs`` in a run, then ``out.append(h)``
+    read as ``xs[t]``). Such a block cannot be traced: an automatic one runs as written."""
+    if seen is None:
+        seen = set()
     t = type(value)
     if t is LazyTensor or isinstance(value, torch.Tensor):
         leaves.append(value)
         return ("leaf", len(leaves) - 1)
+    if t is list or t is dict:
+        if id(value) in seen:
+            raise LazyValueError(  # (an automatic block then runs its code as written)
+                f"a block returned a {t.__name__} it was given, or the same one twice; "
+                "return a new one"
+            )
+        seen.add(id(value))
     if t is tuple or t is list:
-        return (t, [_flatten_out(v, leaves) for v in value])
+        return (t, [_flatten_out(v, leaves, seen) for v in value])
     if t is dict:
-        return (t, {k: _flatten_out(v, leaves) for k, v in value.items()})
+        return (t, {k: _flatten_out(v, leaves, seen) for k, v in value.items()})
     if value is None or t in (int, float, bool, str):
         return ("const", value)
     if isinstance(value, tuple) and hasattr(t, "n_fields"):  # torch.return_types (max, sort)
-        return (t, [_flatten_out(v, leaves) for v in value])
+        return (t, [_flatten_out(v, leaves, seen) for v in value])
     if is_namedtuple(value):  # built by field
-        return (("fields", t), [_flatten_out(v, leaves) for v in value])
+        return (("fields", t), [_flatten_out(v, leaves, seen) for v in value])
     raise LazyValueError(  # (an automatic block then runs its code as written)
         f"a block returned a {t.__name__}; return tensors or (named) tuples, lists or "
         "dicts of them"
     )
+
+
+def _containers(value, ids: set) -> set:
+    """``ids`` with the ids of the lists and dicts inside ``value`` (a block's arguments)."""
+    t = type(value)
+    if t is list or t is dict:
+        ids.add(id(value))
+    if t is list or t is tuple:
+        for v in value:
+            _containers(v, ids)
+    elif t is dict:
+        for v in value.values():
+            _containers(v, ids)
+    return ids
 
 
 def _unflatten(spec, leaves):
@@ -687,13 +714,15 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         # pass two different tensors there.
         placeholders = [tracer.placeholder(t) for t in inputs]
         in_order = iter(placeholders)  # _sub walks the arguments in the order _key did
+        given_args, given_kwargs = _sub(args, in_order), _sub(kwargs, in_order)
+        given = _containers((given_args, given_kwargs), set())
         rt.tracer = tracer
         try:
-            out = self.fn(*_sub(args, in_order), **_sub(kwargs, in_order))
+            out = self.fn(*given_args, **given_kwargs)
         finally:
             rt.tracer = None
         leaves: list = []
-        spec = _flatten_out(out, leaves)
+        spec = _flatten_out(out, leaves, given)
         ph_nodes = [ph.node for ph in placeholders]
         ph_index = {id(n): i for i, n in enumerate(ph_nodes)}
         out_lazies: list[LazyTensor] = []

@@ -295,3 +295,24 @@ def test_a_stack_of_a_list_is_split_off_the_work_after_it(fn):
     assert all(v[0] == 1 for k, v in stats.by_op.items() if k.startswith("block:")), stats.by_op
     assert not {"linear", "loss", "sum", "mul", "reshape"} & set(stats.by_op), stats.by_op
     check_grads(f, data, MODEL, atol=1e-5, m=MODEL)
+
+
+def reads_what_it_appends(tokens, m):
+    x = list(m.emb(tokens).unbind(0))
+    out = x  # (another name for the list the loop reads: it grows as the loop runs)
+    h = torch.zeros(DIM)
+    for t in range(2 * len(x) - 1):
+        h = m.cell(x[t], h)
+        out.append(h)
+    return h
+
+
+def test_a_loop_reading_a_list_it_appends_to_reads_each_row_at_its_step():
+    """``x[t]`` reads rows the loop itself appended (through another name): read up
+    front, they would not exist yet (an IndexError where eager runs)."""
+    outlined = analysis.outline(reads_what_it_appends)
+    assert any(isinstance(r, analysis.ScanBlock) for r in outlined.regions)
+    f = acrobat.autobatch(reads_what_it_appends)
+    with torch.no_grad():
+        check_map(f, _tokens([2, 4, 3], 13), m=MODEL)
+    assert list(analysis.index_rows([1, 2], range(2), ())) == [1, 2]
