@@ -2325,7 +2325,7 @@ class _Rewriter:
             return None
         if self.root is None or _loads_outside_loops_over(self.root, counter):
             return None  # its last value is read after the loop
-        uses: dict[int, str] = {}  # id of each x[t] node -> x
+        uses: list[str] = []  # x of each x[t]
         for s in stmt.body:
             for sub in ast.walk(s):
                 if (
@@ -2337,10 +2337,10 @@ class _Rewriter:
                     and sub.value.id in self.local
                     and sub.value.id != counter
                 ):
-                    uses[id(sub)] = sub.value.id
+                    uses.append(sub.value.id)
         if not uses:
             return None
-        sequences = sorted(set(uses.values()))
+        sequences = sorted(set(uses))
         seen = dict.fromkeys((counter, *sequences), 0)  # every Name node of them, any ctx
         for s in stmt.body:
             for sub in ast.walk(s):
@@ -2350,7 +2350,7 @@ class _Rewriter:
                     return None
         if seen.pop(counter) != len(uses):
             return None  # the counter read otherwise (or bound in the body)
-        if any(n != list(uses.values()).count(x) for x, n in seen.items()):
+        if any(n != uses.count(x) for x, n in seen.items()):
             return None  # x read (or bound) otherwise than as x[t]
         if len(sequences) > 1 and not all(_plain_read(a) for a in span.args):
             return None

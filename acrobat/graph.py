@@ -107,28 +107,24 @@ class Info:
         self.keys = tuple(type_key(s, d) for s, d in metas)
 
 
-#: id(tensor) -> its hoist key, for the real outputs of block traces that a pure factory
+#: id(tensor) -> the tensor, for the real outputs of block traces that a pure factory
 #: made while tracing (``h = torch.zeros(n)`` in a region that returns it). A trace
 #: outlives its map and gives that same tensor to the calls of every later map, where
 #: ``factory_keys`` (this map's factories) does not know it: a loop state that starts as
 #: it would run its first step alone there instead of as a shared constant read as a row
 #: (analysis.ScanBlock asks both). The tensors are held here (their ids stay theirs), at
 #: most TRACE_FACTORIES_MAX of them, the oldest dropped first.
-TRACE_FACTORIES: dict[int, tuple] = {}
+TRACE_FACTORIES: dict[int, torch.Tensor] = {}
 TRACE_FACTORIES_MAX = 1024
-_TRACE_FACTORY_HOLD: dict[int, torch.Tensor] = {}
 
 
 def note_trace_factory(rt: Runtime, out) -> None:
     """Remember ``out``, a real output of a block trace, if this map's factory made it."""
-    key = rt.factory_keys.get(id(out))
-    if key is None or id(out) in TRACE_FACTORIES:
+    if id(out) not in rt.factory_keys or id(out) in TRACE_FACTORIES:
         return
     while len(TRACE_FACTORIES) >= TRACE_FACTORIES_MAX:
-        oldest = next(iter(TRACE_FACTORIES))
-        del TRACE_FACTORIES[oldest], _TRACE_FACTORY_HOLD[oldest]
-    TRACE_FACTORIES[id(out)] = key
-    _TRACE_FACTORY_HOLD[id(out)] = out
+        del TRACE_FACTORIES[next(iter(TRACE_FACTORIES))]
+    TRACE_FACTORIES[id(out)] = out
 
 
 class Runtime:

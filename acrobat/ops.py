@@ -951,11 +951,17 @@ def lookup_table(node) -> Tensor | None:
 _EMBEDDING_OPTIONS = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
 
 
+def _embedding_option_values(args, kwargs) -> dict:
+    """The options an ``F.embedding(input, weight, ...)`` call sets, by name."""
+    options = dict(zip(_EMBEDDING_OPTIONS, args[2:]))
+    options.update((k, kwargs[k]) for k in _EMBEDDING_OPTIONS if k in kwargs)
+    return options
+
+
 def _embedding_options(args, kwargs) -> tuple:
     """(max_norm, whether an option that changes only the gradient is set: padding_idx,
     scale_grad_by_freq, sparse) of an ``F.embedding(input, weight, ...)`` call."""
-    options = dict(zip(_EMBEDDING_OPTIONS, args[2:]))
-    options.update((k, kwargs[k]) for k in _EMBEDDING_OPTIONS if k in kwargs)
+    options = _embedding_option_values(args, kwargs)
     grad_options = options.get("padding_idx") is not None or any(
         options.get(k) for k in ("scale_grad_by_freq", "sparse")
     )
@@ -966,8 +972,7 @@ def _per_row_gradient(args, kwargs) -> bool:
     """Whether an ``F.embedding`` call's gradient is each looked-up row's alone, the same
     from one lookup of many instances' ids: not scaled by how often an id occurs in the
     call (``scale_grad_by_freq`` would count every instance's), not sparse."""
-    options = dict(zip(_EMBEDDING_OPTIONS, args[2:]))
-    options.update((k, kwargs[k]) for k in _EMBEDDING_OPTIONS if k in kwargs)
+    options = _embedding_option_values(args, kwargs)
     return not options.get("scale_grad_by_freq") and not options.get("sparse")
 
 
