@@ -51,8 +51,10 @@ from acrobat.ops import (
     SCALAR_DTYPES,
     TENSOR,
     factory_call,
+    keep_row,
     lookup_call,
     put_item,
+    put_rows,
     scalar_data,
     value_data,
 )
@@ -876,7 +878,6 @@ _SIZE_FACTORIES = {"zeros", "ones"}  # torch.<name>(size) with one positional si
 ITEM_WRITES = True
 _PUT_PLACEHOLDER = -_REGION_BASE * 3
 _SLICE_PLACEHOLDER = -_REGION_BASE * 4  # the builtin slice, whatever the module calls it
-_WRITE_PLACEHOLDERS = (_PUT_PLACEHOLDER, _SLICE_PLACEHOLDER)
 # for t in range(...) whose counter is read only as ``x[t]`` (x a local the body does not
 # touch otherwise) -> a loop over the rows x[t] would read, which can be a scan (read when
 # outlining); ``_index_loop``
@@ -885,6 +886,15 @@ _ROWS_PLACEHOLDER = -_REGION_BASE * 5
 # a run's parameter that it writes into, given a real tensor the instances share, is
 # read as a row (RegionBlock._converted; read at every call)
 STATE_ROWS = True
+# for t in range(...) writing x[t] = v once a step, x a local the function owns that the
+# loop touches no other way -> the values appended to a list, written after the loop in
+# one op (ops.put_rows; read when outlining): ``_row_writes``
+LOOP_ROW_WRITES = True
+_KEEP_PLACEHOLDER = -_REGION_BASE * 6
+_PUT_ROWS_PLACEHOLDER = -_REGION_BASE * 7
+_RANGE_PLACEHOLDER = -_REGION_BASE * 8
+# calls a run may hold that are no tensor op of their own (a write counts as one: _ops)
+_WRITE_PLACEHOLDERS = (_PUT_PLACEHOLDER, _SLICE_PLACEHOLDER, _KEEP_PLACEHOLDER)
 
 
 class Outlined:
@@ -1288,9 +1298,16 @@ def _outline(fn) -> Outlined | None:
         return None  # the source is not what runs (edited since import)
     imports, flags = context
     owned = _owned_tensors(node, set(code.co_varnames)) if ITEM_WRITES else set()
+    local = set(code.co_varnames)
+    # (first: the loops' row writes leave the loop, the rest of its writes stay in place)
+    loops = _rewrite_row_writes(fn, node, owned, local) if owned and LOOP_ROW_WRITES else []
     # (before the runs are found: a rewritten write, x = put_item(v, x, i), may join one)
     writes = _rewrite_item_writes(node, owned) if owned else 0
-    rewriter = _Rewriter(fn, set(code.co_varnames) - _comprehension_only(node))
+    writes += len(loops)
+    for span, values in loops:
+        local |= {span, values}
+    rewriter = _Rewriter(fn, local - _comprehension_only(node))
+    rewriter.ranges = {span for span, _ in loops}
     rewriter.rewrite(node)
     lookups = _rewrite_lookups(node) if LOOKUP_CALLS or FACTORY_CALLS else 0
     checks = _rewrite_type_checks(node) if TYPE_CHECKS else 0
@@ -1306,6 +1323,9 @@ def _outline(fn) -> Outlined | None:
         _PUT_PLACEHOLDER: put_item,
         _SLICE_PLACEHOLDER: slice,
         _ROWS_PLACEHOLDER: index_rows,
+        _KEEP_PLACEHOLDER: keep_row,
+        _PUT_ROWS_PLACEHOLDER: put_rows,
+        _RANGE_PLACEHOLDER: range,
     }
     regions = []
     for r in rewriter.regions:
@@ -1711,6 +1731,194 @@ def _rewrite_item_writes(node: ast.FunctionDef, owned: set) -> int:
     return writes.count
 
 
+# A buffer filled a row per step (``states = torch.zeros(n, h)`` then ``for t in
+# range(n): h = cell(x[t], h); states[t] = h``) is written in place in eager. Recorded
+# as written, each step's write is a put of the whole buffer (O(n^2) copies inside a
+# traced loop body) and the loop's counter is read as an index, so it is no scan. Where
+# the loop touches the buffer only by that one write per step, nothing else can see the
+# buffer before the loop ends (the function owns it: no alias, no view kept), and the
+# loop cannot end early or be interrupted and resumed in the function (no break,
+# continue, return, try or with around it), the writes are made after the loop, in one
+# op of all the values (ops.put_rows)::
+#
+#     _acrobat_rgK = range(...)
+#     _acrobat_rwK = []
+#     for t in _acrobat_rgK:                  # (or reversed(_acrobat_rgK))
+#         h = cell(x[t], h)
+#         _acrobat_rwK.append(<keep_row>(h))  # was: states[t] = h
+#     states = <put_rows>(states, _acrobat_rgK, _acrobat_rwK, reversed?)
+#
+# The loop is then a loop over positions appending its states (_index_loop, _scan).
+# ``keep_row`` marks a lazy value as read, as the put did, so that an update of it in
+# place later in the loop is refused as before instead of reaching the deferred write
+# (a real tensor is copied). A write that fails (a position out of range, a value that
+# does not fit the row) raises eager's error after the loop instead of at its step.
+
+_LOOP_EXITS: tuple = (
+    ast.Break, ast.Continue, ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Try,
+    ast.With, ast.AsyncWith, ast.Delete, ast.AugAssign, ast.Global, ast.Nonlocal,
+    ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef,
+)  # fmt: skip
+if sys.version_info >= (3, 11):
+    _LOOP_EXITS += (ast.TryStar,)
+
+
+def _rewrite_row_writes(fn, node: ast.FunctionDef, owned: set, local: set) -> list:
+    """Rewrite the loops of ``node`` that fill an ``owned`` buffer a row per step (see the
+    section comment). Returns (range name, list name) of each loop rewritten."""
+    if any(b in local or b in fn.__globals__ for b in ("range", "reversed")):
+        return []
+    found: list = []
+
+    def rewrite(stmts: list, guarded: bool) -> list:
+        out: list = []
+        for stmt in stmts:
+            inner = guarded or isinstance(stmt, (ast.Try, ast.With, ast.AsyncWith)) or (
+                sys.version_info >= (3, 11) and isinstance(stmt, ast.TryStar)
+            )
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(stmt, field, None)
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                    setattr(stmt, field, rewrite(block, inner))
+            for handler in getattr(stmt, "handlers", ()):
+                handler.body = rewrite(handler.body, True)
+            for case in getattr(stmt, "cases", ()):
+                case.body = rewrite(case.body, inner)
+            new = None if guarded else _row_write_loop(stmt, out, owned, len(found))
+            if new is None:
+                out.append(stmt)
+            else:
+                out.extend(new)
+                found.append((new[0].targets[0].id, new[1].targets[0].id))
+        return out
+
+    node.body = rewrite(node.body, False)
+    return found
+
+
+def _row_write_loop(stmt, before: list, owned: set, k: int) -> list | None:
+    """The statements replacing ``stmt`` (see the section comment), or None."""
+    if not isinstance(stmt, ast.For) or stmt.orelse or not isinstance(stmt.target, ast.Name):
+        return None
+    span: Any = stmt.iter
+    reverse = _plain_call(span, "reversed") and len(span.args) == 1
+    if reverse:
+        span = span.args[0]
+    if not _plain_call(span, "range") or len(span.args) > 3:
+        return None
+    counter = stmt.target.id
+    writes = [
+        j
+        for j, s in enumerate(stmt.body)
+        if isinstance(s, ast.Assign)
+        and len(s.targets) == 1
+        and isinstance(s.targets[0], ast.Subscript)
+        and isinstance(s.targets[0].value, ast.Name)
+        and s.targets[0].value.id in owned
+        and isinstance(s.targets[0].slice, ast.Name)
+        and s.targets[0].slice.id == counter
+    ]
+    if len(writes) != 1:
+        return None
+    write: Any = stmt.body[writes[0]]
+    target = write.targets[0]
+    buffer = target.value.id
+    if buffer == counter or not any(
+        isinstance(s, ast.Assign) and any(_binds(t, buffer) for t in s.targets) for s in before
+    ):
+        return None  # (bound before the loop, so that the write after it reads it)
+    for s in stmt.body:
+        for sub in ast.walk(s):
+            if isinstance(sub, _LOOP_EXITS):
+                return None
+            if isinstance(sub, ast.Name):
+                if sub.id == buffer and sub is not target.value:
+                    return None  # the loop reads the buffer (or binds it)
+                if sub.id == counter and not isinstance(sub.ctx, ast.Load):
+                    return None
+            elif isinstance(sub, (ast.Assign, ast.AnnAssign, ast.For, ast.AsyncFor)):
+                stores = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                if sub is not write and not all(_names_only(t) for t in stores):
+                    return None  # a store into an object (a tensor's items, maybe)
+            elif isinstance(sub, ast.Call):
+                f = sub.func
+                if isinstance(f, ast.Attribute) and f.attr.endswith("_") and not (
+                    f.attr.endswith("__")
+                ):
+                    return None  # an in-place method (the values kept must not change)
+                if any(kw.arg in ("out", "inplace") for kw in sub.keywords):
+                    return None
+    span_name, values = f"_acrobat_rg{k}", f"_acrobat_rw{k}"
+    bind_span = ast.Assign(
+        targets=[ast.Name(span_name, ast.Store())],
+        value=ast.Call(ast.Constant(_RANGE_PLACEHOLDER), span.args, []),
+    )
+    bind_values = ast.Assign(
+        targets=[ast.Name(values, ast.Store())], value=ast.List([], ast.Load())
+    )
+    keep = ast.Call(ast.Constant(_KEEP_PLACEHOLDER), [write.value], [])
+    append = ast.Expr(
+        ast.Call(ast.Attribute(ast.Name(values, ast.Load()), "append", ast.Load()), [keep], [])
+    )
+    body = list(stmt.body)
+    body[writes[0]] = _located(append, write)
+    loop_iter: ast.expr = ast.Name(span_name, ast.Load())
+    if reverse:
+        loop_iter = ast.Call(ast.Name("reversed", ast.Load()), [loop_iter], [])
+    loop = ast.For(target=stmt.target, iter=loop_iter, body=body, orelse=[])
+    put = ast.Assign(
+        targets=[ast.Name(buffer, ast.Store())],
+        value=ast.Call(
+            ast.Constant(_PUT_ROWS_PLACEHOLDER),
+            [
+                ast.Name(buffer, ast.Load()),
+                ast.Name(span_name, ast.Load()),
+                ast.Name(values, ast.Load()),
+                ast.Constant(reverse),
+            ],
+            [],
+        ),
+    )
+    ast.copy_location(loop, stmt)
+    loop.end_lineno, loop.end_col_offset = stmt.end_lineno, stmt.end_col_offset
+    return [
+        _located(bind_span, stmt),
+        _located(bind_values, stmt),
+        _located(loop, stmt),
+        _located(put, write),
+    ]
+
+
+def _plain_call(expr, name: str) -> bool:
+    """``expr`` is a call of ``name`` with positional, unstarred arguments only."""
+    return (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Name)
+        and expr.func.id == name
+        and not expr.keywords
+        and len(expr.args) >= 1
+        and not any(isinstance(a, ast.Starred) for a in expr.args)
+    )
+
+
+def _binds(target, name: str) -> bool:
+    """Whether the assignment target ``target`` binds the local ``name``."""
+    if isinstance(target, ast.Name):
+        return target.id == name
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return any(_binds(t, name) for t in target.elts)
+    return isinstance(target, ast.Starred) and _binds(target.value, name)
+
+
+def _names_only(target) -> bool:
+    """Whether an assignment target binds names only (no item or attribute store)."""
+    if isinstance(target, ast.Name):
+        return True
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return all(_names_only(t) for t in target.elts)
+    return isinstance(target, ast.Starred) and _names_only(target.value)
+
+
 class _TypeChecks(ast.NodeTransformer):
     """``isinstance(x, T)`` -> ``<lazy_isinstance>(isinstance, x, T)`` and
     ``torch.is_tensor(x)`` -> ``<lazy_is_tensor>(torch.is_tensor, x)`` (see
@@ -1972,6 +2180,7 @@ class _Rewriter:
         self.dynamic = False  # the function calls locals() / vars() / eval / exec
         self.load_pos: dict[str, list] = {}  # name -> (line, column) of each read of it
         self.loop_spans: list[tuple] = []  # (start, end) positions of each loop statement
+        self.ranges: set[str] = set()  # locals bound to range(...) by _rewrite_row_writes
 
     def rewrite(self, node, bound: frozenset = frozenset()) -> None:
         """Rewrite the statement lists under ``node``; ``bound``: local names certainly
@@ -2186,7 +2395,7 @@ class _Rewriter:
             names = [target.id]
         else:
             return None
-        counted = not zipped and self._builtin_call(it, "range") and len(it.args) <= 3
+        counted = not zipped and self._range(it)
         body_loads = _load_counts(stmt.body)
         if any(_loads_outside_loops_over(self.root, name) for name in names):
             return None  # the counter or element is read after a loop (its last value)
@@ -2321,7 +2530,7 @@ class _Rewriter:
         span: Any = it
         if self._builtin_call(it, "reversed") and len(span.args) == 1:
             span = span.args[0]
-        if not self._builtin_call(span, "range") or len(span.args) > 3:
+        if not self._range(span):
             return None
         if self.root is None or _loads_outside_loops_over(self.root, counter):
             return None  # its last value is read after the loop
@@ -2352,7 +2561,7 @@ class _Rewriter:
             return None  # the counter read otherwise (or bound in the body)
         if any(n != uses.count(x) for x, n in seen.items()):
             return None  # x read (or bound) otherwise than as x[t]
-        if len(sequences) > 1 and not all(_plain_read(a) for a in span.args):
+        if len(sequences) > 1 and not all(_plain_read(a) for a in getattr(span, "args", ())):
             return None
         k = len(self.regions)
         names = {x: f"_acrobat_row{k}_{j}" for j, x in enumerate(sequences)}
@@ -2419,6 +2628,13 @@ class _Rewriter:
         test = ast.Compare(ast.Name(st, ast.Load()), [ast.Is()], [ast.Constant(None)])
         branch = ast.If(test=test, body=[loop], orelse=[call])
         return [_located(node, loop) for node in (first, state, branch)]
+
+    def _range(self, expr) -> bool:
+        """``expr`` is ``range(...)`` (the builtin) or a local bound to one before its loop
+        (_rewrite_row_writes)."""
+        if isinstance(expr, ast.Name):
+            return expr.id in self.ranges
+        return self._builtin_call(expr, "range") and len(expr.args) <= 3
 
     def _builtin_call(self, expr, name: str) -> bool:
         """``expr`` is a call of the builtin ``name`` (not shadowed) with positional,

@@ -1219,6 +1219,53 @@ def put_item(value, x, index):
     return put(x, index, value)
 
 
+def keep_row(value):
+    """A value a loop writes into a row of a buffer, kept for the write after the loop
+    (``put_rows``; analysis.LOOP_ROW_WRITES): a lazy one is marked read, as the put that
+    read it at its step marked it, so that an update of it in place is refused as then
+    rather than reaching the write; a real tensor is copied."""
+    if type(value) is LazyTensor:
+        value.node.used = 1
+        return value
+    if isinstance(value, Tensor):
+        return value.clone()
+    return value
+
+
+def put_rows(x, span: range, values: list, reverse: bool):
+    """``for t in span: x[t] = v`` (``reversed(span)`` where ``reverse``) for the values
+    ``v`` the loop kept (``keep_row``), written after it (analysis.LOOP_ROW_WRITES): where
+    they are tensors of x's row shape, dtype and device, the rows the positions name once
+    each: the stack of the values where they write every row of x (and x needs no
+    gradient: nothing of it is left), else one write of them all; otherwise one write per
+    value, in the loop's order, as eager makes them (and with eager's errors)."""
+    positions = list(reversed(span) if reverse else span)
+    if len(positions) != len(values):  # pragma: no cover - the loop has no break
+        raise AssertionError("put_rows: a value for every position")
+    if not values:
+        return x
+    if (type(x) is LazyTensor or isinstance(x, Tensor)) and x.ndim:
+        row, size = x.shape[1:], x.shape[0]
+        if all(
+            (type(v) is LazyTensor or isinstance(v, Tensor))
+            and v.shape == row
+            and v.dtype == x.dtype
+            and v.device == x.device
+            for v in values
+        ) and all(type(p) is int and -size <= p < size for p in positions):
+            at = [p % size for p in positions]
+            if len(set(at)) == len(at):
+                if len(at) == size and not x.requires_grad:
+                    ordered: list = [None] * size
+                    for p, v in zip(at, values):
+                        ordered[p] = v
+                    return torch.stack(ordered)
+                return put(x, at, torch.stack(values))
+    for p, v in zip(positions, values):
+        x = put(x, p, v)
+    return x
+
+
 def _special_put(func, args, kwargs):
     """Record ``x[index] = value`` out of place (see the section comment)."""
     x, index, value = args
