@@ -43,7 +43,7 @@ from torch import nn
 from acrobat import choice, config, graph
 from acrobat.errors import LazyValueError, ShapeError, UnsupportedOpError, user_frame, user_line
 from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
-from acrobat.tensor import index_tensor, stage_array, to_device
+from acrobat.tensor import index_tensor, stage_array, to_device, type_key
 from acrobat_kernels import gemm, unary
 
 Tensor = torch.Tensor
@@ -1244,15 +1244,9 @@ def put_rows(x, span: range, values: list, reverse: bool):
         raise AssertionError("put_rows: a value for every position")
     if not values:
         return x
-    if (type(x) is LazyTensor or isinstance(x, Tensor)) and x.ndim:
-        row, size = x.shape[1:], x.shape[0]
-        if all(
-            (type(v) is LazyTensor or isinstance(v, Tensor))
-            and v.shape == row
-            and v.dtype == x.dtype
-            and v.device == x.device
-            for v in values
-        ) and all(type(p) is int and -size <= p < size for p in positions):
+    if (type(x) is LazyTensor or isinstance(x, Tensor)) and x.ndim and _rows_of(x, values):
+        size = x.shape[0]
+        if all(type(p) is int and -size <= p < size for p in positions):
             at = [p % size for p in positions]
             if len(set(at)) == len(at):
                 if len(at) == size and not x.requires_grad:
@@ -1264,6 +1258,25 @@ def put_rows(x, span: range, values: list, reverse: bool):
     for p, v in zip(positions, values):
         x = put(x, p, v)
     return x
+
+
+def _rows_of(x, values: list) -> bool:
+    """Whether every value is a tensor of x's row shape, dtype and device (a lazy one's
+    type key says its shape and dtype; the map's lazy tensors share one device)."""
+    shape, dtype, device = x.shape, x.dtype, x.device  # (read once: a real tensor's
+    row = shape[1:]  # attributes pass the map's torch function mode)
+    key = type_key(row, dtype)
+    lazy = None
+    for v in values:
+        if type(v) is LazyTensor:
+            if v.key != key:
+                return False
+            lazy = v
+        elif not (
+            isinstance(v, Tensor) and v.shape == row and v.dtype == dtype and v.device == device
+        ):
+            return False
+    return lazy is None or lazy.device == device
 
 
 def _special_put(func, args, kwargs):
