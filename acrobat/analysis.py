@@ -1300,14 +1300,14 @@ def _outline(fn) -> Outlined | None:
     owned = _owned_tensors(node, set(code.co_varnames)) if ITEM_WRITES else set()
     local = set(code.co_varnames)
     # (first: the loops' row writes leave the loop, the rest of its writes stay in place)
-    loops = _rewrite_row_writes(fn, node, owned, local) if owned and LOOP_ROW_WRITES else []
+    bound = _rewrite_row_writes(fn, node, owned, local) if owned and LOOP_ROW_WRITES else []
     # (before the runs are found: a rewritten write, x = put_item(v, x, i), may join one)
     writes = _rewrite_item_writes(node, owned) if owned else 0
-    writes += len(loops)
-    for span, values in loops:
-        local |= {span, values}
+    ranges = {name for name in bound if name.startswith("_acrobat_rg")}
+    writes += len(ranges)
+    local.update(bound)
     rewriter = _Rewriter(fn, local - _comprehension_only(node))
-    rewriter.ranges = {span for span, _ in loops}
+    rewriter.ranges = ranges
     rewriter.rewrite(node)
     lookups = _rewrite_lookups(node) if LOOKUP_CALLS or FACTORY_CALLS else 0
     checks = _rewrite_type_checks(node) if TYPE_CHECKS else 0
@@ -1764,8 +1764,8 @@ if sys.version_info >= (3, 11):
 
 
 def _rewrite_row_writes(fn, node: ast.FunctionDef, owned: set, local: set) -> list:
-    """Rewrite the loops of ``node`` that fill an ``owned`` buffer a row per step (see the
-    section comment). Returns (range name, list name) of each loop rewritten."""
+    """Rewrite the loops of ``node`` that fill ``owned`` buffers a row per step (see the
+    section comment). Returns the names the rewrite binds (ranges and lists)."""
     if any(b in local or b in fn.__globals__ for b in ("range", "reversed")):
         return []
     found: list = []
@@ -1789,7 +1789,8 @@ def _rewrite_row_writes(fn, node: ast.FunctionDef, owned: set, local: set) -> li
                 out.append(stmt)
             else:
                 out.extend(new)
-                found.append((new[0].targets[0].id, new[1].targets[0].id))
+                loop = next(i for i, s in enumerate(new) if isinstance(s, ast.For))
+                found.extend(s.targets[0].id for s in new[:loop])
         return out
 
     node.body = rewrite(node.body, False)
@@ -1807,38 +1808,43 @@ def _row_write_loop(stmt, before: list, owned: set, k: int) -> list | None:
     if not _plain_call(span, "range") or len(span.args) > 3:
         return None
     counter = stmt.target.id
-    writes = [
-        j
-        for j, s in enumerate(stmt.body)
-        if isinstance(s, ast.Assign)
-        and len(s.targets) == 1
-        and isinstance(s.targets[0], ast.Subscript)
-        and isinstance(s.targets[0].value, ast.Name)
-        and s.targets[0].value.id in owned
-        and isinstance(s.targets[0].slice, ast.Name)
-        and s.targets[0].slice.id == counter
-    ]
-    if len(writes) != 1:
-        return None
-    write: Any = stmt.body[writes[0]]
-    target = write.targets[0]
-    buffer = target.value.id
-    if buffer == counter or not any(
-        isinstance(s, ast.Assign) and any(_binds(t, buffer) for t in s.targets) for s in before
-    ):
-        return None  # (bound before the loop, so that the write after it reads it)
+    writes: dict[int, str] = {}  # position in the body -> the buffer it writes
+    for j, s in enumerate(stmt.body):
+        if (
+            isinstance(s, ast.Assign)
+            and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Subscript)
+            and isinstance(s.targets[0].value, ast.Name)
+            and s.targets[0].value.id in owned
+            and isinstance(s.targets[0].slice, ast.Name)
+            and s.targets[0].slice.id == counter
+        ):
+            writes[j] = s.targets[0].value.id
+    buffers = list(writes.values())
+    if not buffers or len(set(buffers)) != len(buffers) or counter in buffers:
+        return None  # (one write a step of each buffer)
+    for buffer in buffers:  # bound before the loop, so that the write after it reads it
+        if not any(
+            isinstance(s, ast.Assign) and any(_binds(t, buffer) for t in s.targets)
+            for s in before
+        ):
+            return None
+    body: list[Any] = stmt.body
+    written = {id(body[j].targets[0].value) for j in writes}
     for s in stmt.body:
         for sub in ast.walk(s):
             if isinstance(sub, _LOOP_EXITS):
                 return None
             if isinstance(sub, ast.Name):
-                if sub.id == buffer and sub is not target.value:
-                    return None  # the loop reads the buffer (or binds it)
+                if sub.id in buffers and id(sub) not in written:
+                    return None  # the loop reads a buffer (or binds it)
                 if sub.id == counter and not isinstance(sub.ctx, ast.Load):
                     return None
             elif isinstance(sub, (ast.Assign, ast.AnnAssign, ast.For, ast.AsyncFor)):
-                stores = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
-                if sub is not write and not all(_names_only(t) for t in stores):
+                stores: list[Any] = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                if not all(_names_only(t) for t in stores) and not (
+                    isinstance(sub, ast.Assign) and id(getattr(stores[0], "value", None)) in written
+                ):
                     return None  # a store into an object (a tensor's items, maybe)
             elif isinstance(sub, ast.Call):
                 f = sub.func
@@ -1848,45 +1854,50 @@ def _row_write_loop(stmt, before: list, owned: set, k: int) -> list | None:
                     return None  # an in-place method (the values kept must not change)
                 if any(kw.arg in ("out", "inplace") for kw in sub.keywords):
                     return None
-    span_name, values = f"_acrobat_rg{k}", f"_acrobat_rw{k}"
+    span_name = f"_acrobat_rg{k}"
+    lists = {buffer: f"_acrobat_rw{k}_{n}" for n, buffer in enumerate(buffers)}
     bind_span = ast.Assign(
         targets=[ast.Name(span_name, ast.Store())],
         value=ast.Call(ast.Constant(_RANGE_PLACEHOLDER), span.args, []),
     )
-    bind_values = ast.Assign(
-        targets=[ast.Name(values, ast.Store())], value=ast.List([], ast.Load())
-    )
-    keep = ast.Call(ast.Constant(_KEEP_PLACEHOLDER), [write.value], [])
-    append = ast.Expr(
-        ast.Call(ast.Attribute(ast.Name(values, ast.Load()), "append", ast.Load()), [keep], [])
-    )
-    body = list(stmt.body)
-    body[writes[0]] = _located(append, write)
+    out = [_located(bind_span, stmt)]
+    for values in lists.values():
+        bind = ast.Assign(targets=[ast.Name(values, ast.Store())], value=ast.List([], ast.Load()))
+        out.append(_located(bind, stmt))
+    body = list(body)
+    puts = []
+    for j, buffer in writes.items():
+        write: Any = stmt.body[j]
+        keep = ast.Call(ast.Constant(_KEEP_PLACEHOLDER), [write.value], [])
+        append = ast.Expr(
+            ast.Call(
+                ast.Attribute(ast.Name(lists[buffer], ast.Load()), "append", ast.Load()),
+                [keep],
+                [],
+            )
+        )
+        body[j] = _located(append, write)
+        put = ast.Assign(
+            targets=[ast.Name(buffer, ast.Store())],
+            value=ast.Call(
+                ast.Constant(_PUT_ROWS_PLACEHOLDER),
+                [
+                    ast.Name(buffer, ast.Load()),
+                    ast.Name(span_name, ast.Load()),
+                    ast.Name(lists[buffer], ast.Load()),
+                    ast.Constant(reverse),
+                ],
+                [],
+            ),
+        )
+        puts.append(_located(put, write))
     loop_iter: ast.expr = ast.Name(span_name, ast.Load())
     if reverse:
         loop_iter = ast.Call(ast.Name("reversed", ast.Load()), [loop_iter], [])
     loop = ast.For(target=stmt.target, iter=loop_iter, body=body, orelse=[])
-    put = ast.Assign(
-        targets=[ast.Name(buffer, ast.Store())],
-        value=ast.Call(
-            ast.Constant(_PUT_ROWS_PLACEHOLDER),
-            [
-                ast.Name(buffer, ast.Load()),
-                ast.Name(span_name, ast.Load()),
-                ast.Name(values, ast.Load()),
-                ast.Constant(reverse),
-            ],
-            [],
-        ),
-    )
     ast.copy_location(loop, stmt)
     loop.end_lineno, loop.end_col_offset = stmt.end_lineno, stmt.end_col_offset
-    return [
-        _located(bind_span, stmt),
-        _located(bind_values, stmt),
-        _located(loop, stmt),
-        _located(put, write),
-    ]
+    return [*out, _located(loop, stmt), *puts]
 
 
 def _plain_call(expr, name: str) -> bool:
@@ -2508,8 +2519,9 @@ class _Rewriter:
 
     def _index_loop(self, stmt: ast.For) -> ast.For | None:
         """``for t in range(...)`` (or ``reversed(range(...))``) whose counter the body
-        reads only as ``x[t]``, ``x`` a local the body reads only that way, rewritten to a
-        loop over those rows::
+        reads only as ``x[t]`` or ``x[t + c]`` / ``x[t - c]`` (``c`` an int constant), ``x``
+        a local the body reads only that way, rewritten to a loop over those rows (a
+        sequence per ``(x, c)``)::
 
             for _acrobat_rowK_0, _acrobat_rowK_1 in zip(
                 index_rows(x, range(...)), index_rows(y, range(...))
@@ -2534,23 +2546,23 @@ class _Rewriter:
             return None
         if self.root is None or _loads_outside_loops_over(self.root, counter):
             return None  # its last value is read after the loop
-        uses: list[str] = []  # x of each x[t]
+        uses: list[tuple[str, int]] = []  # (x, c) of each x[t + c]
         for s in stmt.body:
             for sub in ast.walk(s):
                 if (
                     isinstance(sub, ast.Subscript)
                     and isinstance(sub.ctx, ast.Load)
-                    and isinstance(sub.slice, ast.Name)
-                    and sub.slice.id == counter
                     and isinstance(sub.value, ast.Name)
                     and sub.value.id in self.local
                     and sub.value.id != counter
+                    and (c := _counter_offset(sub.slice, counter)) is not None
                 ):
-                    uses.append(sub.value.id)
+                    uses.append((sub.value.id, c))
         if not uses:
             return None
         sequences = sorted(set(uses))
-        seen = dict.fromkeys((counter, *sequences), 0)  # every Name node of them, any ctx
+        read = [x for x, _ in uses]
+        seen = dict.fromkeys((counter, *read), 0)  # every Name node of them, any ctx
         for s in stmt.body:
             for sub in ast.walk(s):
                 if isinstance(sub, ast.Name) and sub.id in seen:
@@ -2559,12 +2571,12 @@ class _Rewriter:
                     return None
         if seen.pop(counter) != len(uses):
             return None  # the counter read otherwise (or bound in the body)
-        if any(n != uses.count(x) for x, n in seen.items()):
-            return None  # x read (or bound) otherwise than as x[t]
+        if any(n != read.count(x) for x, n in seen.items()):
+            return None  # x read (or bound) otherwise than as x[t + c]
         if len(sequences) > 1 and not all(_plain_read(a) for a in getattr(span, "args", ())):
             return None
         k = len(self.regions)
-        names = {x: f"_acrobat_row{k}_{j}" for j, x in enumerate(sequences)}
+        names = {xc: f"_acrobat_row{k}_{j}" for j, xc in enumerate(sequences)}
         body = [_RowReplacer(counter, names).visit(copy.deepcopy(s)) for s in stmt.body]
         # the lists the body appends to: one of them may be x under another name, whose
         # rows the loop as written reads as they grow (index_rows checks, at run time)
@@ -2576,10 +2588,11 @@ class _Rewriter:
                     ast.Name(x, ast.Load()),
                     copy.deepcopy(it),
                     ast.Tuple([ast.Name(g, ast.Load()) for g in grown], ast.Load()),
+                    ast.Constant(c),
                 ],
                 keywords=[],
             )
-            for x in sequences
+            for x, c in sequences
         ]
         if len(calls) == 1:
             new_target: ast.expr = ast.Name(names[sequences[0]], ast.Store())
@@ -3201,22 +3214,41 @@ def _index_use(node: ast.Subscript, name: str) -> bool:
 
 
 class _RowReplacer(ast.NodeTransformer):
-    """Each ``x[t]`` (``t`` the counter, ``x`` one of ``names``) replaced by the name of
-    ``x``'s rows (``_Rewriter._index_loop`` checked that the counter is read only so)."""
+    """Each ``x[t + c]`` (``t`` the counter, ``(x, c)`` one of ``names``) replaced by the
+    name of those rows (``_Rewriter._index_loop`` checked that the counter is read only
+    so)."""
 
     def __init__(self, counter: str, names: dict):
         self.counter = counter
         self.names = names
 
     def visit_Subscript(self, node):
-        if (
-            isinstance(node.slice, ast.Name)
-            and node.slice.id == self.counter
-            and isinstance(node.value, ast.Name)
-            and node.value.id in self.names
-        ):
-            return ast.copy_location(ast.Name(self.names[node.value.id], ast.Load()), node)
+        if isinstance(node.value, ast.Name):
+            c = _counter_offset(node.slice, self.counter)
+            name = self.names.get((node.value.id, c)) if c is not None else None
+            if name is not None:
+                return ast.copy_location(ast.Name(name, ast.Load()), node)
         return self.generic_visit(node)
+
+
+def _counter_offset(index, counter: str) -> int | None:
+    """``c`` where ``index`` is ``counter``, ``counter + c``, ``c + counter`` or ``counter -
+    c`` (``c`` an int constant), else None."""
+    if isinstance(index, ast.Name):
+        return 0 if index.id == counter else None
+    if not isinstance(index, ast.BinOp) or not isinstance(index.op, (ast.Add, ast.Sub)):
+        return None
+    left, right = index.left, index.right
+    if isinstance(index.op, ast.Add) and isinstance(left, ast.Constant):
+        left, right = right, left
+    if not (
+        isinstance(left, ast.Name)
+        and left.id == counter
+        and isinstance(right, ast.Constant)
+        and type(right.value) is int
+    ):
+        return None
+    return right.value if isinstance(index.op, ast.Add) else -right.value
 
 
 def _read_names(it) -> set:
@@ -3257,13 +3289,15 @@ def _plain_read(expr) -> bool:
     return False
 
 
-def index_rows(seq: Any, indices, grown: tuple = ()):
-    """``[seq[i] for i in indices]``: the rows a loop ``for t in indices`` reading
-    ``seq[t]`` reads, in its order (``analysis._index_loop``). A tensor's are views from
-    one unbind (a lazy one records one node); a position out of range raises eager's
-    IndexError (before the loop, not at its step). Where ``seq`` is one of the lists the
-    loop appends to (``grown``: another name for it), each is read at its step, as the
-    loop as written reads it (an iterator: the scan declines it)."""
+def index_rows(seq: Any, indices, grown: tuple = (), offset: int = 0):
+    """``[seq[i + offset] for i in indices]``: the rows a loop ``for t in indices``
+    reading ``seq[t + offset]`` reads, in its order (``analysis._index_loop``). A
+    tensor's are views from one unbind (a lazy one records one node); a position out of
+    range raises eager's IndexError (before the loop, not at its step). Where ``seq`` is
+    one of the lists the loop appends to (``grown``: another name for it), each is read
+    at its step, as the loop as written reads it (an iterator: the scan declines it)."""
+    if offset:
+        indices = [i + offset for i in indices]
     if any(g is seq for g in grown):
         return (seq[i] for i in indices)
     tensor = type(seq) is graph.LazyTensor or isinstance(seq, torch.Tensor)

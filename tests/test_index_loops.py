@@ -316,3 +316,70 @@ def test_a_loop_reading_a_list_it_appends_to_reads_each_row_at_its_step():
     with torch.no_grad():
         check_map(f, _tokens([2, 4, 3], 13), m=MODEL)
     assert list(analysis.index_rows([1, 2], range(2), ())) == [1, 2]
+
+
+# ---- x[t - 1], x[t + 1]: rows at an offset from the counter ------------------------------
+
+
+def previous_and_next(tokens, m):
+    x = m.emb(tokens)
+    h = torch.zeros(DIM)
+    states = []
+    for t in range(1, x.shape[0] - 1):
+        h = m.cell(x[t - 1] + x[t + 1] * 0.5 + x[t], h)
+        states.append(h)
+    return torch.stack(states)
+
+
+def wrapping_around(tokens, m):
+    x = m.emb(tokens)
+    y = torch.sigmoid(m.out(x))
+    h = torch.zeros(DIM)
+    scores = []
+    for t in reversed(range(len(x))):
+        h = m.cell(x[t - 1], h)  # (t - 1 = -1 at t = 0: the last row, as eager reads it)
+        scores.append((m.out(h) * y[t]).sum())
+    return torch.stack(scores)
+
+
+OFFSETS = [previous_and_next, wrapping_around]
+
+
+@pytest.mark.parametrize("fn", OFFSETS, ids=lambda f: f.__name__)
+def test_rows_at_an_offset_are_a_loop_over_positions(fn):
+    outlined = analysis.outline(fn)
+    assert outlined is not None
+    scans = [r for r in outlined.regions if isinstance(r, analysis.ScanBlock)]
+    assert len(scans) == 1 and not scans[0].counted, fn.__name__
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    lengths=st.lists(st.integers(4, 9), min_size=1, max_size=6),  # (2 steps or more)
+    seed=st.integers(0, 999),
+    which=st.sampled_from(OFFSETS),
+)
+def test_rows_at_an_offset_give_the_eager_results(lengths, seed, which):
+    f = acrobat.autobatch(which)
+    with torch.no_grad():
+        stats = check_map(f, _tokens(lengths, seed), m=MODEL)
+    assert _scan_batches(stats) == [1], stats.by_op
+    check_grads(f, _tokens(lengths, seed), MODEL, atol=1e-5, m=MODEL)
+
+
+def one_past(tokens, m):
+    x = m.emb(tokens)
+    h = torch.zeros(DIM)
+    for t in range(x.shape[0]):
+        h = m.cell(x[t + 1], h)  # the last step reads past the end
+    return h
+
+
+def test_an_offset_past_the_end_raises_eagers_error():
+    data = _tokens([3, 2], 1)
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        one_past(data[0], MODEL)
+    with pytest.raises(IndexError, match="index 3 is out of bounds") as info, torch.no_grad():
+        acrobat.autobatch(one_past).map(data, m=MODEL)
+    assert any("instance 0" in note for note in info.value.__notes__)
+    assert analysis.index_rows([5, 6, 7], range(1, 3), (), -1) == [5, 6]
