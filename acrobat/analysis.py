@@ -50,6 +50,7 @@ from acrobat.errors import LazyValueError
 from acrobat.ops import (
     SCALAR_DTYPES,
     TENSOR,
+    augment,
     factory_call,
     keep_row,
     lookup_call,
@@ -893,8 +894,15 @@ LOOP_ROW_WRITES = True
 _KEEP_PLACEHOLDER = -_REGION_BASE * 6
 _PUT_ROWS_PLACEHOLDER = -_REGION_BASE * 7
 _RANGE_PLACEHOLDER = -_REGION_BASE * 8
-# calls a run may hold that are no tensor op of their own (a write counts as one: _ops)
-_WRITE_PLACEHOLDERS = (_PUT_PLACEHOLDER, _SLICE_PLACEHOLDER, _KEEP_PLACEHOLDER)
+# acc += v (-=, *=, /=) on a local nothing else can see (a number or a tensor the function
+# made: ``_accumulators``) -> acc = ops.augment(acc, v, "+"): an assignment, which runs and
+# scans take (read when outlining)
+AUGMENTED = True
+_AUG_PLACEHOLDER = -_REGION_BASE * 9
+# calls a run may hold that are no tensor op of their own (a write or an augmented
+# assignment counts as one: _ops)
+_WRITE_PLACEHOLDERS = (_PUT_PLACEHOLDER, _SLICE_PLACEHOLDER, _KEEP_PLACEHOLDER, _AUG_PLACEHOLDER)
+_ONE_OP_PLACEHOLDERS = (_PUT_PLACEHOLDER, _AUG_PLACEHOLDER)
 
 
 class Outlined:
@@ -1152,12 +1160,13 @@ class ScanBlock(_native.ScanBase if _native is not None else object):  # type: i
                     else v
                     for i, v in enumerate(values)
                 )
-            if not all(isinstance(v, _TENSORS) for v in values[:k]):
+            if not all(isinstance(v, _TENSORS) or type(v) in _NUMBERS for v in values[:k]):
                 # a container state (a dict of tensors): its items come in through the
                 # body's region of each step (read at its call), the loop as written
                 return None
             if not _all_lazy(values[:k]):
-                # a state that starts as another real tensor: the first step alone
+                # a state that starts as another real tensor, or as a number (``loss =
+                # 0`` before ``loss += ...``, analysis.AUGMENTED): the first step alone
                 values = (*self._finish(1, seqs, lists, values), *values[k:])
                 seqs = [seq[1:] for seq in seqs]
                 count -= 1
@@ -1211,6 +1220,7 @@ else:
 
 
 _KEY = operator.attrgetter("key")
+_NUMBERS = (int, float)
 _TENSORS = (graph.LazyTensor, torch.Tensor)
 
 
@@ -1299,12 +1309,15 @@ def _outline(fn) -> Outlined | None:
     imports, flags = context
     owned = _owned_tensors(node, set(code.co_varnames)) if ITEM_WRITES else set()
     local = set(code.co_varnames)
+    accumulators = _accumulators(node, local) if AUGMENTED else set()
+    # (first: a loop's acc += v is then an assignment the row writes' checks allow)
+    augmented = _rewrite_augmented(node, accumulators) if accumulators else 0
     # (first: the loops' row writes leave the loop, the rest of its writes stay in place)
     bound = _rewrite_row_writes(fn, node, owned, local) if owned and LOOP_ROW_WRITES else []
     # (before the runs are found: a rewritten write, x = put_item(v, x, i), may join one)
     writes = _rewrite_item_writes(node, owned) if owned else 0
     ranges = {name for name in bound if name.startswith("_acrobat_rg")}
-    writes += len(ranges)
+    writes += len(ranges) + augmented
     local.update(bound)
     rewriter = _Rewriter(fn, local - _comprehension_only(node))
     rewriter.ranges = ranges
@@ -1326,6 +1339,7 @@ def _outline(fn) -> Outlined | None:
         _KEEP_PLACEHOLDER: keep_row,
         _PUT_ROWS_PLACEHOLDER: put_rows,
         _RANGE_PLACEHOLDER: range,
+        _AUG_PLACEHOLDER: augment,
     }
     regions = []
     for r in rewriter.regions:
@@ -1930,6 +1944,102 @@ def _names_only(target) -> bool:
     return isinstance(target, ast.Starred) and _names_only(target.value)
 
 
+# ``loss = 0`` then ``loss += criterion(out, target[t])`` in a loop (the PyTorch
+# tutorials' way of summing a loss) is an augmented assignment, which no run or scan
+# takes: each step's loss ran op by op. On a number ``acc += v`` is ``acc = acc + v``; on a
+# tensor it updates the tensor in place, which differs from the rebinding only where
+# something else holds the tensor (an alias sees the update) or the result would not fit
+# it (another shape or dtype: eager raises). ``_accumulators`` finds the locals only ever
+# bound to a number or a tensor the function makes (a torch factory, a clone) or by such
+# updates, and read only by value (as _owned_tensors reads them: arithmetic, torch
+# functions that make new tensors, ``return``...), so nothing else can hold them; their
+# ``acc op= v`` (``+ - * /``) become ``acc = augment(acc, v, op)``, which makes the plain op
+# where its result keeps x's shape and dtype, else runs the in-place op itself (eager's
+# error or update).
+
+_AUG_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+
+def _accumulators(node: ast.FunctionDef, local: set) -> set[str]:
+    """The locals whose augmented assignments the function may rewrite (see above),
+    decided on its source before anything in it is rewritten."""
+    parents: dict = {}
+    for parent in ast.walk(node):
+        for child in ast.iter_child_nodes(parent):
+            parents[id(child)] = parent
+    a = node.args
+    params = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if p}
+    names = {
+        sub.target.id
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.AugAssign) and isinstance(sub.target, ast.Name)
+    }
+    names = {n for n in names if n in local and n not in params}
+    for sub in ast.walk(node):
+        if not isinstance(sub, ast.Name) or sub.id not in names:
+            continue
+        owner = parents.get(id(sub))
+        if isinstance(sub.ctx, ast.Store):
+            if isinstance(owner, ast.AugAssign) and owner.target is sub:
+                ok = type(owner.op) in _AUG_OPS
+            else:
+                ok = (
+                    isinstance(owner, ast.Assign)
+                    and len(owner.targets) == 1
+                    and owner.targets[0] is sub
+                    and (_number(owner.value) or _owning(owner.value))
+                )
+        else:
+            ok = isinstance(sub.ctx, ast.Load) and _owned_use(sub, parents)
+        if not ok:
+            names.discard(sub.id)
+    return names
+
+
+def _number(value) -> bool:
+    """An int or float literal (``-1`` too; not a bool)."""
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, (ast.USub, ast.UAdd)):
+        value = value.operand
+    return isinstance(value, ast.Constant) and type(value.value) in (int, float)
+
+
+class _Augmented(ast.NodeTransformer):
+    """``acc op= v`` -> ``acc = <augment>(acc, v, op)`` for the accumulators (see above)."""
+
+    def __init__(self, names: set):
+        self.names = names
+        self.count = 0
+
+    def visit_AugAssign(self, node: ast.AugAssign):
+        target = node.target
+        if not isinstance(target, ast.Name) or target.id not in self.names:
+            return node
+        self.count += 1
+        call = ast.Call(
+            func=ast.Constant(_AUG_PLACEHOLDER),
+            args=[
+                ast.Name(target.id, ast.Load()),
+                node.value,
+                ast.Constant(_AUG_OPS[type(node.op)]),
+            ],
+            keywords=[],
+        )
+        return _located(ast.Assign(targets=[ast.Name(target.id, ast.Store())], value=call), node)
+
+    def _scope(self, node):
+        return node
+
+    visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+
+
+def _rewrite_augmented(node: ast.FunctionDef, names: set) -> int:
+    """Rewrite the accumulators' augmented assignments in ``node``'s own code. Returns
+    how many."""
+    rewriter = _Augmented(names)
+    node.body = [rewriter.visit(stmt) for stmt in node.body]
+    return rewriter.count
+
+
 class _TypeChecks(ast.NodeTransformer):
     """``isinstance(x, T)`` -> ``<lazy_isinstance>(isinstance, x, T)`` and
     ``torch.is_tensor(x)`` -> ``<lazy_is_tensor>(torch.is_tensor, x)`` (see
@@ -2467,6 +2577,25 @@ class _Rewriter:
         # the body's statements are shared with the loop kept to run as written: the
         # outlined copy is a deep copy (hoisting rewrites it)
         body = [copy.deepcopy(s) for s in body]
+        # a state the body sets to a value it was given (``dec_in = target[t]``, the next
+        # step's input: an element, or a name bound outside the body) would be no output
+        # of the traced step but one of its arguments, which a Scan cannot carry: the
+        # outlined copy hands on a clone of it (the same value; the loop as written keeps
+        # the statement as it is)
+        made: set = set()
+        for s in body:
+            value = s.value
+            if (
+                isinstance(s, ast.Assign)
+                and len(s.targets) == 1
+                and isinstance(s.targets[0], ast.Name)
+                and s.targets[0].id in carried
+                and isinstance(value, ast.Name)
+                and value.id not in made
+            ):
+                clone = ast.Attribute(ast.Name(value.id, ast.Load()), "clone", ast.Load())
+                s.value = _located(ast.Call(clone, [], []), value)
+            made |= _assigned_names(s)
         # an element read only as ``torch.tensor(x)`` (a word id) may be a Python number:
         # the outlined body takes the tensor itself, so a scan makes one tensor of all
         # rows' numbers at once (values; else each step's torch.tensor is a node)
@@ -2795,7 +2924,7 @@ class _Rewriter:
             if isinstance(sub, ast.Call):
                 f = sub.func
                 if isinstance(f, ast.Constant) and f.value in _WRITE_PLACEHOLDERS:
-                    ops += f.value == _PUT_PLACEHOLDER  # (a rewritten x[i] = v: one op)
+                    ops += f.value in _ONE_OP_PLACEHOLDERS  # (x[i] = v, acc += v: one op)
                     continue
                 if (
                     isinstance(f, ast.Name)

@@ -27,6 +27,7 @@ import contextlib
 import dis
 import inspect
 import math
+import operator
 import sys
 import threading
 import warnings
@@ -35,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -1258,6 +1260,58 @@ def put_rows(x, span: range, values: list, reverse: bool):
     for p, v in zip(positions, values):
         x = put(x, p, v)
     return x
+
+
+_AUGMENTED = {
+    "+": (operator.add, operator.iadd),
+    "-": (operator.sub, operator.isub),
+    "*": (operator.mul, operator.imul),
+    "/": (operator.truediv, operator.itruediv),
+}
+
+
+def augment(x, value, op: str):
+    """``x op= value`` for a local nothing else holds (analysis.AUGMENTED): the plain op
+    where its result is what the in-place one leaves in ``x`` (``x`` a tensor whose shape
+    and dtype the result keeps), else the augmented op itself (a number: Python's
+    ``x = x op value``; a tensor: the in-place update, or eager's error)."""
+    plain, inplace = _AUGMENTED[op]
+    if (type(x) is LazyTensor or isinstance(x, Tensor)) and _keeps(x, value, op):
+        return plain(x, value)
+    return inplace(x, value)
+
+
+_RESULT_DTYPES: dict = {}  # (x dtype, x 0-d, value dtype or type, value 0-d) -> dtype
+
+
+def _keeps(x, value, op: str) -> bool:
+    """Whether ``x op value`` has x's shape and dtype (torch's promotion: computed once per
+    kind of operands, on real empty tensors)."""
+    shape, dtype = x.shape, x.dtype
+    t = type(value)
+    kind: Any
+    if t is int or t is float:
+        vshape: tuple = ()
+        kind = t
+    elif t is LazyTensor or isinstance(value, Tensor):
+        vshape, kind = value.shape, value.dtype
+    else:
+        return False
+    try:
+        if tuple(torch.broadcast_shapes(shape, vshape)) != tuple(shape):
+            return False
+    except RuntimeError:
+        return False
+    key = (dtype, len(shape) == 0, kind, len(vshape) == 0)
+    result = _RESULT_DTYPES.get(key)
+    if result is None:
+        with torch._C.DisableTorchFunction():
+            a = torch.empty(() if key[1] else (1,), dtype=dtype)
+            b = kind(1) if kind in (int, float) else torch.empty(() if key[3] else (1,), dtype=kind)
+            result = _RESULT_DTYPES[key] = torch.result_type(a, b)
+    if op == "/" and not (result.is_floating_point or result.is_complex):
+        return False  # (true division of integers makes floats)
+    return result == dtype
 
 
 def _rows_of(x, values: list) -> bool:

@@ -8,7 +8,9 @@ over graphs (a dense adjacency; an edge list, whose node and edge counts vary ap
 encoder-decoder over sentence pairs, a BiLSTM-CRF, a greedy attention decoder that
 reads its tokens, generation attending over its own growing history, an RNN writing
 its states into a buffer (``states[t] = h``), the same cell over positions (``x[t]``)
-with its states appended and stacked, a pointer network masking what it chose.
+with its states appended and stacked, the PyTorch seq2seq tutorial's training step
+(teacher forcing, ``loss += ...`` from ``loss = 0``), a pointer network masking what it
+chose.
 Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
 nodes) in rounds that alternate the systems (the order shuffled each round), and
@@ -67,6 +69,7 @@ class Model(nn.Module):
         self.att_v = nn.Linear(HIDDEN, 1, bias=False)
         self.dcell = nn.GRUCell(2 * HIDDEN, HIDDEN)
         self.cell = nn.GRUCell(HIDDEN, HIDDEN)
+        self.enc_cell = nn.GRUCell(HIDDEN, HIDDEN)  # (last: the layers above keep their init)
 
 
 def lm_gru(tokens, m):
@@ -183,6 +186,24 @@ def position_rnn(tokens, m):
     return F.cross_entropy(m.out(torch.stack(states)[:-1]), tokens[1:])
 
 
+def seq2seq_tutorial(pair, m):
+    # the PyTorch seq2seq tutorial's training step, per pair: the encoder run token by
+    # token, the decoder with teacher forcing (its next input the target token), the loss
+    # summed with ``+=`` from the number 0
+    source, target = pair
+    h = torch.zeros(HIDDEN)
+    for i in range(source.shape[0]):
+        h = m.enc_cell(m.emb(source[i]), h)
+    loss = 0
+    dec_in = torch.tensor(0)
+    for di in range(target.shape[0]):
+        h = m.cell(m.emb(dec_in), h)
+        out = F.log_softmax(m.out(h), -1)
+        loss += F.nll_loss(out[None], target[di][None])
+        dec_in = target[di]
+    return loss / target.shape[0]
+
+
 def pointer(tokens, m):
     # a pointer network's decoding: point at the best token not taken yet (a value read),
     # mask it out, feed it back; the order of all tokens
@@ -231,6 +252,7 @@ PATTERNS = {
     "autoregressive": Pattern(autoregressive, "tokens", False),
     "buffer_rnn": Pattern(buffer_rnn, "tokens", True),
     "position_rnn": Pattern(position_rnn, "tokens", True),
+    "seq2seq_tutorial": Pattern(seq2seq_tutorial, "pairs", True),
     "pointer": Pattern(pointer, "tokens", False),
 }
 

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import acrobat
-from tests.helpers import check_grads
+from acrobat import analysis
+from tests.helpers import check_grads, check_map
 
 # (name, update of y by x): each keeps y's shape and dtype
 UPDATES = {
@@ -521,10 +522,26 @@ def _twice_in_a_list(x):
     ],
 )
 def test_updates_of_a_constant_something_else_holds_are_refused(fn, message):
+    """(With analysis.AUGMENTED off: ``acc += x`` on a local nothing else can see is an
+    assignment then, test_an_accumulator_another_instance_holds_is_rebound_by_analysis.)"""
     f = acrobat.autobatch(fn)
     xs = [torch.randn(3) for _ in range(3)]
-    with pytest.raises(acrobat.UnsupportedOpError, match=message) as err:
-        f.map(xs)
+    analysis._OUTLINED.pop(fn.__code__, None)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(analysis, "AUGMENTED", False)
+            with pytest.raises(acrobat.UnsupportedOpError, match=message) as err:
+                f.map(xs)
+    finally:
+        analysis._OUTLINED.pop(fn.__code__, None)
     assert "write it out of place" in str(err.value)
     for x in xs:  # (eager is unaffected)
         assert fn(x).shape == (3,)
+
+
+def test_an_accumulator_another_instance_holds_is_rebound_by_analysis():
+    """``acc`` is only ever a constant made here or updated, and read by value: analysis
+    rewrites ``acc += x`` to ``acc = augment(acc, x, "+")``, the plain add (its result keeps
+    acc's shape and dtype), so the constant every instance shares stays as it is."""
+    f = acrobat.autobatch(_held_by_another_instance)
+    check_map(f, [torch.randn(3) for _ in range(3)])

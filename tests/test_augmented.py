@@ -1,0 +1,195 @@
+"""Augmented assignments to accumulators (analysis.AUGMENTED, ops.augment).
+
+``loss = 0`` then ``loss += criterion(out, target[t])`` in a loop is how the PyTorch
+tutorials sum a sequence's loss. An augmented assignment is no assignment to runs and
+scans, so each step's loss ran op by op and the loop could not be one node. Where the
+local is only ever a number, a tensor the function makes, or such an update, and is
+read only by value, ``acc += v`` is rewritten to ``acc = augment(acc, v, "+")``: the plain
+op where it gives what the in-place one would. These tests hold it to eager (values,
+gradients, dtypes, shapes, errors) and check what analysis leaves alone."""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from acrobat import analysis, ops
+from tests.helpers import check_grads, check_map
+
+DIM = 6
+VOCAB = 11
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.enc = nn.GRUCell(DIM, DIM)
+        self.dec = nn.GRUCell(DIM, DIM)
+        self.out = nn.Linear(DIM, VOCAB)
+
+
+torch.manual_seed(0)
+MODEL = Seq2Seq()
+
+
+def tutorial(pair, m):
+    """The PyTorch seq2seq tutorial's step, per pair: teacher forcing, the loss summed."""
+    source, target = pair
+    h = torch.zeros(DIM)
+    for i in range(source.shape[0]):
+        h = m.enc(m.emb(source[i]), h)
+    loss = 0
+    dec_in = torch.tensor(0)
+    for di in range(target.shape[0]):
+        h = m.dec(m.emb(dec_in), h)
+        out = F.log_softmax(m.out(h), -1)
+        loss += F.nll_loss(out[None], target[di][None])
+        dec_in = target[di]
+    return loss / target.shape[0]
+
+
+def scaled(pair, m):
+    """Every kind of update, on a tensor accumulator made here."""
+    source, _ = pair
+    acc = torch.ones(DIM)
+    for x in m.emb(source):
+        acc *= torch.sigmoid(x) + 0.5
+        acc -= x * 0.1
+        acc /= acc.abs().max() + 1
+    total = 0.0
+    total += acc.sum()
+    return acc, total
+
+
+def _pairs(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randint(VOCAB, (s,), generator=g), torch.randint(VOCAB, (t,), generator=g))
+        for s, t in lengths
+    ]
+
+
+lengths = st.lists(st.tuples(st.integers(1, 7), st.integers(1, 7)), min_size=1, max_size=6)
+
+
+@settings(max_examples=10, deadline=None)
+@given(lengths=lengths, seed=st.integers(0, 999), which=st.sampled_from([tutorial, scaled]))
+def test_accumulated_losses_give_the_eager_results(lengths, seed, which):
+    f = acrobat.autobatch(which)
+    with torch.no_grad():
+        check_map(f, _pairs(lengths, seed), m=MODEL)
+
+
+@settings(max_examples=5, deadline=None)
+@given(lengths=lengths, seed=st.integers(0, 99))
+def test_accumulated_losses_train(lengths, seed):
+    check_grads(acrobat.autobatch(tutorial), _pairs(lengths, seed), MODEL, atol=1e-5, m=MODEL)
+
+
+def test_the_tutorials_decoder_loop_is_one_node():
+    """Its first step runs alone (``loss`` starts as the number 0), the others are one
+    scan node per pair: the loss, the next input (``dec_in = target[di]``, handed on as
+    a clone) and the state carried; before, every step's ops were nodes."""
+    f = acrobat.autobatch(tutorial)
+    data = _pairs([(4, 5), (3, 7), (6, 3)], 3)
+    with torch.no_grad():
+        stats = check_map(f, data, m=MODEL)
+    scans = {k: v for k, v in stats.by_op.items() if k.startswith("scan:")}
+    assert len(scans) == 2 and all(v == [1, 3] for v in scans.values()), stats.by_op
+    assert stats.nodes <= 40, stats.by_op
+
+
+def _accumulators(src: str) -> set:
+    node = ast.parse(textwrap.dedent(src)).body[0]
+    local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return analysis._accumulators(node, local)
+
+
+def test_only_locals_nothing_else_can_hold_are_accumulators():
+    assert _accumulators("""
+        def f(xs, m):
+            loss, acc, n = 0, torch.zeros(3), 0
+            loss = 0
+            acc = torch.zeros(3)
+            n = 0
+            for x in xs:
+                loss += m.crit(x)
+                acc *= x.sum()
+                n += 1
+            return loss / n + acc.sum()
+    """) == set()  # (a tuple assignment binds them: not a number or a factory alone)
+    assert _accumulators("""
+        def f(xs, m):
+            loss = 0
+            acc = torch.zeros(3)
+            for x in xs:
+                loss += m.crit(x)
+                acc -= x
+            return loss, acc.sum()
+    """) == {"loss", "acc"}
+    for kept in [
+        "snap = acc",  # an alias sees the update in eager
+        "out.append(acc)",  # a list holding it
+        "y = helper(acc)",  # code that could keep it
+        "y = acc[0]",  # a view kept
+        "acc = helper(x)",  # bound to a tensor the function did not make
+        "acc = [1]",  # a list: += extends it in place
+        "acc @= x",  # (not an update analysis rewrites)
+    ]:
+        src = f"""
+            def f(x, out):
+                acc = torch.zeros(3)
+                {kept}
+                acc += x
+                return acc
+        """
+        assert _accumulators(src) == set(), kept
+    assert _accumulators("def f(acc, x):\n    acc += x\n    return acc") == set()  # a parameter
+
+
+CASES = [  # (accumulator, value, op): every path of ops.augment
+    (torch.zeros(3), torch.ones(3), "+"),
+    (torch.zeros(()), torch.ones((), dtype=torch.float64), "+"),  # 0-d: keeps float32
+    (torch.zeros(3), torch.ones(3, dtype=torch.float64), "-"),  # in place: stays float32
+    (torch.ones(3, dtype=torch.int64), 2, "*"),
+    (torch.ones(3, dtype=torch.int64), 2, "/"),  # eager: Float can't be cast to Long
+    (torch.ones(3, dtype=torch.int64), 0.5, "+"),  # likewise
+    (torch.zeros(3), torch.ones(2, 3), "+"),  # eager: the result does not fit
+    (torch.zeros(()), torch.ones(3), "+"),  # likewise
+    (torch.zeros(2, 3), torch.ones(3), "/"),  # broadcast into it
+    (0, torch.ones(3), "+"),  # a number: Python's x = x + v
+    (1.5, 2, "*"),
+]
+
+
+_IN_PLACE = {"+": operator.iadd, "-": operator.isub, "*": operator.imul, "/": operator.itruediv}
+
+
+@pytest.mark.parametrize("acc, value, op", CASES)
+def test_augment_leaves_what_the_augmented_assignment_leaves(acc, value, op):
+    def fresh():
+        return acc.clone() if isinstance(acc, torch.Tensor) else acc
+
+    try:
+        want = _IN_PLACE[op](fresh(), value)  # acc op= value, as Python runs it
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError, match=re.escape(str(e))):
+            ops.augment(fresh(), value, op)
+        return
+    got = ops.augment(fresh(), value, op)
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want)
+    else:
+        assert got == want
