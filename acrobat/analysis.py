@@ -884,6 +884,10 @@ _SLICE_PLACEHOLDER = -_REGION_BASE * 4  # the builtin slice, whatever the module
 # outlining); ``_index_loop``
 INDEX_LOOPS = True
 _ROWS_PLACEHOLDER = -_REGION_BASE * 5
+# a run's reads of ``module.NAME`` (a user module's constant: ``torch.zeros(P.HIDDEN)``) are
+# made at its call, as REGION_ATTRIBUTES does for a local's attributes; the module itself
+# would keep the statement out of runs (a trace would fix the value; read when outlining)
+MODULE_ATTRIBUTES = True
 # a run's parameter that it writes into, given a real tensor the instances share, is
 # read as a row (RegionBlock._converted; read at every call)
 STATE_ROWS = True
@@ -2614,7 +2618,10 @@ class _Rewriter:
         hoisted: list = []
         fixed = {r for r in reads if r not in assigned}
         for s in body:
-            s.value = _AttributeHoister(fixed, hoisted).visit(s.value)
+            roots = fixed
+            if MODULE_ATTRIBUTES:
+                roots = fixed | _module_roots(self.fn, s.value, self.local)
+            s.value = _AttributeHoister(roots, hoisted).visit(s.value)
         free = []
         for s in body:
             for sub in ast.walk(s.value):
@@ -2854,6 +2861,8 @@ class _Rewriter:
             if REGION_SUBSCRIPTS:  # (first: ``obj.w[i]`` is read whole at the call)
                 stmt.value = _SubscriptHoister(self.local - keep, hoisted).visit(stmt.value)
             roots = objects - keep
+            if MODULE_ATTRIBUTES:
+                roots |= _module_roots(self.fn, stmt.value, self.local)
             if roots:
                 stmt.value = _AttributeHoister(roots, hoisted).visit(stmt.value)
             for sub in ast.walk(stmt.value):
@@ -2916,6 +2925,7 @@ class _Rewriter:
         if bound & self.local:
             return -1  # a comprehension variable shadowing a local: keep it simple
         ops = operators = 0
+        modules = _module_roots(self.fn, value, self.local) if MODULE_ATTRIBUTES else set()
         for sub in ast.walk(value):
             if isinstance(sub, _FORBIDDEN):
                 return -1
@@ -2949,6 +2959,7 @@ class _Rewriter:
                 and isinstance(sub.ctx, ast.Load)
                 and sub.id not in self.local
                 and sub.id not in bound
+                and sub.id not in modules
                 and not _global_ok(self.fn, sub.id, self.seen)
             ):
                 return -1
@@ -3532,6 +3543,42 @@ def _object_roots(run: list, local: set) -> set:
             if isinstance(sub, ast.Name) and id(sub) not in attributes:
                 other.add(sub.id)
     return roots - other
+
+
+def _module_roots(fn, expr, local: set) -> set:
+    """Globals of ``fn`` bound to a module (not torch's or math) that ``expr`` reads only
+    as ``module.NAME`` of an immutable constant (an int, a float, a string...): never
+    called through, read bare or deeper (MODULE_ATTRIBUTES)."""
+    roots: set = set()
+    other: set = set()
+    attributes = set()
+    for sub in ast.walk(expr):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            while isinstance(func, ast.Attribute):
+                func = func.value
+            if isinstance(func, ast.Name):
+                other.add(func.id)  # a call through it
+        elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name):
+            attributes.add(id(sub.value))
+            name = sub.value.id
+            module = fn.__globals__.get(name) if name not in local else None
+            if (
+                isinstance(module, types.ModuleType)
+                and module.__name__.split(".")[0] not in ("torch", "math")
+                and isinstance(sub.ctx, ast.Load)
+                and _immutable_constant(getattr(module, sub.attr, _MISSING))
+            ):
+                roots.add(name)
+            else:
+                other.add(name)
+    for sub in ast.walk(expr):
+        if isinstance(sub, ast.Name) and id(sub) not in attributes:
+            other.add(sub.id)
+    return roots - other
+
+
+_MISSING = object()
 
 
 def _name_item(node) -> bool:

@@ -25,3 +25,6 @@ class Tail(NamedTuple):
 
 
 TAIL = Tail(shrink)
+
+HIDDEN = 4  # constants a function reads as module_cells.HIDDEN (tests/test_module_attributes.py)
+SCALE = 0.5
