@@ -1534,15 +1534,21 @@ _VALUE_BUILTINS = frozenset(
 )  # fmt: skip
 
 
-def _owned_tensors(node: ast.FunctionDef, local: set) -> set[str]:
-    """The locals whose item writes the function may rewrite (see the section comment),
-    decided on its source before anything in it is rewritten."""
+def _parents_and_params(node: ast.FunctionDef) -> tuple[dict, set]:
+    """(id of each node under ``node`` -> its parent, the function's parameter names)."""
     parents: dict = {}
     for parent in ast.walk(node):
         for child in ast.iter_child_nodes(parent):
             parents[id(child)] = parent
     a = node.args
     params = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if p}
+    return parents, params
+
+
+def _owned_tensors(node: ast.FunctionDef, local: set) -> set[str]:
+    """The locals whose item writes the function may rewrite (see the section comment),
+    decided on its source before anything in it is rewritten."""
+    parents, params = _parents_and_params(node)
     written = set()
     for sub in ast.walk(node):
         target = None
@@ -1967,12 +1973,7 @@ _AUG_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 def _accumulators(node: ast.FunctionDef, local: set) -> set[str]:
     """The locals whose augmented assignments the function may rewrite (see above),
     decided on its source before anything in it is rewritten."""
-    parents: dict = {}
-    for parent in ast.walk(node):
-        for child in ast.iter_child_nodes(parent):
-            parents[id(child)] = parent
-    a = node.args
-    params = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if p}
+    parents, params = _parents_and_params(node)
     names = {
         sub.target.id
         for sub in ast.walk(node)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
+import pytest
 import torch
 
 
@@ -86,3 +88,21 @@ class TreeNet(torch.nn.Module):
         super().__init__()
         self.leaf = torch.nn.Linear(hidden, hidden)
         self.mix = torch.nn.Linear(2 * hidden, hidden)
+
+
+@contextlib.contextmanager
+def outlined_with(fn, **flags):
+    """``fn`` (a function, or an autobatched one) outlined afresh with acrobat.analysis's
+    ``flags`` set (``LOOP_ROW_WRITES=False``...), and afresh again after: what analysis
+    does with a rewrite off."""
+    from acrobat import analysis
+
+    code = getattr(fn, "fn", fn).__code__
+    analysis._OUTLINED.pop(code, None)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in flags.items():
+                mp.setattr(analysis, name, value)
+            yield
+    finally:
+        analysis._OUTLINED.pop(code, None)

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import acrobat
-from acrobat import analysis
-from tests.helpers import check_grads, check_map
+from tests.helpers import check_grads, check_map, outlined_with
 
 # (name, update of y by x): each keeps y's shape and dtype
 UPDATES = {
@@ -526,14 +525,9 @@ def test_updates_of_a_constant_something_else_holds_are_refused(fn, message):
     assignment then, test_an_accumulator_another_instance_holds_is_rebound_by_analysis.)"""
     f = acrobat.autobatch(fn)
     xs = [torch.randn(3) for _ in range(3)]
-    analysis._OUTLINED.pop(fn.__code__, None)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(analysis, "AUGMENTED", False)
-            with pytest.raises(acrobat.UnsupportedOpError, match=message) as err:
-                f.map(xs)
-    finally:
-        analysis._OUTLINED.pop(fn.__code__, None)
+    refused = pytest.raises(acrobat.UnsupportedOpError, match=message)
+    with outlined_with(fn, AUGMENTED=False), refused as err:
+        f.map(xs)
     assert "write it out of place" in str(err.value)
     for x in xs:  # (eager is unaffected)
         assert fn(x).shape == (3,)

@@ -7,7 +7,6 @@ across instances and positions, and trains."""
 from __future__ import annotations
 
 import ast
-import contextlib
 import textwrap
 
 import pytest
@@ -18,7 +17,7 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis
-from tests.helpers import assert_close_tree, check_grads, check_map
+from tests.helpers import assert_close_tree, check_grads, check_map, outlined_with
 
 DIM = 5
 torch.manual_seed(0)
@@ -89,21 +88,8 @@ def test_a_buffer_filled_in_a_loop_equals_eager_and_batches(ns, seed):
     """The writes at their steps, as written (LOOP_ROW_WRITES off: with it, this loop
     writes its buffer after the loop, tests/test_row_writes.py; a loop it leaves, such
     as one that also reads the buffer, writes like this)."""
-    with _writes_at_each_step(encode_into_buffer):
+    with outlined_with(encode_into_buffer, LOOP_ROW_WRITES=False):
         _buffer_filled_at_each_step(ns, seed)
-
-
-@contextlib.contextmanager
-def _writes_at_each_step(f):
-    """``f`` outlined with LOOP_ROW_WRITES off (its loops' writes made at their steps)."""
-    code = f.fn.__code__
-    analysis._OUTLINED.pop(code, None)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(analysis, "LOOP_ROW_WRITES", False)
-            yield
-    finally:
-        analysis._OUTLINED.pop(code, None)
 
 
 def _buffer_filled_at_each_step(ns, seed):
@@ -134,7 +120,7 @@ def copy_into_buffer(xs):
 @given(ns=lengths, seed=st.integers(0, 2**16))
 def test_writes_op_by_op_go_into_the_buffer_the_one_before_made(ns, seed):
     xs = sentences(ns, seed)
-    with _writes_at_each_step(copy_into_buffer), torch.no_grad():
+    with outlined_with(copy_into_buffer, LOOP_ROW_WRITES=False), torch.no_grad():
         stats = check_map(copy_into_buffer, xs)
     writes = {k: v for k, v in stats.by_op.items() if k.startswith("put")}
     assert sum(nodes for _, nodes in writes.values()) == sum(ns), stats.by_op

@@ -17,7 +17,7 @@ from torch import nn
 import acrobat
 from acrobat import analysis
 from tests import module_cells
-from tests.helpers import check_map
+from tests.helpers import check_map, outlined_with
 
 torch.manual_seed(0)
 CELL = nn.GRUCell(module_cells.HIDDEN, module_cells.HIDDEN)
@@ -48,13 +48,8 @@ def test_a_modules_constants_join_the_run():
     regions = _regions(encode)
     spans = [r.impl.__qualname__ for r in regions if isinstance(r, analysis.RegionBlock)]
     assert any("lines 28-29" in s for s in spans), spans
-    analysis._OUTLINED.pop(encode.__code__, None)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(analysis, "MODULE_ATTRIBUTES", False)
-            before = [r.impl.__qualname__ for r in _regions(encode)]
-    finally:
-        analysis._OUTLINED.pop(encode.__code__, None)
+    with outlined_with(encode, MODULE_ATTRIBUTES=False):
+        before = [r.impl.__qualname__ for r in _regions(encode)]
     assert not any("lines 28-29" in s for s in before), before
 
 

@@ -10,8 +10,6 @@ left as written."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -21,7 +19,7 @@ from torch import nn
 import acrobat
 from acrobat import analysis, ops
 from acrobat.errors import AcrobatError
-from tests.helpers import check_grads, check_map
+from tests.helpers import check_grads, check_map, outlined_with
 
 DIM = 5
 VOCAB = 13
@@ -207,21 +205,9 @@ def test_the_filled_buffer_is_one_scan_and_no_per_step_copies():
     scans = [b for k, (b, _) in stats.by_op.items() if k.startswith("scan:")]
     assert scans == [1], stats.by_op
     assert not {"put", "put_into"} & stats.by_op.keys(), stats.by_op
-    with _without_row_writes(forward), torch.no_grad():
+    with outlined_with(forward, LOOP_ROW_WRITES=False), torch.no_grad():
         before = check_map(acrobat.autobatch(forward), _tokens([3, 7, 4, 9, 2], 5), m=MODEL)
     assert before.nodes > stats.nodes, (before.by_op, stats.by_op)
-
-
-@contextlib.contextmanager
-def _without_row_writes(fn):
-    """``fn`` outlined with LOOP_ROW_WRITES off (the loops as they were written before)."""
-    analysis._OUTLINED.pop(fn.__code__, None)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(analysis, "LOOP_ROW_WRITES", False)
-            yield
-    finally:
-        analysis._OUTLINED.pop(fn.__code__, None)
 
 
 # ---- loops left as written --------------------------------------------------------------
@@ -330,7 +316,7 @@ def test_an_update_in_place_by_a_callee_is_refused_as_before():
     data = _tokens([3, 5], 2)
     with pytest.raises(AcrobatError, match="cannot be recorded") as new, torch.no_grad():
         acrobat.autobatch(callee_updates_in_place).map(data, m=MODEL)
-    with _without_row_writes(callee_updates_in_place), torch.no_grad():
+    with outlined_with(callee_updates_in_place, LOOP_ROW_WRITES=False), torch.no_grad():
         assert _deferred(callee_updates_in_place) == 0
         with pytest.raises(AcrobatError, match="cannot be recorded") as before:
             acrobat.autobatch(callee_updates_in_place).map(data, m=MODEL)
