@@ -888,6 +888,9 @@ _ROWS_PLACEHOLDER = -_REGION_BASE * 5
 # made at its call, as REGION_ATTRIBUTES does for a local's attributes; the module itself
 # would keep the statement out of runs (a trace would fix the value; read when outlining)
 MODULE_ATTRIBUTES = True
+# a loop's temporary read after it (its last value) is one more output of the scan's step
+# (read when outlining): ``_Rewriter._scan``
+SCAN_LASTS = True
 # a run's parameter that it writes into, given a real tensor the instances share, is
 # read as a row (RegionBlock._converted; read at every call)
 STATE_ROWS = True
@@ -2168,6 +2171,7 @@ class _Region:
         self, k: int, stmts: list, params: list, values: list, outputs: list, carried: int = 0
     ):
         self.carried = carried  # > 0: a loop's body (ScanBlock), carrying `outputs`
+        self.lasts: list[tuple[str, str]] = []  # (temporary read after the loop, its list)
         self.appends = 0  # a loop body's outputs appended to lists, per step
         self.reverse = False  # a loop over reversed(<sequence>)
         self.zipped = False  # a loop over zip(<sequence>, ...): one element of each per step
@@ -2574,11 +2578,23 @@ class _Rewriter:
         if any(name in assigned for name in names):
             return None
         carried = [a for a in assigned if a in bound]
+        lasts: list[str] = []  # temporaries read after the loop (their last values)
         for a in assigned:
             if a not in bound and (a in reads or self.loads.get(a, 0) != body_loads.get(a, 0)):
-                return None  # read before its first assignment, or after the loop
+                if a in reads or not SCAN_LASTS:
+                    return None  # read before its first assignment (or after the loop)
+                lasts.append(a)
         if not carried and not lists:
             return None
+        # a temporary read after the loop (``output, hidden = rnn(x[i], hidden)``, then
+        # ``return output``) is one more output a step, appended to a list of the rewrite's
+        # own: the loop's last value is that list's last item (_scan_call)
+        last_lists = [f"_acrobat_last{len(self.regions)}_{j}" for j in range(len(lasts))]
+        for a, name in zip(lasts, last_lists):
+            out = ast.Name(f"_acrobat_out{len(lists)}", ast.Store())
+            keep = ast.Assign(targets=[out], value=ast.Name(a, ast.Load()))
+            body.append(_located(keep, body[-1]))
+            lists.append(name)
         # the body's statements are shared with the loop kept to run as written: the
         # outlined copy is a deep copy (hoisting rewrites it)
         body = [copy.deepcopy(s) for s in body]
@@ -2594,7 +2610,7 @@ class _Rewriter:
                 isinstance(s, ast.Assign)
                 and len(s.targets) == 1
                 and isinstance(s.targets[0], ast.Name)
-                and s.targets[0].id in carried
+                and (s.targets[0].id in carried or s.targets[0].id in lasts)
                 and isinstance(value, ast.Name)
                 and value.id not in made
             ):
@@ -2651,6 +2667,8 @@ class _Rewriter:
         region.sequences = 0 if counted else len(names)
         region.values = tuple(numbers)
         region.reverse = not counted and self._builtin_call(it, "reversed") and len(it.args) == 1
+        region.lasts = list(zip(lasts, last_lists))
+        self.local.update(last_lists)
         self.regions.append(region)
         return region
 
@@ -2776,8 +2794,21 @@ class _Rewriter:
             )
         self.rewrite(loop, frozenset(bound))
         test = ast.Compare(ast.Name(st, ast.Load()), [ast.Is()], [ast.Constant(None)])
-        branch = ast.If(test=test, body=[loop], orelse=[call])
-        return [_located(node, loop) for node in (first, state, branch)]
+        done: list[ast.stmt] = [call]
+        starts: list[ast.stmt] = []
+        for a, name in region.lasts:  # _acrobat_lastK_j = [] ... if it: a = its last item
+            made = ast.Assign(targets=[ast.Name(name, ast.Store())], value=ast.List([], ast.Load()))
+            starts.append(made)
+            last = ast.Subscript(ast.Name(name, ast.Load()), ast.Constant(-1), ast.Load())
+            done.append(
+                ast.If(
+                    test=ast.Name(name, ast.Load()),
+                    body=[ast.Assign(targets=[ast.Name(a, ast.Store())], value=last)],
+                    orelse=[],
+                )
+            )
+        branch = ast.If(test=test, body=[loop], orelse=done)
+        return [_located(node, loop) for node in (first, *starts, state, branch)]
 
     def _range(self, expr) -> bool:
         """``expr`` is ``range(...)`` (the builtin) or a local bound to one before its loop

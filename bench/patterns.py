@@ -9,7 +9,8 @@ encoder-decoder over sentence pairs, a BiLSTM-CRF, a greedy attention decoder th
 reads its tokens, generation attending over its own growing history, an RNN writing
 its states into a buffer (``states[t] = h``), the same cell over positions (``x[t]``)
 with its states appended and stacked, the PyTorch seq2seq tutorial's training step
-(teacher forcing, ``loss += ...`` from ``loss = 0``), a pointer network masking what it
+(teacher forcing, ``loss += ...`` from ``loss = 0``), the char-RNN classification
+tutorial's forward (its output read after the loop), a pointer network masking what it
 chose.
 Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
@@ -70,6 +71,24 @@ class Model(nn.Module):
         self.dcell = nn.GRUCell(2 * HIDDEN, HIDDEN)
         self.cell = nn.GRUCell(HIDDEN, HIDDEN)
         self.enc_cell = nn.GRUCell(HIDDEN, HIDDEN)  # (last: the layers above keep their init)
+        self.char_rnn = TutorialRNN(VOCAB, HIDDEN, 5)
+
+
+class TutorialRNN(nn.Module):
+    """The hand-written RNN module of PyTorch's char-RNN classification tutorial."""
+
+    def __init__(self, input_size: int, hidden_size: int, output_size: int):
+        super().__init__()
+        self.i2h = nn.Linear(input_size + hidden_size, hidden_size)
+        self.i2o = nn.Linear(input_size + hidden_size, output_size)
+        self.softmax = nn.LogSoftmax(dim=1)
+
+    def forward(self, input, hidden):
+        combined = torch.cat((input, hidden), 1)
+        hidden = self.i2h(combined)
+        output = self.i2o(combined)
+        output = self.softmax(output)
+        return output, hidden
 
 
 def lm_gru(tokens, m):
@@ -204,6 +223,16 @@ def seq2seq_tutorial(pair, m):
     return loss / target.shape[0]
 
 
+def char_rnn_tutorial(tokens, m):
+    # the char-RNN classification tutorial's forward: its RNN module over one-hot
+    # letters (n, 1, letters), the output of the last step read after the loop
+    line = F.one_hot(tokens, VOCAB).float()[:, None]
+    hidden = torch.zeros(1, HIDDEN)
+    for i in range(line.size()[0]):
+        output, hidden = m.char_rnn(line[i], hidden)
+    return output
+
+
 def pointer(tokens, m):
     # a pointer network's decoding: point at the best token not taken yet (a value read),
     # mask it out, feed it back; the order of all tokens
@@ -253,6 +282,7 @@ PATTERNS = {
     "buffer_rnn": Pattern(buffer_rnn, "tokens", True),
     "position_rnn": Pattern(position_rnn, "tokens", True),
     "seq2seq_tutorial": Pattern(seq2seq_tutorial, "pairs", True),
+    "char_rnn_tutorial": Pattern(char_rnn_tutorial, "tokens", False),
     "pointer": Pattern(pointer, "tokens", False),
 }
 

@@ -218,7 +218,7 @@ def deletes(h, n):
 
 
 def test_what_is_outlined_as_a_scan():
-    for fn in (counter_read, with_else, temp_read_after, reads_before_bound, deletes):
+    for fn in (counter_read, with_else, reads_before_bound, deletes):
         outlined = analysis.outline(fn)
         regions = outlined.regions if outlined else []
         scans = [r for r in regions if isinstance(r, analysis.ScanBlock)]
@@ -230,6 +230,33 @@ def test_what_is_outlined_as_a_scan():
     rewritten = type(temp_inside)(analysis.outline(temp_inside).code, temp_inside.__globals__)
     for h, n in zip(hs, [0, 1, 4]):
         torch.testing.assert_close(rewritten(h, n), temp_inside(h, n))
+
+
+@acrobat.autobatch
+def run_temp_read_after(h, n):
+    return temp_read_after(h, n)
+
+
+@settings(max_examples=10, deadline=None)
+@given(counts=st.lists(st.integers(1, 6), min_size=1, max_size=6), seed=st.integers(0, 999))
+def test_a_temporary_read_after_the_loop_is_its_last_value(counts, seed):
+    """``a``, assigned in the loop and read after it, is one more output a step
+    (analysis.SCAN_LASTS): the loop is a scan, and ``a`` its last step's value."""
+    scan = _scan_of(temp_read_after)
+    assert scan.carried == 1 and scan.appends == 1
+    hs = _vectors(seed, len(counts))
+    with torch.no_grad():
+        got, stats = run_temp_read_after.map(hs, counts, stats=True)
+    _close(got, [temp_read_after(h, n) for h, n in zip(hs, counts)])
+    if max(counts) > 1:  # (loops of one step run as written)
+        assert any(k.startswith("scan:") for k in stats.by_op), stats.by_op
+
+
+def test_a_temporary_of_a_loop_without_steps_stays_unbound():
+    with pytest.raises(UnboundLocalError):
+        temp_read_after(torch.zeros(DIM), 0)
+    with pytest.raises(UnboundLocalError), torch.no_grad():
+        run_temp_read_after.map(_vectors(1, 2), [3, 0])
 
 
 class Cells(NamedTuple):
