@@ -2604,18 +2604,31 @@ class _Rewriter:
         # outlined copy hands on a clone of it (the same value; the loop as written keeps
         # the statement as it is)
         made: set = set()
+        kept = set(carried) | set(lasts)
         for s in body:
-            value = s.value
-            if (
-                isinstance(s, ast.Assign)
-                and len(s.targets) == 1
-                and isinstance(s.targets[0], ast.Name)
-                and (s.targets[0].id in carried or s.targets[0].id in lasts)
-                and isinstance(value, ast.Name)
-                and value.id not in made
-            ):
-                clone = ast.Attribute(ast.Name(value.id, ast.Load()), "clone", ast.Load())
-                s.value = _located(ast.Call(clone, [], []), value)
+            if isinstance(s, ast.Assign) and len(s.targets) == 1:
+                lhs: Any = s.targets[0]
+                rhs: Any = s.value
+                pairs = [(lhs, rhs)]
+                if (  # prev, h = h, cell(x, h): element by element
+                    isinstance(lhs, ast.Tuple)
+                    and isinstance(rhs, ast.Tuple)
+                    and len(lhs.elts) == len(rhs.elts)
+                ):
+                    pairs = list(zip(lhs.elts, rhs.elts))
+                for j, (t, v) in enumerate(pairs):
+                    if (
+                        isinstance(t, ast.Name)
+                        and t.id in kept
+                        and isinstance(v, ast.Name)
+                        and v.id not in made
+                    ):
+                        clone = ast.Attribute(ast.Name(v.id, ast.Load()), "clone", ast.Load())
+                        call = _located(ast.Call(clone, [], []), v)
+                        if v is rhs:
+                            s.value = call
+                        else:
+                            rhs.elts[j] = call
             made |= _assigned_names(s)
         # an element read only as ``torch.tensor(x)`` (a word id) may be a Python number:
         # the outlined body takes the tensor itself, so a scan makes one tensor of all

@@ -259,6 +259,31 @@ def test_a_temporary_of_a_loop_without_steps_stays_unbound():
         run_temp_read_after.map(_vectors(1, 2), [3, 0])
 
 
+def with_previous(h, n):
+    prev = torch.zeros(DIM)
+    for _ in range(n):
+        prev, h = h, torch.tanh(cell(torch.cat([h, prev])))  # (prev: the step's argument)
+    return h + prev
+
+
+@acrobat.autobatch
+def run_with_previous(h, n):
+    return with_previous(h, n)
+
+
+@settings(max_examples=8, deadline=None)
+@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=6), seed=st.integers(0, 999))
+def test_a_state_set_to_the_previous_state_is_carried(counts, seed):
+    """``prev, h = h, ...`` hands on an argument of the step: the outlined body gives a
+    clone of it (what a Scan can carry), and the loop is a scan."""
+    hs = _vectors(seed, len(counts))
+    with torch.no_grad():
+        got, stats = run_with_previous.map(hs, counts, stats=True)
+    _close(got, [with_previous(h, n) for h, n in zip(hs, counts)])
+    if max(counts) > 1:
+        assert any(k.startswith("scan:") for k in stats.by_op), stats.by_op
+
+
 class Cells(NamedTuple):
     step: object
 
