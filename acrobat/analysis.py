@@ -1320,14 +1320,15 @@ def _outline(fn) -> Outlined | None:
     # (first: a loop's acc += v is then an assignment the row writes' checks allow)
     augmented = _rewrite_augmented(node, accumulators) if accumulators else 0
     # (first: the loops' row writes leave the loop, the rest of its writes stay in place)
-    bound = _rewrite_row_writes(fn, node, owned, local) if owned and LOOP_ROW_WRITES else []
+    ranges, lists = (
+        _rewrite_row_writes(fn, node, owned, local) if owned and LOOP_ROW_WRITES else ([], [])
+    )
     # (before the runs are found: a rewritten write, x = put_item(v, x, i), may join one)
     writes = _rewrite_item_writes(node, owned) if owned else 0
-    ranges = {name for name in bound if name.startswith("_acrobat_rg")}
     writes += len(ranges) + augmented
-    local.update(bound)
+    local.update(ranges, lists)
     rewriter = _Rewriter(fn, local - _comprehension_only(node))
-    rewriter.ranges = ranges
+    rewriter.ranges = set(ranges)
     rewriter.rewrite(node)
     lookups = _rewrite_lookups(node) if LOOKUP_CALLS or FACTORY_CALLS else 0
     checks = _rewrite_type_checks(node) if TYPE_CHECKS else 0
@@ -1781,28 +1782,30 @@ def _rewrite_item_writes(node: ast.FunctionDef, owned: set) -> int:
 # (a real tensor is copied). A write that fails (a position out of range, a value that
 # does not fit the row) raises eager's error after the loop instead of at its step.
 
-_LOOP_EXITS: tuple = (
-    ast.Break, ast.Continue, ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Try,
-    ast.With, ast.AsyncWith, ast.Delete, ast.AugAssign, ast.Global, ast.Nonlocal,
-    ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef,
-)  # fmt: skip
+# statements that catch what their body raises (and go on after it), and what else a
+# loop whose writes leave it must not hold
+_GUARDS: tuple = (ast.Try, ast.With, ast.AsyncWith)
 if sys.version_info >= (3, 11):
-    _LOOP_EXITS += (ast.TryStar,)
+    _GUARDS += (ast.TryStar,)
+_LOOP_EXITS: tuple = _GUARDS + (
+    ast.Break, ast.Continue, ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Delete,
+    ast.AugAssign, ast.Global, ast.Nonlocal, ast.FunctionDef, ast.AsyncFunctionDef,
+    ast.Lambda, ast.ClassDef,
+)  # fmt: skip
 
 
-def _rewrite_row_writes(fn, node: ast.FunctionDef, owned: set, local: set) -> list:
+def _rewrite_row_writes(fn, node: ast.FunctionDef, owned: set, local: set) -> tuple:
     """Rewrite the loops of ``node`` that fill ``owned`` buffers a row per step (see the
-    section comment). Returns the names the rewrite binds (ranges and lists)."""
+    section comment). Returns the names the rewrite binds: (ranges, lists)."""
+    ranges: list[str] = []
+    lists: list[str] = []
     if any(b in local or b in fn.__globals__ for b in ("range", "reversed")):
-        return []
-    found: list = []
+        return ranges, lists
 
     def rewrite(stmts: list, guarded: bool) -> list:
         out: list = []
         for stmt in stmts:
-            inner = guarded or isinstance(stmt, (ast.Try, ast.With, ast.AsyncWith)) or (
-                sys.version_info >= (3, 11) and isinstance(stmt, ast.TryStar)
-            )
+            inner = guarded or isinstance(stmt, _GUARDS)
             for field in ("body", "orelse", "finalbody"):
                 block = getattr(stmt, field, None)
                 if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
@@ -1811,17 +1814,18 @@ def _rewrite_row_writes(fn, node: ast.FunctionDef, owned: set, local: set) -> li
                 handler.body = rewrite(handler.body, True)
             for case in getattr(stmt, "cases", ()):
                 case.body = rewrite(case.body, inner)
-            new = None if guarded else _row_write_loop(stmt, out, owned, len(found))
+            new = None if guarded else _row_write_loop(stmt, out, owned, len(ranges))
             if new is None:
                 out.append(stmt)
-            else:
+            else:  # (the range's binding, the lists' bindings, the loop, the writes)
                 out.extend(new)
                 loop = next(i for i, s in enumerate(new) if isinstance(s, ast.For))
-                found.extend(s.targets[0].id for s in new[:loop])
+                ranges.append(new[0].targets[0].id)
+                lists.extend(s.targets[0].id for s in new[1:loop])
         return out
 
     node.body = rewrite(node.body, False)
-    return found
+    return ranges, lists
 
 
 def _row_write_loop(stmt, before: list, owned: set, k: int) -> list | None:
@@ -1869,7 +1873,7 @@ def _row_write_loop(stmt, before: list, owned: set, k: int) -> list | None:
                     return None
             elif isinstance(sub, (ast.Assign, ast.AnnAssign, ast.For, ast.AsyncFor)):
                 stores: list[Any] = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
-                if not all(_names_only(t) for t in stores) and not (
+                if not all(_plain_target(t, set()) for t in stores) and not (
                     isinstance(sub, ast.Assign) and id(getattr(stores[0], "value", None)) in written
                 ):
                     return None  # a store into an object (a tensor's items, maybe)
@@ -1946,15 +1950,6 @@ def _binds(target, name: str) -> bool:
     if isinstance(target, (ast.Tuple, ast.List)):
         return any(_binds(t, name) for t in target.elts)
     return isinstance(target, ast.Starred) and _binds(target.value, name)
-
-
-def _names_only(target) -> bool:
-    """Whether an assignment target binds names only (no item or attribute store)."""
-    if isinstance(target, ast.Name):
-        return True
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return all(_names_only(t) for t in target.elts)
-    return isinstance(target, ast.Starred) and _names_only(target.value)
 
 
 # ``loss = 0`` then ``loss += criterion(out, target[t])`` in a loop (the PyTorch
@@ -2833,16 +2828,8 @@ class _Rewriter:
     def _builtin_call(self, expr, name: str) -> bool:
         """``expr`` is a call of the builtin ``name`` (not shadowed) with positional,
         unstarred arguments only."""
-        return (
-            isinstance(expr, ast.Call)
-            and isinstance(expr.func, ast.Name)
-            and expr.func.id == name
-            and name not in self.local
-            and name not in self.fn.__globals__
-            and not expr.keywords
-            and len(expr.args) >= 1
-            and not any(isinstance(a, ast.Starred) for a in expr.args)
-        )
+        shadowed = name in self.local or name in self.fn.__globals__
+        return not shadowed and _plain_call(expr, name)
 
     def _comprehension(self, stmt, bound: set) -> list | None:
         """``y = [value for x in xs]`` (one ``for``, no ``if``) outlined as a loop without

@@ -16,7 +16,7 @@ from torch import nn
 import acrobat
 from acrobat import analysis
 from tests import module_cells
-from tests.helpers import check_map
+from tests.helpers import check_map, outlined_with
 
 lin = nn.Linear(8, 8)
 SCALE = 0.5
@@ -462,14 +462,9 @@ def _callers_of_special_take(monkeypatch) -> list:
 def test_lookup_calls_match_eager_and_record_the_same_graph(ids):
     with torch.no_grad():
         on = check_map(lookups, ids)
-        analysis._OUTLINED.pop(leaf_sum.__code__, None)
-        try:
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(analysis, "LOOKUP_CALLS", False)
-                off = check_map(lookups, ids)
-                assert analysis._OUTLINED[leaf_sum.__code__] is None  # nothing else to rewrite
-        finally:
-            analysis._OUTLINED.pop(leaf_sum.__code__, None)
+        with outlined_with(leaf_sum, LOOKUP_CALLS=False):
+            off = check_map(lookups, ids)
+            assert analysis._OUTLINED[leaf_sum.__code__] is None  # nothing else to rewrite
     assert on.nodes == off.nodes and on.by_op == off.by_op
     assert on.by_op["take"][1] == sum(len(x) for x in ids)
 
@@ -546,18 +541,12 @@ def _callers_of_hoist(monkeypatch) -> list:
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.integers(1, 6))
 def test_factory_calls_match_eager_and_record_the_same_graph(steps, dim):
     xs = [torch.randn(dim) for _ in steps]
-    analysis._OUTLINED.pop(chain_of.__code__, None)
-    try:
-        with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
-            # (counted with its operators, the last line would be a region of its own)
-            mp.setattr(analysis, "OPERATORS", False)
-            on = check_map(chains, list(zip(xs, steps)))
-            analysis._OUTLINED.pop(chain_of.__code__, None)
-            mp.setattr(analysis, "FACTORY_CALLS", False)
+    # (counted with its operators, the last line would be a region of its own)
+    with torch.no_grad(), outlined_with(chain_of, OPERATORS=False):
+        on = check_map(chains, list(zip(xs, steps)))
+        with outlined_with(chain_of, FACTORY_CALLS=False):
             off = check_map(chains, list(zip(xs, steps)))
             assert analysis._OUTLINED[chain_of.__code__] is None  # nothing else to rewrite
-    finally:
-        analysis._OUTLINED.pop(chain_of.__code__, None)
     assert on.nodes == off.nodes and on.by_op == off.by_op
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis, config
-from tests.helpers import assert_close_tree
+from tests.helpers import assert_close_tree, outlined_with
 
 DIM = 6
 node_lin = nn.Linear(2 * DIM, 5 * DIM)
@@ -616,14 +616,8 @@ def test_split_value_reads_take_the_eager_decisions(seed, lengths):
     stats = _map_matches_eager(run, xs, lengths)
     if max(lengths) > 0:
         assert "argmax" not in stats.by_op  # inside the region's block
-    analysis._OUTLINED.pop(picks.__code__, None)
-    try:
-        with config.override(AUTO_REGIONS=True):
-            analysis.SPLIT_DEMANDS = False
-            off = _map_matches_eager(run, xs, lengths)
-    finally:
-        analysis.SPLIT_DEMANDS = True
-        analysis._OUTLINED.pop(picks.__code__, None)
+    with config.override(AUTO_REGIONS=True), outlined_with(picks, SPLIT_DEMANDS=False):
+        off = _map_matches_eager(run, xs, lengths)
     if max(lengths) > 0:
         assert "argmax" in off.by_op and stats.nodes < off.nodes
 
@@ -903,18 +897,13 @@ def test_lone_returns_reading_object_attributes_are_blocks(seed, batch):
     assert "linear" not in stats.by_op and "tanh" not in stats.by_op
 
 
-def test_lone_returns_and_region_attributes_off_record_op_by_op(monkeypatch):
+def test_lone_returns_and_region_attributes_off_record_op_by_op():
     rng = random.Random(5)
     trees = [random_obj(rng, 3) for _ in range(4)]
-    try:
-        for flag in ("LONE_RETURNS", "REGION_ATTRIBUTES"):
-            with monkeypatch.context() as mp:
-                mp.setattr(analysis, flag, False)
-                analysis._OUTLINED.pop(obj_state.__code__, None)
-                stats = _map_matches_eager(obj_encode, trees)
-            assert stats.by_op["linear"][1] == sum(sum(_obj_counts(t)) for t in trees), flag
-    finally:
-        analysis._OUTLINED.pop(obj_state.__code__, None)
+    for flag in ("LONE_RETURNS", "REGION_ATTRIBUTES"):
+        with outlined_with(obj_state, **{flag: False}):
+            stats = _map_matches_eager(obj_encode, trees)
+        assert stats.by_op["linear"][1] == sum(sum(_obj_counts(t)) for t in trees), flag
 
 
 def test_object_roots_are_locals_read_only_through_attributes():

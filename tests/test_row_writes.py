@@ -14,27 +14,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 import acrobat
 from acrobat import analysis, ops
 from acrobat.errors import AcrobatError
 from tests.helpers import check_grads, check_map, outlined_with
-
-DIM = 5
-VOCAB = 13
-
-
-class BufferRNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, DIM)
-        self.cell = nn.GRUCell(DIM, DIM)
-        self.out = nn.Linear(DIM, 3)
-
-
-torch.manual_seed(0)
-MODEL = BufferRNN()
+from tests.test_index_loops import DIM, MODEL, _tokens  # (the same RNN and token lists)
 
 
 def forward(tokens, m):
@@ -137,11 +122,6 @@ FUNCTIONS = [
     another_dtype,
     negative_positions,
 ]
-
-
-def _tokens(lengths, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(VOCAB, (n,), generator=g) for n in lengths]
 
 
 def _deferred(fn) -> int:
