@@ -1583,6 +1583,8 @@ def _owned_use(name: ast.Name, parents: dict) -> bool:
         return False
     if isinstance(parent, ast.AugAssign) and parent.target is name:
         return True  # x += v: the tensor updated, no alias made
+    if _in_place_statement(name, parent, parents):
+        return True  # x.mul_(0.5) on a line of its own: the same
     if isinstance(parent, ast.Subscript) and parent.value is name:
         grand = parents.get(id(parent))
         if isinstance(parent.ctx, ast.Store):  # the write itself
@@ -1591,6 +1593,24 @@ def _owned_use(name: ast.Name, parents: dict) -> bool:
             ) or isinstance(grand, ast.AugAssign)
         return _used_at_once(parent, parents)  # x[i]: a view, used right away or not at all
     return _used_at_once(name, parents)
+
+
+def _in_place_statement(name: ast.Name, parent, parents: dict) -> bool:
+    """Whether ``name`` is the tensor of an in-place method call that is a statement of
+    its own (``x.mul_(0.5)``, ``x.zero_()``): its result (``x`` itself) goes nowhere, so
+    the call makes no alias; the update reaches the tensor ``x`` names then (a lazy
+    value is updated as written, graph/ops ``in_place``)."""
+    if not isinstance(parent, ast.Attribute) or parent.value is not name:
+        return False
+    attr = parent.attr
+    if not attr.endswith("_") or attr.startswith("_"):
+        return False
+    call = parents.get(id(parent))
+    return (
+        isinstance(call, ast.Call)
+        and call.func is parent
+        and isinstance(parents.get(id(call)), ast.Expr)
+    )
 
 
 def _used_at_once(expr, parents: dict) -> bool:
@@ -1963,20 +1983,44 @@ def _binds(target, name: str) -> bool:
 # functions that make new tensors, ``return``...), so nothing else can hold them; their
 # ``acc op= v`` (``+ - * /``) become ``acc = augment(acc, v, op)``, which makes the plain op
 # where its result keeps x's shape and dtype, else runs the in-place op itself (eager's
-# error or update).
+# error or update). The in-place methods written as statements of their own
+# (``acc.add_(v)``, ``h.mul_(0.9)``: one operand, no keywords) are the same updates and
+# become ``acc = augment(acc, v, op, "add_")`` (on anything but a tensor the method is
+# called as written: eager's AttributeError on a number).
 
 _AUG_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+_AUG_METHODS = {"add_": "+", "sub_": "-", "mul_": "*", "div_": "/"}
+
+
+def _method_update(stmt) -> ast.Call | None:
+    """The call of ``x.add_(v)`` (a method of _AUG_METHODS on a name, one positional
+    operand, no keywords) if the statement ``stmt`` is that call alone, else None."""
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return None
+    call = stmt.value
+    f = call.func
+    if (
+        isinstance(f, ast.Attribute)
+        and f.attr in _AUG_METHODS
+        and isinstance(f.value, ast.Name)
+        and len(call.args) == 1
+        and not isinstance(call.args[0], ast.Starred)
+        and not call.keywords
+    ):
+        return call
+    return None
 
 
 def _accumulators(node: ast.FunctionDef, local: set) -> set[str]:
     """The locals whose augmented assignments the function may rewrite (see above),
     decided on its source before anything in it is rewritten."""
     parents, params = _parents_and_params(node)
-    names = {
-        sub.target.id
-        for sub in ast.walk(node)
-        if isinstance(sub, ast.AugAssign) and isinstance(sub.target, ast.Name)
-    }
+    names = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.AugAssign) and isinstance(sub.target, ast.Name):
+            names.add(sub.target.id)
+        elif (call := _method_update(sub)) is not None:
+            names.add(call.func.value.id)  # type: ignore[attr-defined]
     names = {n for n in names if n in local and n not in params}
     for sub in ast.walk(node):
         if not isinstance(sub, ast.Name) or sub.id not in names:
@@ -2028,6 +2072,24 @@ class _Augmented(ast.NodeTransformer):
             keywords=[],
         )
         return _located(ast.Assign(targets=[ast.Name(target.id, ast.Store())], value=call), node)
+
+    def visit_Expr(self, node: ast.Expr):
+        call = _method_update(node)
+        if call is None or call.func.value.id not in self.names:  # type: ignore[attr-defined]
+            return node
+        self.count += 1
+        name, method = call.func.value.id, call.func.attr  # type: ignore[attr-defined]
+        value = ast.Call(
+            func=ast.Constant(_AUG_PLACEHOLDER),
+            args=[
+                ast.Name(name, ast.Load()),
+                call.args[0],
+                ast.Constant(_AUG_METHODS[method]),
+                ast.Constant(method),
+            ],
+            keywords=[],
+        )
+        return _located(ast.Assign(targets=[ast.Name(name, ast.Store())], value=value), node)
 
     def _scope(self, node):
         return node

@@ -1270,15 +1270,20 @@ _AUGMENTED = {
 }
 
 
-def augment(x, value, op: str):
-    """``x op= value`` for a local nothing else holds (analysis.AUGMENTED): the plain op
-    where its result is what the in-place one leaves in ``x`` (``x`` a tensor whose shape
-    and dtype the result keeps), else the augmented op itself (a number: Python's
-    ``x = x op value``; a tensor: the in-place update, or eager's error)."""
+def augment(x, value, op: str, method: str | None = None):
+    """``x op= value`` (or the statement ``x.add_(value)``, ``method`` its name) for a
+    local nothing else holds (analysis.AUGMENTED): the plain op where its result is what
+    the in-place one leaves in ``x`` (``x`` a tensor whose shape and dtype the result
+    keeps), else the update as written (a number: Python's ``x = x op value``, or the
+    method's AttributeError; a tensor: the in-place update, or eager's error)."""
     plain, inplace = _AUGMENTED[op]
-    if (type(x) is LazyTensor or isinstance(x, Tensor)) and _keeps(x, value, op):
+    tensor = type(x) is LazyTensor or isinstance(x, Tensor)
+    if tensor and _keeps(x, value, op):
         return plain(x, value)
-    return inplace(x, value)
+    if method is None:
+        return inplace(x, value)
+    getattr(x, method)(value)
+    return x
 
 
 _RESULT_DTYPES: dict = {}  # (x dtype, x 0-d, value dtype or type, value 0-d) -> dtype

@@ -24,7 +24,7 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis, ops
-from tests.helpers import check_grads, check_map
+from tests.helpers import check_grads, check_map, outlined_with
 
 DIM = 6
 VOCAB = 11
@@ -193,3 +193,129 @@ def test_augment_leaves_what_the_augmented_assignment_leaves(acc, value, op):
         torch.testing.assert_close(got, want)
     else:
         assert got == want
+
+
+# ---- in-place method statements: ``h.mul_(0.9)``, ``acc.add_(v)`` ------------------------
+
+
+def decayed(tokens, m):
+    """A running state updated by in-place methods on lines of their own."""
+    h = torch.zeros(DIM)
+    for t in range(tokens.shape[0]):
+        h.mul_(0.9)
+        h.add_(torch.tanh(m.emb(tokens[t])))
+        h.div_(1.5)  # (by a value autograd saves, eager's backward would raise)
+    return h
+
+
+def filled(tokens, m):
+    """A buffer written by rows, then scaled in place: its item writes are rewritten too
+    (the in-place statement makes no alias of it)."""
+    out = torch.zeros(tokens.shape[0] + 1, DIM)
+    out[1:] = m.emb(tokens)
+    out[0] += out[1:].sum(0)
+    out.mul_(0.5)
+    out.sub_(1.0)
+    return out.cumsum(0)
+
+
+def read_then_added(tokens, m):
+    """Eager's ``doubled`` is read before the update: the rewrite must not change it."""
+    acc = torch.zeros(DIM)
+    doubled = acc * 2.0
+    acc.add_(m.emb(tokens).sum(0))
+    return doubled + acc
+
+
+tokens = st.lists(st.integers(1, 7), min_size=1, max_size=6)
+
+
+def _tokens(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(VOCAB, (n,), generator=g) for n in lengths]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    lengths=tokens,
+    seed=st.integers(0, 999),
+    which=st.sampled_from([decayed, filled, read_then_added]),
+)
+def test_in_place_method_statements_give_the_eager_results(lengths, seed, which):
+    with torch.no_grad():
+        check_map(acrobat.autobatch(which), _tokens(lengths, seed), m=MODEL)
+
+
+@settings(max_examples=4, deadline=None)
+@given(lengths=tokens, seed=st.integers(0, 99), which=st.sampled_from([decayed, filled]))
+def test_in_place_method_statements_train(lengths, seed, which):
+    check_grads(acrobat.autobatch(which), _tokens(lengths, seed), MODEL, atol=1e-5, m=MODEL)
+
+
+def test_in_place_method_statements_were_refused_without_the_rewrite():
+    """``h = torch.zeros(n)`` is one constant for every instance inside a map: an in-place
+    update of it with an instance's values cannot be recorded, and the buffer's item
+    writes were not rewritten because of the method call on it."""
+    data = _tokens([3, 5], 1)
+    for fn in (decayed, filled):
+        refused = pytest.raises(acrobat.AcrobatError)
+        with outlined_with(fn, AUGMENTED=False), torch.no_grad(), refused:
+            acrobat.autobatch(fn).map(data, m=MODEL)
+
+
+def test_the_decayed_state_loop_is_a_scan():
+    f = acrobat.autobatch(decayed)
+    with torch.no_grad():
+        stats = check_map(f, _tokens([4, 6, 2], 3), m=MODEL)
+    assert any(k.startswith("scan:") for k in stats.by_op), stats.by_op
+
+
+def test_which_method_statements_are_updates():
+    assert _accumulators("""
+        def f(xs, m):
+            h = torch.zeros(3)
+            for x in xs:
+                h.mul_(0.5)
+                h.add_(x)
+                h.clamp_(min=0)  # not an update analysis rewrites, but makes no alias
+            return h
+    """) == {"h"}
+    for kept in [
+        "y = acc.add_(x)",  # its result is acc itself: an alias
+        "acc.add_(x).mul_(2)",  # likewise
+    ]:
+        src = f"""
+            def f(x):
+                acc = torch.zeros(3)
+                {kept}
+                acc += x
+                return acc
+        """
+        assert _accumulators(src) == set(), kept
+
+
+@pytest.mark.parametrize(
+    "acc, value, method",
+    [
+        (torch.zeros(3), torch.ones(3), "add_"),
+        (torch.ones(3, dtype=torch.int64), 0.5, "mul_"),  # eager: Float can't be cast to Long
+        (torch.zeros(()), torch.ones(3), "sub_"),  # eager: the result does not fit
+        (0, torch.ones(3), "add_"),  # a number has no add_: eager's AttributeError
+    ],
+)
+def test_augment_of_a_method_leaves_what_the_method_leaves(acc, value, method):
+    op = analysis._AUG_METHODS[method]
+
+    def fresh():
+        return acc.clone() if isinstance(acc, torch.Tensor) else acc
+
+    try:
+        want = fresh()
+        getattr(want, method)(value)
+    except (RuntimeError, AttributeError) as e:
+        with pytest.raises(type(e), match=re.escape(str(e))):
+            ops.augment(fresh(), value, op, method)
+        return
+    got = ops.augment(fresh(), value, op, method)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want)
