@@ -1984,17 +1984,22 @@ def _binds(target, name: str) -> bool:
 # ``acc op= v`` (``+ - * /``) become ``acc = augment(acc, v, op)``, which makes the plain op
 # where its result keeps x's shape and dtype, else runs the in-place op itself (eager's
 # error or update). The in-place methods written as statements of their own
-# (``acc.add_(v)``, ``h.mul_(0.9)``: one operand, no keywords) are the same updates and
-# become ``acc = augment(acc, v, op, "add_")`` (on anything but a tensor the method is
-# called as written: eager's AttributeError on a number).
+# (``acc.add_(v)``, ``h.mul_(0.9)``: one operand, no keywords; ``h.zero_()``,
+# ``h.fill_(v)``) are the same updates and become ``acc = augment(acc, v, op, "add_")``
+# (on anything but a tensor the method is called as written: eager's AttributeError on
+# a number).
 
 _AUG_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-_AUG_METHODS = {"add_": "+", "sub_": "-", "mul_": "*", "div_": "/"}
+# method -> (augment's op, operands)
+_AUG_METHODS = {
+    "add_": ("+", 1), "sub_": ("-", 1), "mul_": ("*", 1), "div_": ("/", 1),
+    "zero_": ("zero", 0), "fill_": ("fill", 1),
+}  # fmt: skip
 
 
 def _method_update(stmt) -> ast.Call | None:
-    """The call of ``x.add_(v)`` (a method of _AUG_METHODS on a name, one positional
-    operand, no keywords) if the statement ``stmt`` is that call alone, else None."""
+    """The call of ``x.add_(v)`` (a method of _AUG_METHODS on a name, its operands
+    positional, no keywords) if the statement ``stmt`` is that call alone, else None."""
     if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
         return None
     call = stmt.value
@@ -2003,8 +2008,8 @@ def _method_update(stmt) -> ast.Call | None:
         isinstance(f, ast.Attribute)
         and f.attr in _AUG_METHODS
         and isinstance(f.value, ast.Name)
-        and len(call.args) == 1
-        and not isinstance(call.args[0], ast.Starred)
+        and len(call.args) == _AUG_METHODS[f.attr][1]
+        and not any(isinstance(a, ast.Starred) for a in call.args)
         and not call.keywords
     ):
         return call
@@ -2083,8 +2088,8 @@ class _Augmented(ast.NodeTransformer):
             func=ast.Constant(_AUG_PLACEHOLDER),
             args=[
                 ast.Name(name, ast.Load()),
-                call.args[0],
-                ast.Constant(_AUG_METHODS[method]),
+                call.args[0] if call.args else ast.Constant(None),
+                ast.Constant(_AUG_METHODS[method][0]),
                 ast.Constant(method),
             ],
             keywords=[],

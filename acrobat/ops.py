@@ -1271,18 +1271,27 @@ _AUGMENTED = {
 
 
 def augment(x, value, op: str, method: str | None = None):
-    """``x op= value`` (or the statement ``x.add_(value)``, ``method`` its name) for a
-    local nothing else holds (analysis.AUGMENTED): the plain op where its result is what
-    the in-place one leaves in ``x`` (``x`` a tensor whose shape and dtype the result
-    keeps), else the update as written (a number: Python's ``x = x op value``, or the
-    method's AttributeError; a tensor: the in-place update, or eager's error)."""
-    plain, inplace = _AUGMENTED[op]
-    tensor = type(x) is LazyTensor or isinstance(x, Tensor)
-    if tensor and _keeps(x, value, op):
-        return plain(x, value)
+    """``x op= value`` (or the statement ``x.add_(value)``, ``x.zero_()``, ``x.fill_(value)``,
+    ``method`` its name) for a local nothing else holds (analysis.AUGMENTED): the plain op
+    where its result is what the in-place one leaves in ``x`` (``x`` a tensor whose shape
+    and dtype the result keeps; a fill with a number), else the update as written (a
+    number: Python's ``x = x op value``, or the method's AttributeError; a tensor: the
+    in-place update, or eager's error, as for a leaf that requires grad)."""
+    lazy = type(x) is LazyTensor
+    if lazy or (isinstance(x, Tensor) and not (x.requires_grad and x.is_leaf)):
+        if op == "zero":
+            return torch.zeros_like(x)
+        if op == "fill":
+            if type(value) in (int, float, bool):
+                return torch.full_like(x, value)
+        elif _keeps(x, value, op):
+            return _AUGMENTED[op][0](x, value)
     if method is None:
-        return inplace(x, value)
-    getattr(x, method)(value)
+        return _AUGMENTED[op][1](x, value)
+    if op == "zero":
+        x.zero_()
+    else:
+        getattr(x, method)(value)
     return x
 
 
@@ -3033,6 +3042,22 @@ def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_A
         _fits(out, x, what, user_line(3))
         return out
     line = user_line(3)
+    _rebindable(x, what, fix, line)
+    old = LazyTensor(x.node, x.idx, x.shape, x.dtype, x.key)
+    args = _swap(args, x, old)
+    kwargs = {k: _swap(v, x, old) for k, v in kwargs.items()}
+    special = op.special
+    out = special(func, args, kwargs) if special is not None else record(op, func, args, kwargs)
+    _fits(out, x, what, line)
+    x.node = out.node
+    x.idx = out.idx
+    return x
+
+
+def _rebindable(x, what: str, fix: str, line: str) -> None:
+    """Raise where the lazy ``x`` may not be rebound to the result of an update of it
+    (:func:`in_place`): a block's argument, a value an op recorded before reads, an
+    input or shared constant, a possible view of another tensor."""
     node = x.node
     problem = None
     if node.op.name == "arg":  # a block's placeholder, while the block is traced
@@ -3054,15 +3079,71 @@ def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_A
             f"{what} on a lazy tensor (at {line}) cannot be recorded: {problem}; write it "
             f"out of place: {fix}"
         )
-    old = LazyTensor(node, x.idx, x.shape, x.dtype, x.key)
-    args = _swap(args, x, old)
-    kwargs = {k: _swap(v, x, old) for k, v in kwargs.items()}
-    special = op.special
-    out = special(func, args, kwargs) if special is not None else record(op, func, args, kwargs)
-    _fits(out, x, what, line)
+
+
+# ``x.zero_()``, ``x.fill_(v)``, ``x.copy_(src)``: updates whose new value does not read x.
+# Where in_place could rebind x, it is rebound to the new value: the fills to the constant
+# ``torch.full_like(x, v)`` (one for every instance, as the map's factories are), the copy
+# to src's own value where src is a lazy tensor of x's shape and dtype (lazy updates
+# rebind, never write, so x and src stay apart as in eager). Anything else (a tensor fill
+# value, a copy that broadcasts or casts, a real source, inside a block's trace) raises.
+
+
+def _refused_reset(what: str, line: str, fix: str):
+    return UnsupportedOpError(
+        f"this in-place update is not supported inside f.map (at {line}): {what} of a lazy "
+        f"tensor is recorded only as a fill with a number or a copy of a lazy tensor of its "
+        f"shape and dtype; build the new tensor instead ({fix})"
+    )
+
+
+def _lazy_fill(self, value):
+    line, fix = user_line(2), "x = torch.full_like(x, v) or torch.where(...)"
+    rt = graph.RT
+    if type(value) not in (int, float, bool) or rt is None or rt.tracer is not None:
+        raise _refused_reset("x.fill_(v)", line, fix)
+    _rebindable(self, "x.fill_(v)", fix, line)
+    return _rebind(rt, self, torch.full_like(self, value))
+
+
+def _lazy_zero(self):
+    line, fix = user_line(2), "x = torch.zeros_like(x)"
+    rt = graph.RT
+    if rt is None or rt.tracer is not None:
+        raise _refused_reset("x.zero_()", line, fix)
+    _rebindable(self, "x.zero_()", fix, line)
+    return _rebind(rt, self, torch.zeros_like(self))
+
+
+def _lazy_copy(self, src, non_blocking=False):
+    line, fix = user_line(2), "x = src.clone(), torch.cat, torch.where"
+    rt = graph.RT
+    if (
+        type(src) is not LazyTensor
+        or src.shape != self.shape
+        or src.dtype != self.dtype
+        or rt is None
+        or rt.tracer is not None
+    ):
+        raise _refused_reset("x.copy_(src)", line, fix)
+    _rebindable(self, "x.copy_(src)", fix, line)
+    self.node = src.node
+    self.idx = src.idx
+    return self
+
+
+def _rebind(rt, x, value):
+    """Rebind the lazy ``x`` to the real tensor ``value`` (a constant of the map)."""
+    from acrobat.executor import constant
+
+    out = value if type(value) is LazyTensor else constant(rt, value)
     x.node = out.node
     x.idx = out.idx
     return x
+
+
+for _name, _reset in (("fill_", _lazy_fill), ("zero_", _lazy_zero), ("copy_", _lazy_copy)):
+    setattr(LazyTensor, _name, _reset)
 
 
 def _fits(out, x, what: str, line: str) -> None:

@@ -463,17 +463,13 @@ class LazyTensor(_LazyBase):
             "them; use the real tensors that f.map returns instead of storing lazy ones."
         )
 
-    # Updates to values not computed from the tensor: refused loudly. (x += y, x.add_(y),
-    # x.relu_() ... are recorded out of place and x rebound where that is exact:
-    # ops.in_place, installed by acrobat.ops, which installs x[i] = v too: ops.put.)
-    def _inplace(self, *args, **kwargs):
+    # (x += y, x.add_(y), x.relu_(), x.zero_() ... are recorded out of place and x rebound
+    # where that is exact: ops.in_place, installed by acrobat.ops, which installs x[i] = v
+    # too: ops.put.) A matrix product cannot keep x's shape in general: refused loudly.
+    def __imatmul__(self, other):
         from acrobat.errors import UnsupportedOpError
 
         raise UnsupportedOpError(
-            f"this in-place update is not supported inside f.map (at {user_line(2)}): "
-            "copy_, zero_ and fill_ of a lazy tensor cannot be recorded; build the new "
-            "tensor instead (torch.cat, torch.where, torch.zeros_like)."
+            f"x @= y on a lazy tensor is not supported inside f.map (at {user_line(2)}); "
+            "write it out of place: x = x @ y"
         )
-
-    __imatmul__ = _inplace
-    copy_ = zero_ = fill_ = _inplace

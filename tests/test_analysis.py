@@ -581,7 +581,8 @@ def fill_constant(x):
     for _ in range(2):
         m = torch.zeros(3)
         y = x + m  # a recorded op reads the constant before the write
-        m.fill_(1.0)  # in place into the map's shared constant (y must not see it)
+        m.clamp_(min=1.0)  # in place into the map's shared constant (y must not see it;
+        # m.fill_(1.0) is rebound instead: analysis.AUGMENTED)
     return y
 
 

@@ -219,6 +219,22 @@ def filled(tokens, m):
     return out.cumsum(0)
 
 
+def reset(tokens, m):
+    """A state reset in place when a value says so (``zero_``) and a mask filled in place
+    before its item writes: both locals nothing else holds."""
+    h = m.out.weight[:DIM].sum(0) * 0  # (a real tensor, not a factory: not rebound)
+    c = torch.zeros(DIM)
+    mask = torch.zeros(tokens.shape[0])
+    mask.fill_(1.0)
+    for t in range(tokens.shape[0]):
+        x = m.emb(tokens[t])
+        if float(x.sum()) > 0:
+            c.zero_()
+            mask[t] = 0.5
+        c.add_(torch.tanh(x))
+    return torch.cat([c + h, mask])
+
+
 def read_then_added(tokens, m):
     """Eager's ``doubled`` is read before the update: the rewrite must not change it."""
     acc = torch.zeros(DIM)
@@ -239,7 +255,7 @@ def _tokens(lengths, seed):
 @given(
     lengths=tokens,
     seed=st.integers(0, 999),
-    which=st.sampled_from([decayed, filled, read_then_added]),
+    which=st.sampled_from([decayed, filled, reset, read_then_added]),
 )
 def test_in_place_method_statements_give_the_eager_results(lengths, seed, which):
     with torch.no_grad():
@@ -247,7 +263,7 @@ def test_in_place_method_statements_give_the_eager_results(lengths, seed, which)
 
 
 @settings(max_examples=4, deadline=None)
-@given(lengths=tokens, seed=st.integers(0, 99), which=st.sampled_from([decayed, filled]))
+@given(lengths=tokens, seed=st.integers(0, 99), which=st.sampled_from([decayed, filled, reset]))
 def test_in_place_method_statements_train(lengths, seed, which):
     check_grads(acrobat.autobatch(which), _tokens(lengths, seed), MODEL, atol=1e-5, m=MODEL)
 
@@ -257,7 +273,7 @@ def test_in_place_method_statements_were_refused_without_the_rewrite():
     update of it with an instance's values cannot be recorded, and the buffer's item
     writes were not rewritten because of the method call on it."""
     data = _tokens([3, 5], 1)
-    for fn in (decayed, filled):
+    for fn in (decayed, filled, reset):
         refused = pytest.raises(acrobat.AcrobatError)
         with outlined_with(fn, AUGMENTED=False), torch.no_grad(), refused:
             acrobat.autobatch(fn).map(data, m=MODEL)
@@ -301,21 +317,30 @@ def test_which_method_statements_are_updates():
         (torch.ones(3, dtype=torch.int64), 0.5, "mul_"),  # eager: Float can't be cast to Long
         (torch.zeros(()), torch.ones(3), "sub_"),  # eager: the result does not fit
         (0, torch.ones(3), "add_"),  # a number has no add_: eager's AttributeError
+        (torch.ones(2, 3), None, "zero_"),
+        (torch.ones(2, dtype=torch.int64), 2.7, "fill_"),  # cast as fill_ casts it
+        (torch.ones(2, dtype=torch.uint8), 300, "fill_"),  # eager: overflow
+        (torch.ones(2), torch.tensor(3.0), "fill_"),  # a tensor value: the method itself
+        (torch.ones(2).requires_grad_(), 1.0, "mul_"),  # eager: a leaf that requires grad
+        (torch.ones(2).requires_grad_(), None, "zero_"),  # likewise
     ],
 )
 def test_augment_of_a_method_leaves_what_the_method_leaves(acc, value, method):
-    op = analysis._AUG_METHODS[method]
+    op = analysis._AUG_METHODS[method][0]
+    args = () if value is None else (value,)
 
     def fresh():
-        return acc.clone() if isinstance(acc, torch.Tensor) else acc
+        return acc.detach().clone().requires_grad_(acc.requires_grad) if isinstance(
+            acc, torch.Tensor
+        ) else acc
 
     try:
         want = fresh()
-        getattr(want, method)(value)
+        getattr(want, method)(*args)
     except (RuntimeError, AttributeError) as e:
         with pytest.raises(type(e), match=re.escape(str(e))):
             ops.augment(fresh(), value, op, method)
         return
     got = ops.augment(fresh(), value, op, method)
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got.detach(), want.detach())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -379,7 +379,7 @@ def _shared_then_write(x):
     m = torch.zeros(3)
     if x.sum() > 0:  # a value read: other instances run and get the same constant
         pass
-    m.fill_(1.0)  # (a method: analysis rewrites item writes only)
+    m.clamp_(min=1.0)  # (a method analysis does not rewrite; fill_ it rebinds)
     return x + m
 
 
@@ -539,3 +539,71 @@ def test_an_accumulator_another_instance_holds_is_rebound_by_analysis():
     acc's shape and dtype), so the constant every instance shares stays as it is."""
     f = acrobat.autobatch(_held_by_another_instance)
     check_map(f, [torch.randn(3) for _ in range(3)])
+
+
+# ---- x.zero_(), x.fill_(v), x.copy_(src) of lazy tensors --------------------------------
+
+
+def _fills(x, lin):
+    """Lazy values held in a dict (not locals analysis rewrites): the methods themselves."""
+    e = torch.tanh(lin(x))
+    held = {"a": e * 2, "b": e + 1, "c": e - 1}
+    held["a"].zero_()
+    held["b"].fill_(0.5)
+    held["c"].fill_(True)  # a bool, cast as eager casts it
+    return held["a"] + held["b"] * held["c"] + e
+
+
+def _copies(x, lin):
+    held = [x * 2]
+    if float(x.sum()) > 0:  # some instances only
+        held[0].copy_(torch.tanh(lin(x)))
+    return held[0] + 1
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=5),
+    st.integers(0, 99),
+    st.sampled_from([_fills, _copies]),
+)
+def test_zero_fill_and_copy_of_lazy_tensors_equal_eager(sizes, seed, fn):
+    torch.manual_seed(seed)
+    lin = nn.Linear(4, 4)
+    xs = [torch.randn(n, 4) for n in sizes]
+    with torch.no_grad():
+        check_map(acrobat.autobatch(fn), xs, lin=lin)
+    check_grads(acrobat.autobatch(fn), xs, lin, lin=lin)
+
+
+def _fill_with_a_tensor(x):
+    y = x * 2
+    y.fill_(x.sum())  # a per-instance 0-d value: build it out of place
+    return y
+
+
+def _copy_that_broadcasts(x):
+    y = x * 2
+    y.copy_(x[0])
+    return y
+
+
+def _zero_after_a_read(x):
+    y = x * 2
+    z = y + 1  # recorded: it must see the old value
+    y.zero_()
+    return y + z
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (_fill_with_a_tensor, "x.fill_\\(v\\) of a lazy tensor is recorded only"),
+        (_copy_that_broadcasts, "x.copy_\\(src\\) of a lazy tensor is recorded only"),
+        (_zero_after_a_read, "an op recorded before it reads that tensor"),
+    ],
+)
+def test_resets_that_cannot_be_recorded_are_refused(fn, message):
+    f = acrobat.autobatch(fn)
+    with pytest.raises(acrobat.UnsupportedOpError, match=message):
+        f.map([torch.randn(2, 3) for _ in range(3)])
