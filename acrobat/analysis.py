@@ -50,6 +50,7 @@ from acrobat.errors import LazyValueError
 from acrobat.ops import (
     SCALAR_DTYPES,
     TENSOR,
+    UPDATE_METHODS,
     augment,
     factory_call,
     keep_row,
@@ -57,6 +58,7 @@ from acrobat.ops import (
     put_item,
     put_rows,
     scalar_data,
+    update,
     value_data,
 )
 from acrobat.scan import Scan
@@ -906,10 +908,13 @@ _RANGE_PLACEHOLDER = -_REGION_BASE * 8
 # scans take (read when outlining)
 AUGMENTED = True
 _AUG_PLACEHOLDER = -_REGION_BASE * 9
+_UPDATE_PLACEHOLDER = -_REGION_BASE * 10  # acc.add_(v) -> acc = ops.update(acc, "add_", v)
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
-_WRITE_PLACEHOLDERS = (_PUT_PLACEHOLDER, _SLICE_PLACEHOLDER, _KEEP_PLACEHOLDER, _AUG_PLACEHOLDER)
-_ONE_OP_PLACEHOLDERS = (_PUT_PLACEHOLDER, _AUG_PLACEHOLDER)
+_WRITE_PLACEHOLDERS = (
+    _PUT_PLACEHOLDER, _SLICE_PLACEHOLDER, _KEEP_PLACEHOLDER, _AUG_PLACEHOLDER, _UPDATE_PLACEHOLDER
+)  # fmt: skip
+_ONE_OP_PLACEHOLDERS = (_PUT_PLACEHOLDER, _AUG_PLACEHOLDER, _UPDATE_PLACEHOLDER)
 
 
 class Outlined:
@@ -1348,6 +1353,7 @@ def _outline(fn) -> Outlined | None:
         _PUT_ROWS_PLACEHOLDER: put_rows,
         _RANGE_PLACEHOLDER: range,
         _AUG_PLACEHOLDER: augment,
+        _UPDATE_PLACEHOLDER: update,
     }
     regions = []
     for r in rewriter.regions:
@@ -1983,34 +1989,28 @@ def _binds(target, name: str) -> bool:
 # functions that make new tensors, ``return``...), so nothing else can hold them; their
 # ``acc op= v`` (``+ - * /``) become ``acc = augment(acc, v, op)``, which makes the plain op
 # where its result keeps x's shape and dtype, else runs the in-place op itself (eager's
-# error or update). The in-place methods written as statements of their own
-# (``acc.add_(v)``, ``h.mul_(0.9)``: one operand, no keywords; ``h.zero_()``,
-# ``h.fill_(v)``) are the same updates and become ``acc = augment(acc, v, op, "add_")``
-# (on anything but a tensor the method is called as written: eager's AttributeError on
-# a number).
+# error or update). An in-place method written as a statement of its own on such a local
+# (``h.mul_(0.9)``, ``acc.add_(v, alpha=2)``, ``mask.masked_fill_(m, 0)``, ``h.zero_()``:
+# the methods of ops.UPDATE_METHODS) is the same kind of update and becomes ``h =
+# update(h, "mul_", 0.9)``, the out-of-place form where its result fits ``h``, else the
+# method as written (ops.update).
 
 _AUG_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-# method -> (augment's op, operands)
-_AUG_METHODS = {
-    "add_": ("+", 1), "sub_": ("-", 1), "mul_": ("*", 1), "div_": ("/", 1),
-    "zero_": ("zero", 0), "fill_": ("fill", 1),
-}  # fmt: skip
 
 
 def _method_update(stmt) -> ast.Call | None:
-    """The call of ``x.add_(v)`` (a method of _AUG_METHODS on a name, its operands
-    positional, no keywords) if the statement ``stmt`` is that call alone, else None."""
+    """The call of ``x.mul_(...)`` (a method of ops.UPDATE_METHODS on a name, no ``*``
+    or ``**`` arguments) if the statement ``stmt`` is that call alone, else None."""
     if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
         return None
     call = stmt.value
     f = call.func
     if (
         isinstance(f, ast.Attribute)
-        and f.attr in _AUG_METHODS
+        and f.attr in UPDATE_METHODS
         and isinstance(f.value, ast.Name)
-        and len(call.args) == _AUG_METHODS[f.attr][1]
         and not any(isinstance(a, ast.Starred) for a in call.args)
-        and not call.keywords
+        and all(k.arg is not None for k in call.keywords)
     ):
         return call
     return None
@@ -2085,14 +2085,9 @@ class _Augmented(ast.NodeTransformer):
         self.count += 1
         name, method = call.func.value.id, call.func.attr  # type: ignore[attr-defined]
         value = ast.Call(
-            func=ast.Constant(_AUG_PLACEHOLDER),
-            args=[
-                ast.Name(name, ast.Load()),
-                call.args[0] if call.args else ast.Constant(None),
-                ast.Constant(_AUG_METHODS[method][0]),
-                ast.Constant(method),
-            ],
-            keywords=[],
+            func=ast.Constant(_UPDATE_PLACEHOLDER),
+            args=[ast.Name(name, ast.Load()), ast.Constant(method), *call.args],
+            keywords=call.keywords,
         )
         return _located(ast.Assign(targets=[ast.Name(name, ast.Store())], value=value), node)
 

@@ -1270,29 +1270,60 @@ _AUGMENTED = {
 }
 
 
-def augment(x, value, op: str, method: str | None = None):
-    """``x op= value`` (or the statement ``x.add_(value)``, ``x.zero_()``, ``x.fill_(value)``,
-    ``method`` its name) for a local nothing else holds (analysis.AUGMENTED): the plain op
+def augment(x, value, op: str):
+    """``x op= value`` for a local nothing else holds (analysis.AUGMENTED): the plain op
     where its result is what the in-place one leaves in ``x`` (``x`` a tensor whose shape
-    and dtype the result keeps; a fill with a number), else the update as written (a
-    number: Python's ``x = x op value``, or the method's AttributeError; a tensor: the
-    in-place update, or eager's error, as for a leaf that requires grad)."""
-    lazy = type(x) is LazyTensor
-    if lazy or (isinstance(x, Tensor) and not (x.requires_grad and x.is_leaf)):
-        if op == "zero":
-            return torch.zeros_like(x)
-        if op == "fill":
-            if type(value) in (int, float, bool):
-                return torch.full_like(x, value)
-        elif _keeps(x, value, op):
-            return _AUGMENTED[op][0](x, value)
-    if method is None:
-        return _AUGMENTED[op][1](x, value)
-    if op == "zero":
-        x.zero_()
-    else:
-        getattr(x, method)(value)
+    and dtype the result keeps), else the augmented op itself (a number: Python's
+    ``x = x op value``; a tensor: the in-place update, or eager's error, as for a leaf
+    that requires grad)."""
+    plain, inplace = _AUGMENTED[op]
+    if _rebindable_value(x) and _keeps(x, value, op):
+        return plain(x, value)
+    return inplace(x, value)
+
+
+def _rebindable_value(x) -> bool:
+    """Whether an update of ``x`` may be made out of place: a tensor (not a leaf that
+    requires grad, which eager refuses to update in place)."""
+    return type(x) is LazyTensor or (isinstance(x, Tensor) and not (x.requires_grad and x.is_leaf))
+
+
+def update(x, method: str, *args, **kwargs):
+    """``x.method(*args, **kwargs)`` written as a statement of its own (``h.mul_(0.9)``)
+    on a local nothing else holds (analysis.AUGMENTED): the out-of-place form where its
+    result is what the method leaves in ``x`` (a tensor of x's shape and dtype;
+    ``zeros_like`` / ``full_like`` for ``zero_`` and a fill with a number), else the
+    method itself on x, as written (eager's update or error). Returns x's new value."""
+    if _rebindable_value(x):
+        out = _updated(x, method, args, kwargs)
+        if out is not None:
+            return out
+    getattr(x, method)(*args, **kwargs)
     return x
+
+
+def _updated(x, method: str, args: tuple, kwargs: dict):
+    if method == "zero_":
+        return torch.zeros_like(x) if not args and not kwargs else None
+    if method == "fill_":
+        if len(args) == 1 and not kwargs and type(args[0]) in (int, float, bool):
+            return torch.full_like(x, args[0])
+        return None
+    op = _METHOD_OPS.get(method)
+    if op is not None and len(args) == 1 and not kwargs:  # (torch's promotion, no op run)
+        return _AUGMENTED[op][0](x, args[0]) if _keeps(x, args[0], op) else None
+    try:
+        out = getattr(x, method[:-1])(*args, **kwargs)
+    except Exception:  # (the method as written raises eager's error, or updates)
+        return None
+    if (type(out) is LazyTensor or isinstance(out, Tensor)) and (
+        out.shape == x.shape and out.dtype == x.dtype
+    ):
+        return out
+    return None
+
+
+_METHOD_OPS = {"add_": "+", "sub_": "-", "mul_": "*", "div_": "/"}
 
 
 _RESULT_DTYPES: dict = {}  # (x dtype, x 0-d, value dtype or type, value 0-d) -> dtype
@@ -3225,6 +3256,19 @@ def _install_in_place():
 
 
 _install_in_place()
+
+# In-place methods whose update analysis may make out of place (see update): those of the
+# ops acrobat batches (their out-of-place form is the op), the resets, not the draws
+# (bernoulli_) and not those that change x's view of its storage (t_, squeeze_...).
+UPDATE_METHODS = frozenset(
+    {"zero_", "fill_"}
+    | {
+        name + "_"
+        for name in TABLE
+        if getattr(Tensor, name, None) is not None and getattr(Tensor, name + "_", None) is not None
+    }
+    - {"bernoulli_", "detach_", "squeeze_", "unsqueeze_", "t_", "transpose_"}
+)
 LazyTensor.__setitem__ = _lazy_setitem  # type: ignore[index]  # x[i] = v: special_setitem
 
 

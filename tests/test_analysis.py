@@ -577,12 +577,15 @@ def write_into_constant(x):
     return y + m
 
 
+def _set_ones(t):
+    t.fill_(1.0)  # (m.fill_(1.0) in fill_constant itself is rebound: analysis.AUGMENTED)
+
+
 def fill_constant(x):
     for _ in range(2):
         m = torch.zeros(3)
         y = x + m  # a recorded op reads the constant before the write
-        m.clamp_(min=1.0)  # in place into the map's shared constant (y must not see it;
-        # m.fill_(1.0) is rebound instead: analysis.AUGMENTED)
+        _set_ones(m)  # in place into the map's shared constant (y must not see it)
     return y
 
 

@@ -235,6 +235,15 @@ def reset(tokens, m):
     return torch.cat([c + h, mask])
 
 
+def masked(tokens, m):
+    """Weights set by in-place methods with per-instance operands."""
+    w = torch.zeros(tokens.shape[0])
+    w.masked_fill_(tokens > VOCAB // 2, 1.0)
+    w.clamp_(min=0.25)
+    w.add_(m.emb(tokens).sum(1).sigmoid(), alpha=0.5)
+    return (m.emb(tokens) * w[:, None]).sum(0)
+
+
 def read_then_added(tokens, m):
     """Eager's ``doubled`` is read before the update: the rewrite must not change it."""
     acc = torch.zeros(DIM)
@@ -255,7 +264,7 @@ def _tokens(lengths, seed):
 @given(
     lengths=tokens,
     seed=st.integers(0, 999),
-    which=st.sampled_from([decayed, filled, reset, read_then_added]),
+    which=st.sampled_from([decayed, filled, reset, masked, read_then_added]),
 )
 def test_in_place_method_statements_give_the_eager_results(lengths, seed, which):
     with torch.no_grad():
@@ -263,7 +272,11 @@ def test_in_place_method_statements_give_the_eager_results(lengths, seed, which)
 
 
 @settings(max_examples=4, deadline=None)
-@given(lengths=tokens, seed=st.integers(0, 99), which=st.sampled_from([decayed, filled, reset]))
+@given(
+    lengths=tokens,
+    seed=st.integers(0, 99),
+    which=st.sampled_from([decayed, filled, reset, masked]),
+)
 def test_in_place_method_statements_train(lengths, seed, which):
     check_grads(acrobat.autobatch(which), _tokens(lengths, seed), MODEL, atol=1e-5, m=MODEL)
 
@@ -273,7 +286,7 @@ def test_in_place_method_statements_were_refused_without_the_rewrite():
     update of it with an instance's values cannot be recorded, and the buffer's item
     writes were not rewritten because of the method call on it."""
     data = _tokens([3, 5], 1)
-    for fn in (decayed, filled, reset):
+    for fn in (decayed, filled, reset, masked):
         refused = pytest.raises(acrobat.AcrobatError)
         with outlined_with(fn, AUGMENTED=False), torch.no_grad(), refused:
             acrobat.autobatch(fn).map(data, m=MODEL)
@@ -293,7 +306,8 @@ def test_which_method_statements_are_updates():
             for x in xs:
                 h.mul_(0.5)
                 h.add_(x)
-                h.clamp_(min=0)  # not an update analysis rewrites, but makes no alias
+                h.clamp_(min=0)
+                h.t_()  # not an update analysis rewrites, but it makes no alias either
             return h
     """) == {"h"}
     for kept in [
@@ -310,37 +324,48 @@ def test_which_method_statements_are_updates():
         assert _accumulators(src) == set(), kept
 
 
-@pytest.mark.parametrize(
-    "acc, value, method",
-    [
-        (torch.zeros(3), torch.ones(3), "add_"),
-        (torch.ones(3, dtype=torch.int64), 0.5, "mul_"),  # eager: Float can't be cast to Long
-        (torch.zeros(()), torch.ones(3), "sub_"),  # eager: the result does not fit
-        (0, torch.ones(3), "add_"),  # a number has no add_: eager's AttributeError
-        (torch.ones(2, 3), None, "zero_"),
-        (torch.ones(2, dtype=torch.int64), 2.7, "fill_"),  # cast as fill_ casts it
-        (torch.ones(2, dtype=torch.uint8), 300, "fill_"),  # eager: overflow
-        (torch.ones(2), torch.tensor(3.0), "fill_"),  # a tensor value: the method itself
-        (torch.ones(2).requires_grad_(), 1.0, "mul_"),  # eager: a leaf that requires grad
-        (torch.ones(2).requires_grad_(), None, "zero_"),  # likewise
-    ],
-)
-def test_augment_of_a_method_leaves_what_the_method_leaves(acc, value, method):
-    op = analysis._AUG_METHODS[method][0]
-    args = () if value is None else (value,)
+UPDATES = [  # (tensor, method, args, kwargs): ops.update's paths, errors included
+    (torch.zeros(3), "add_", (torch.ones(3),), {}),
+    (torch.zeros(3), "add_", (torch.ones(3),), {"alpha": 2}),
+    (torch.ones(3, dtype=torch.int64), "mul_", (0.5,), {}),  # eager: Float can't be cast to Long
+    (torch.zeros(()), "sub_", (torch.ones(3),), {}),  # eager: the result does not fit
+    (0, "add_", (torch.ones(3),), {}),  # a number has no add_: eager's AttributeError
+    (torch.ones(2, 3), "zero_", (), {}),
+    (torch.ones(2, dtype=torch.int64), "fill_", (2.7,), {}),  # cast as fill_ casts it
+    (torch.ones(2, dtype=torch.uint8), "fill_", (300,), {}),  # eager: overflow
+    (torch.ones(2), "fill_", (torch.tensor(3.0),), {}),  # a tensor value: the method itself
+    (torch.ones(2).requires_grad_(), "mul_", (1.0,), {}),  # eager: a leaf that requires grad
+    (torch.ones(2).requires_grad_(), "zero_", (), {}),  # likewise
+    (torch.randn(4), "clamp_", (), {"min": -0.5, "max": 0.5}),
+    (torch.randn(2, 3), "masked_fill_", (torch.tensor([True, False, True]), 0.0), {}),
+    (torch.randn(3), "masked_fill_", (torch.ones(2, 3, dtype=torch.bool), 0.0), {}),  # too big
+    (torch.ones(3, dtype=torch.int64), "exp_", (), {}),  # eager: Float can't be cast to Long
+    (torch.randn(3, 3), "tril_", (), {}),
+    (torch.randn(3), "masked_fill_", (torch.ones(3), 0.0), {}),  # eager: a float mask
+]
 
+
+@pytest.mark.parametrize("acc, method, args, kwargs", UPDATES)
+def test_update_leaves_what_the_method_leaves(acc, method, args, kwargs):
     def fresh():
-        return acc.detach().clone().requires_grad_(acc.requires_grad) if isinstance(
-            acc, torch.Tensor
-        ) else acc
+        if not isinstance(acc, torch.Tensor):
+            return acc
+        return acc.detach().clone().requires_grad_(acc.requires_grad)
 
+    assert method in ops.UPDATE_METHODS
     try:
         want = fresh()
-        getattr(want, method)(*args)
+        getattr(want, method)(*args, **kwargs)
     except (RuntimeError, AttributeError) as e:
         with pytest.raises(type(e), match=re.escape(str(e))):
-            ops.augment(fresh(), value, op, method)
+            ops.update(fresh(), method, *args, **kwargs)
         return
-    got = ops.augment(fresh(), value, op, method)
+    got = ops.update(fresh(), method, *args, **kwargs)
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got.detach(), want.detach())
+
+
+def test_which_in_place_methods_are_updates():
+    assert {"add_", "mul_", "clamp_", "masked_fill_", "zero_", "fill_"} <= ops.UPDATE_METHODS
+    # draws, views of the storage and copies keep their own paths
+    assert not {"bernoulli_", "normal_", "t_", "squeeze_", "copy_", "resize_"} & ops.UPDATE_METHODS

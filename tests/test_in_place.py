@@ -368,10 +368,15 @@ def test_a_constant_built_inside_a_block_equals_eager():
             torch.testing.assert_close(out, f.eager(x, lin=lin))
 
 
+def _set_ones(t):
+    t.fill_(1.0)  # (a parameter: analysis leaves the method as written; in the caller's
+    # own code, m.fill_(1.0) would be rewritten out of place: analysis.AUGMENTED)
+
+
 def _read_then_write(x):
     m = torch.zeros(3)
     doubled = m * 2.0  # a hoisted op reads it: its cached result must not go stale
-    m.clamp_(min=1.0)  # (m.add_(1.0) is rewritten out of place: analysis.AUGMENTED)
+    _set_ones(m)
     return x + doubled + m
 
 
@@ -379,7 +384,7 @@ def _shared_then_write(x):
     m = torch.zeros(3)
     if x.sum() > 0:  # a value read: other instances run and get the same constant
         pass
-    m.clamp_(min=1.0)  # (a method analysis does not rewrite; fill_ it rebinds)
+    _set_ones(m)
     return x + m
 
 
