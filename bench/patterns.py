@@ -10,7 +10,8 @@ reads its tokens, generation attending over its own growing history, an RNN writ
 its states into a buffer (``states[t] = h``), the same cell over positions (``x[t]``)
 with its states appended and stacked, the PyTorch seq2seq tutorial's training step
 (teacher forcing, ``loss += ...`` from ``loss = 0``), the char-RNN classification
-tutorial's forward (its output read after the loop), a pointer network masking what it
+tutorial's forward (its output read after the loop), a state decayed and weights masked
+by in-place methods (``h.mul_``, ``w.masked_fill_``), a pointer network masking what it
 chose.
 Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
@@ -233,6 +234,18 @@ def char_rnn_tutorial(tokens, m):
     return output
 
 
+def decayed_state(tokens, m):
+    # a running state decayed and updated by in-place methods (h.mul_, h.add_) and
+    # weights masked in place, on tensors the function makes
+    h = torch.zeros(HIDDEN)
+    for t in range(tokens.shape[0]):
+        h.mul_(0.9)
+        h.add_(torch.tanh(m.own(m.emb(tokens[t]))))
+    w = torch.ones(tokens.shape[0])
+    w.masked_fill_(tokens % 5 == 0, 0.0)
+    return m.head(h + (m.emb(tokens) * w[:, None]).sum(0))
+
+
 def pointer(tokens, m):
     # a pointer network's decoding: point at the best token not taken yet (a value read),
     # mask it out, feed it back; the order of all tokens
@@ -283,6 +296,7 @@ PATTERNS = {
     "position_rnn": Pattern(position_rnn, "tokens", True),
     "seq2seq_tutorial": Pattern(seq2seq_tutorial, "pairs", True),
     "char_rnn_tutorial": Pattern(char_rnn_tutorial, "tokens", False),
+    "decayed_state": Pattern(decayed_state, "tokens", False),
     "pointer": Pattern(pointer, "tokens", False),
 }
 
