@@ -1998,22 +1998,28 @@ def _binds(target, name: str) -> bool:
 _AUG_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 
-def _method_update(stmt) -> ast.Call | None:
-    """The call of ``x.mul_(...)`` (a method of ops.UPDATE_METHODS on a name, no ``*``
-    or ``**`` arguments) if the statement ``stmt`` is that call alone, else None."""
+def _method_statement(stmt, methods) -> ast.Call | None:
+    """The call if the statement ``stmt`` is a call alone of a method in ``methods`` on a
+    name (``x.mul_(0.9)``, ``out.append(h)``), with no ``*`` or ``**`` arguments."""
     if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
         return None
     call = stmt.value
     f = call.func
     if (
         isinstance(f, ast.Attribute)
-        and f.attr in UPDATE_METHODS
+        and f.attr in methods
         and isinstance(f.value, ast.Name)
         and not any(isinstance(a, ast.Starred) for a in call.args)
         and all(k.arg is not None for k in call.keywords)
     ):
         return call
     return None
+
+
+def _method_update(stmt) -> ast.Call | None:
+    """The call of ``x.mul_(...)`` (a method of ops.UPDATE_METHODS) if the statement
+    ``stmt`` is that call alone, else None."""
+    return _method_statement(stmt, UPDATE_METHODS)
 
 
 def _accumulators(node: ast.FunctionDef, local: set) -> set[str]:
@@ -3114,20 +3120,10 @@ def _transparent(expr) -> bool:
 
 def _append(stmt) -> tuple[str, ast.expr] | None:
     """(list name, value) if ``stmt`` is ``name.append(value)``."""
-    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+    call = _method_statement(stmt, ("append",))
+    if call is None or len(call.args) != 1 or call.keywords:
         return None
-    call = stmt.value
-    f = call.func
-    if (
-        isinstance(f, ast.Attribute)
-        and f.attr == "append"
-        and isinstance(f.value, ast.Name)
-        and len(call.args) == 1
-        and not call.keywords
-        and not isinstance(call.args[0], ast.Starred)
-    ):
-        return f.value.id, call.args[0]
-    return None
+    return call.func.value.id, call.args[0]  # type: ignore[attr-defined]
 
 
 def _list_argument(stmt, local: set):
@@ -3189,20 +3185,11 @@ def _stored(stmt, local: set):
         and isinstance(stmt.targets[0], (ast.Attribute, ast.Subscript))
     ):
         return stmt.value, lambda e: setattr(stmt, "value", e)
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-        call = stmt.value
-        f = call.func
-        if (
-            isinstance(f, ast.Attribute)
-            and f.attr in _STORING
-            and isinstance(f.value, ast.Name)
-            and f.value.id in local
-            and not f.value.id.startswith("_acrobat_")  # (a comprehension's: as it was)
-            and len(call.args) == 1
-            and not call.keywords
-            and not isinstance(call.args[0], ast.Starred)
-        ):
-            return call.args[0], _first_setter(call.args)
+    call = _method_statement(stmt, _STORING)
+    if call is not None and len(call.args) == 1 and not call.keywords:
+        name = call.func.value.id  # type: ignore[attr-defined]
+        if name in local and not name.startswith("_acrobat_"):  # (a comprehension's: as
+            return call.args[0], _first_setter(call.args)  # it was)
     return None
 
 
