@@ -728,6 +728,11 @@ def _queue_deferred(value, rt) -> bool:
     return found
 
 
+# results returned as they are besides _PLAIN: values that hold no tensor (x.shape,
+# x.dtype, x.device of a lazy tensor are real already)
+_VALUES = frozenset({torch.Size, torch.dtype, torch.device, bytes, range})
+
+
 def _materialize(value, instance: int, fn_name: str):
     t = type(value)
     if t is LazyTensor:
@@ -744,8 +749,10 @@ def _materialize(value, instance: int, fn_name: str):
             with torch.set_grad_enabled(tag.enabled):  # (enable_grad inside an instance
                 return node.outs[value.idx][node.row]  # of a map without gradients)
         return node.outs[value.idx][node.row]
-    if t in _PLAIN or isinstance(value, torch.Tensor):
+    if t in _PLAIN or t in _VALUES or isinstance(value, torch.Tensor):
         return value
+    if (t is set or t is frozenset) and _PLAIN.issuperset(map(type, value)):
+        return t(value)  # (chosen indices, seen words: values as eager returns them)
     if t is list or t is tuple:
         if _PLAIN.issuperset(map(type, value)):  # a tree's parent indices: as they are
             return t(value)
@@ -760,7 +767,8 @@ def _materialize(value, instance: int, fn_name: str):
         return {k: _materialize(v, instance, fn_name) for k, v in value.items()}
     raise AcrobatError(
         f"instance {instance} of {fn_name}.map returned a {t.__name__}; results must be "
-        "pytrees (tuple/list/dict/namedtuple) of tensors and Python scalars"
+        "pytrees (tuple/list/dict/namedtuple) of tensors and Python values (numbers, "
+        "strings, sizes, dtypes, sets of numbers)"
     )
 
 

@@ -130,6 +130,17 @@ def test_return_types():
     check_map(pytree, [torch.randn(3) for _ in range(3)])
 
     @acrobat.autobatch
+    def values(x):  # values that hold no tensor, as eager returns them
+        y = torch.tanh(x)
+        return y, y.shape, y.dtype, y.device, {int(x.argmax()), 7}, frozenset({"w"}), b"b"
+
+    xs = [torch.randn(3), torch.randn(2, 2)]
+    for got, x in zip(values.map(xs), xs):
+        want = values.fn(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:] and type(got[1]) is torch.Size
+
+    @acrobat.autobatch
     def bad(x):
         return object()
 
