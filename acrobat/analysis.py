@@ -1697,6 +1697,8 @@ def _owning(value) -> bool:
     f = value.func
     if f.attr in _OWNING_METHODS:
         return True
+    if f.attr == "detach" and not value.args and not value.keywords:
+        return _owning(f.value)  # x.clone().detach(): a view of a new tensor nothing holds
     return (
         f.attr in _OWNING_FACTORIES
         and isinstance(f.value, ast.Name)

@@ -244,6 +244,17 @@ def masked(tokens, m):
     return (m.emb(tokens) * w[:, None]).sum(0)
 
 
+def detached_copy(tokens, m):
+    """``x.clone().detach()`` (the copy torch's docs recommend) is a tensor the function
+    owns: its augmented and item writes are rewritten (it was a block's output that may
+    be a view, and ``y += 1`` raised)."""
+    x = m.emb(tokens)
+    y = x.clone().detach()
+    y += 1
+    y[0] = 0.0
+    return x + y
+
+
 def read_then_added(tokens, m):
     """Eager's ``doubled`` is read before the update: the rewrite must not change it."""
     acc = torch.zeros(DIM)
@@ -264,7 +275,7 @@ def _tokens(lengths, seed):
 @given(
     lengths=tokens,
     seed=st.integers(0, 999),
-    which=st.sampled_from([decayed, filled, reset, masked, read_then_added]),
+    which=st.sampled_from([decayed, filled, reset, masked, detached_copy, read_then_added]),
 )
 def test_in_place_method_statements_give_the_eager_results(lengths, seed, which):
     with torch.no_grad():
@@ -275,7 +286,7 @@ def test_in_place_method_statements_give_the_eager_results(lengths, seed, which)
 @given(
     lengths=tokens,
     seed=st.integers(0, 99),
-    which=st.sampled_from([decayed, filled, reset, masked]),
+    which=st.sampled_from([decayed, filled, reset, masked, detached_copy]),
 )
 def test_in_place_method_statements_train(lengths, seed, which):
     check_grads(acrobat.autobatch(which), _tokens(lengths, seed), MODEL, atol=1e-5, m=MODEL)
@@ -286,7 +297,7 @@ def test_in_place_method_statements_were_refused_without_the_rewrite():
     update of it with an instance's values cannot be recorded, and the buffer's item
     writes were not rewritten because of the method call on it."""
     data = _tokens([3, 5], 1)
-    for fn in (decayed, filled, reset, masked):
+    for fn in (decayed, filled, reset, masked, detached_copy):
         refused = pytest.raises(acrobat.AcrobatError)
         with outlined_with(fn, AUGMENTED=False), torch.no_grad(), refused:
             acrobat.autobatch(fn).map(data, m=MODEL)
@@ -310,6 +321,12 @@ def test_which_method_statements_are_updates():
                 h.t_()  # not an update analysis rewrites, but it makes no alias either
             return h
     """) == {"h"}
+    assert _accumulators("""
+        def f(x):
+            acc = x.clone().detach()
+            acc += 1
+            return acc
+    """) == {"acc"}
     for kept in [
         "y = acc.add_(x)",  # its result is acc itself: an alias
         "acc.add_(x).mul_(2)",  # likewise
