@@ -3264,10 +3264,11 @@ UPDATE_METHODS = frozenset(
     {"zero_", "fill_"}
     | {
         name + "_"
-        for name in TABLE
+        for name in chain(TABLE, (getattr(f, "__name__", "") for f in FUNCS))
         if getattr(Tensor, name, None) is not None and getattr(Tensor, name + "_", None) is not None
     }
-    - {"bernoulli_", "detach_", "squeeze_", "unsqueeze_", "t_", "transpose_"}
+    - {"bernoulli_", "detach_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_"}
+    - {"swapdims_", "as_strided_", "resize_", "set_"}
 )
 LazyTensor.__setitem__ = _lazy_setitem  # type: ignore[index]  # x[i] = v: special_setitem
 

@@ -244,6 +244,14 @@ def masked(tokens, m):
     return (m.emb(tokens) * w[:, None]).sum(0)
 
 
+def scattered(tokens, m):
+    """Rows summed into a buffer by index (``index_add_``, as a graph's messages are)."""
+    agg = torch.zeros(tokens.shape[0], DIM)
+    agg.index_add_(0, tokens % tokens.shape[0], m.emb(tokens))
+    agg.clip_(-1.0, 1.0)
+    return agg
+
+
 def detached_copy(tokens, m):
     """``x.clone().detach()`` (the copy torch's docs recommend) is a tensor the function
     owns: its augmented and item writes are rewritten (it was a block's output that may
@@ -275,7 +283,9 @@ def _tokens(lengths, seed):
 @given(
     lengths=tokens,
     seed=st.integers(0, 999),
-    which=st.sampled_from([decayed, filled, reset, masked, detached_copy, read_then_added]),
+    which=st.sampled_from(
+        [decayed, filled, reset, masked, scattered, detached_copy, read_then_added]
+    ),
 )
 def test_in_place_method_statements_give_the_eager_results(lengths, seed, which):
     with torch.no_grad():
@@ -286,7 +296,7 @@ def test_in_place_method_statements_give_the_eager_results(lengths, seed, which)
 @given(
     lengths=tokens,
     seed=st.integers(0, 99),
-    which=st.sampled_from([decayed, filled, reset, masked, detached_copy]),
+    which=st.sampled_from([decayed, filled, reset, masked, scattered, detached_copy]),
 )
 def test_in_place_method_statements_train(lengths, seed, which):
     check_grads(acrobat.autobatch(which), _tokens(lengths, seed), MODEL, atol=1e-5, m=MODEL)
@@ -297,7 +307,7 @@ def test_in_place_method_statements_were_refused_without_the_rewrite():
     update of it with an instance's values cannot be recorded, and the buffer's item
     writes were not rewritten because of the method call on it."""
     data = _tokens([3, 5], 1)
-    for fn in (decayed, filled, reset, masked, detached_copy):
+    for fn in (decayed, filled, reset, masked, scattered, detached_copy):
         refused = pytest.raises(acrobat.AcrobatError)
         with outlined_with(fn, AUGMENTED=False), torch.no_grad(), refused:
             acrobat.autobatch(fn).map(data, m=MODEL)
@@ -359,6 +369,8 @@ UPDATES = [  # (tensor, method, args, kwargs): ops.update's paths, errors includ
     (torch.ones(3, dtype=torch.int64), "exp_", (), {}),  # eager: Float can't be cast to Long
     (torch.randn(3, 3), "tril_", (), {}),
     (torch.randn(3), "masked_fill_", (torch.ones(3), 0.0), {}),  # eager: a float mask
+    (torch.zeros(3, 2), "index_add_", (0, torch.tensor([0, 0, 2]), torch.ones(3, 2)), {}),
+    (torch.zeros(3), "scatter_add_", (0, torch.tensor([1, 1]), torch.ones(2)), {}),
 ]
 
 
@@ -383,6 +395,8 @@ def test_update_leaves_what_the_method_leaves(acc, method, args, kwargs):
 
 
 def test_which_in_place_methods_are_updates():
-    assert {"add_", "mul_", "clamp_", "masked_fill_", "zero_", "fill_"} <= ops.UPDATE_METHODS
+    assert {"add_", "mul_", "clamp_", "masked_fill_", "index_add_", "zero_", "fill_"} <= (
+        ops.UPDATE_METHODS
+    )
     # draws, views of the storage and copies keep their own paths
     assert not {"bernoulli_", "normal_", "t_", "squeeze_", "copy_", "resize_"} & ops.UPDATE_METHODS
