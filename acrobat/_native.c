@@ -129,7 +129,7 @@ typedef struct {
     PyObject *op, *func, *args, *kwargs, *inputs, *info, *sig, *rt, *data, *outs;
     Py_ssize_t depth, phase, instance, row, height;
     long long slot;
-    int used;  /* a node recorded since reads an output (in-place ops check it) */
+    int used;  /* operands of nodes recorded since that read an output (in-place ops) */
 } NodeObject;
 
 static PyTypeObject NodeType;
@@ -582,7 +582,7 @@ static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
             return NULL;
         }
         NodeObject *producer = (NodeObject *)p;
-        producer->used = 1;
+        producer->used += 1;  /* (a count of the reading operands: ops._readers_within) */
         if (producer->depth < 0 && queue_deferred(rt, producer) < 0)
             return NULL;  /* (a deferred constant: its value is needed after all) */
         if (producer->outs != NULL && producer->outs != Py_None) {

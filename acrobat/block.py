@@ -62,7 +62,7 @@ class Tracer:
         inputs: list[LazyTensor] = []
         sig = signature(func, args, kwargs, inputs)
         for t in inputs:
-            t.node.used = 1
+            t.node.used += 1
             if id(t.node) not in self.own:
                 raise AcrobatError(
                     f"block {self.name} uses a lazy tensor it did not receive as an argument "

@@ -71,7 +71,7 @@ class _NodeFields:
         self.row = 0  # ... and this node's row in them
         self.slot = 0  # ... as one int (executor.gather)
         self.height = 0  # longest path to a sink of its flush (scheduler.relevel)
-        self.used = 0  # 1 once a node recorded after it reads an output (ops.in_place)
+        self.used = 0  # operands of nodes recorded since that read an output (ops.in_place)
 
 
 if TYPE_CHECKING:
@@ -661,7 +661,7 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
     depth = 0
     for t in inputs:
         producer = t.node
-        producer.used = 1
+        producer.used += 1
         if producer.depth < 0:  # a deferred constant: its value is needed after all
             queue(rt, producer)
         if producer.outs is not None:

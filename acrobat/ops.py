@@ -1227,7 +1227,7 @@ def keep_row(value):
     read it at its step marked it, so that an update of it in place is refused as then
     rather than reaching the write; a real tensor is copied."""
     if type(value) is LazyTensor:
-        value.node.used = 1
+        value.node.used += 1
         return value
     if isinstance(value, Tensor):
         return value.clone()
@@ -2917,6 +2917,9 @@ _FRESH_NAMES = frozenset({"cat", "stack", "tensor", "take"})
 def _fresh(node, idx: int) -> bool:
     """Whether output ``idx`` of ``node`` is, in eager, a tensor of its own (no view or
     alias of an operand, not an input of the map, not shared by instances)."""
+    while node.op is PUT and node.inputs and node.inputs[0].node is not node:
+        target = node.inputs[0]  # x[i] = v recorded as x = put(x, i, v): in eager x is
+        node, idx = target.node, target.idx  # still the tensor it was
     op = node.op
     if op.kind == "block":  # the traced program's own output node
         trace = getattr(op.rule, "__self__", None)
@@ -3073,8 +3076,8 @@ def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_A
         _fits(out, x, what, user_line(3))
         return out
     line = user_line(3)
-    _rebindable(x, what, fix, line)
     old = LazyTensor(x.node, x.idx, x.shape, x.dtype, x.key)
+    _rebindable(x, what, fix, line, (args, kwargs), old)
     args = _swap(args, x, old)
     kwargs = {k: _swap(v, x, old) for k, v in kwargs.items()}
     special = op.special
@@ -3085,10 +3088,12 @@ def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_A
     return x
 
 
-def _rebindable(x, what: str, fix: str, line: str) -> None:
+def _rebindable(x, what: str, fix: str, line: str, operands=(), old=None) -> None:
     """Raise where the lazy ``x`` may not be rebound to the result of an update of it
-    (:func:`in_place`): a block's argument, a value an op recorded before reads, an
-    input or shared constant, a possible view of another tensor."""
+    (:func:`in_place`): a block's argument, a value an op recorded before reads (unless
+    every such op computes the update's own ``operands``, then given ``old``, the old
+    value's handle: :func:`_readers_within`), an input or shared constant, a possible
+    view of another tensor."""
     node = x.node
     problem = None
     if node.op.name == "arg":  # a block's placeholder, while the block is traced
@@ -3096,7 +3101,7 @@ def _rebindable(x, what: str, fix: str, line: str) -> None:
             f"{what} updates an argument of a block in place (at {line}): a block must "
             "not change its inputs; return the new value instead"
         )  # (an automatic block then records the function op by op, where it is exact)
-    if node.used:
+    if node.used and not (old is not None and _readers_within(x, operands, old)):
         problem = "an op recorded before it reads that tensor and must see the old value"
     elif node.op.name == "input":
         problem = (
@@ -3110,6 +3115,48 @@ def _rebindable(x, what: str, fix: str, line: str) -> None:
             f"{what} on a lazy tensor (at {line}) cannot be recorded: {problem}; write it "
             f"out of place: {fix}"
         )
+
+
+#: Most recorded nodes :func:`_readers_within` looks through for the readers of a value.
+READERS_WALK = 64
+
+
+def _readers_within(x, operands, old) -> bool:
+    """Whether every operand of a recorded node that reads ``x``'s value (``node.used``
+    counts them) belongs to a node the update's own ``operands`` are computed from
+    (``x /= x.std()``, ``x[x < 0] = 0``: eager computed those from the old value before
+    the update). If so, those holding ``x`` itself are given ``old`` in its place, so they
+    keep reading the old value once ``x`` is rebound, and the update may be recorded."""
+    rt = graph.RT
+    if rt is None or rt.tracer is not None:
+        return False
+    target = x.node
+    stack = [t for t in graph._tensors(operands) if type(t) is LazyTensor and t is not x]
+    seen: set[int] = set()
+    holders = []  # (node, position in its inputs) of the operands that are x itself
+    count = 0
+    while stack:
+        nd = stack.pop().node
+        if nd is target or id(nd) in seen:
+            continue  # (computed readers count too: a value read flushed them)
+        seen.add(id(nd))
+        if len(seen) > READERS_WALK:
+            return False
+        for i, t in enumerate(nd.inputs):
+            if t.node is target:
+                count += 1
+                if t is x:
+                    holders.append((nd, i))
+            else:
+                stack.append(t)
+    if count != target.used:
+        return False  # (an op elsewhere reads it)
+    for nd, i in holders:
+        nd.inputs[i] = old
+        nd.args = _swap(nd.args, x, old)
+        if nd.kwargs:
+            nd.kwargs = {k: _swap(v, x, old) for k, v in nd.kwargs.items()}
+    return True
 
 
 # ``x.zero_()``, ``x.fill_(v)``, ``x.copy_(src)``: updates whose new value does not read x.

@@ -612,3 +612,51 @@ def test_resets_that_cannot_be_recorded_are_refused(fn, message):
     f = acrobat.autobatch(fn)
     with pytest.raises(acrobat.UnsupportedOpError, match=message):
         f.map([torch.randn(2, 3) for _ in range(3)])
+
+
+# ---- updates whose operands read the updated tensor: x[x < 0] = 0, x /= x.std() --------
+
+
+def _clipped(x, lin):
+    y = lin(x)
+    y[y < 0] = 0.0  # the index reads y before the write, as in eager
+    y -= y.mean(0)
+    return y
+
+
+def _standardised(x, lin):
+    y = torch.tanh(lin(x))
+    y /= y.std(0) + 1.0  # (eager's backward would raise: std saved y)
+    y[y.abs() > 0.5] = 0.5
+    return y
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=5),
+    st.integers(0, 99),
+    st.sampled_from([_clipped, _standardised]),
+)
+def test_updates_reading_their_own_tensor_equal_eager(sizes, seed, fn):
+    torch.manual_seed(seed)
+    lin = nn.Linear(4, 4)
+    xs = [torch.randn(n + 1, 4) for n in sizes]
+    with torch.no_grad():
+        check_map(acrobat.autobatch(fn), xs, lin=lin)
+    if fn is _clipped:
+        check_grads(acrobat.autobatch(fn), xs, lin, lin=lin)
+
+
+def _read_elsewhere(x, lin):
+    y = lin(x)
+    z = y * 2  # another op reads the old value: it must keep seeing it
+    y /= y.std(0) + 1.0
+    return y + z
+
+
+def test_updates_of_a_tensor_another_op_reads_stay_refused():
+    f = acrobat.autobatch(_read_elsewhere)
+    with outlined_with(_read_elsewhere, AUGMENTED=False), pytest.raises(
+        acrobat.UnsupportedOpError, match="an op recorded before it reads that tensor"
+    ):
+        f.map([torch.randn(3, 4) for _ in range(3)], lin=nn.Linear(4, 4))
