@@ -1303,12 +1303,8 @@ def update(x, method: str, *args, **kwargs):
 
 
 def _updated(x, method: str, args: tuple, kwargs: dict):
-    if method == "zero_":
-        return torch.zeros_like(x) if not args and not kwargs else None
-    if method == "fill_":
-        if len(args) == 1 and not kwargs and type(args[0]) in (int, float, bool):
-            return torch.full_like(x, args[0])
-        return None
+    if method in _RESETS:
+        return _reset_value(x, method, args, kwargs)
     op = _METHOD_OPS.get(method)
     if op is not None and len(args) == 1 and not kwargs:  # (torch's promotion, no op run)
         return _AUGMENTED[op][0](x, args[0]) if _keeps(x, args[0], op) else None
@@ -1324,6 +1320,20 @@ def _updated(x, method: str, args: tuple, kwargs: dict):
 
 
 _METHOD_OPS = {"add_": "+", "sub_": "-", "mul_": "*", "div_": "/"}
+_RESETS = ("zero_", "fill_")
+
+
+def _reset_value(x, method: str, args: tuple, kwargs: dict):
+    """What ``x.zero_()`` / ``x.fill_(number)`` leaves in ``x``: a constant of its shape
+    and dtype (``zeros_like`` / ``full_like``, hoisted inside a map); None for anything
+    else (a tensor fill value)."""
+    if kwargs:
+        return None
+    if method == "zero_" and not args:
+        return torch.zeros_like(x)
+    if method == "fill_" and len(args) == 1 and type(args[0]) in (int, float, bool):
+        return torch.full_like(x, args[0])
+    return None
 
 
 _RESULT_DTYPES: dict = {}  # (x dtype, x 0-d, value dtype or type, value 0-d) -> dtype
@@ -3175,22 +3185,22 @@ def _refused_reset(what: str, line: str, fix: str):
     )
 
 
-def _lazy_fill(self, value):
-    line, fix = user_line(2), "x = torch.full_like(x, v) or torch.where(...)"
-    rt = graph.RT
-    if type(value) not in (int, float, bool) or rt is None or rt.tracer is not None:
-        raise _refused_reset("x.fill_(v)", line, fix)
-    _rebindable(self, "x.fill_(v)", fix, line)
-    return _rebind(rt, self, torch.full_like(self, value))
+def _lazy_reset(method: str, what: str, fix: str):
+    """``x.zero_()`` / ``x.fill_(v)`` of a lazy ``x`` (see above)."""
 
+    def reset(self, *args, **kwargs):
+        line = user_line(2)
+        rt = graph.RT
+        value = None
+        if rt is not None and rt.tracer is None:
+            value = _reset_value(self, method, args, kwargs)
+        if value is None:
+            raise _refused_reset(what, line, fix)
+        _rebindable(self, what, fix, line)
+        return _rebind(rt, self, value)
 
-def _lazy_zero(self):
-    line, fix = user_line(2), "x = torch.zeros_like(x)"
-    rt = graph.RT
-    if rt is None or rt.tracer is not None:
-        raise _refused_reset("x.zero_()", line, fix)
-    _rebindable(self, "x.zero_()", fix, line)
-    return _rebind(rt, self, torch.zeros_like(self))
+    reset.__name__ = method
+    return reset
 
 
 def _lazy_copy(self, src, non_blocking=False):
@@ -3214,13 +3224,17 @@ def _rebind(rt, x, value):
     """Rebind the lazy ``x`` to the real tensor ``value`` (a constant of the map)."""
     from acrobat.executor import constant
 
-    out = value if type(value) is LazyTensor else constant(rt, value)
+    out = constant(rt, value)
     x.node = out.node
     x.idx = out.idx
     return x
 
 
-for _name, _reset in (("fill_", _lazy_fill), ("zero_", _lazy_zero), ("copy_", _lazy_copy)):
+for _name, _reset in (
+    ("fill_", _lazy_reset("fill_", "x.fill_(v)", "x = torch.full_like(x, v) or torch.where(...)")),
+    ("zero_", _lazy_reset("zero_", "x.zero_()", "x = torch.zeros_like(x)")),
+    ("copy_", _lazy_copy),
+):
     setattr(LazyTensor, _name, _reset)
 
 

@@ -573,12 +573,19 @@ def _copies(x, lin):
     st.sampled_from([_fills, _copies]),
 )
 def test_zero_fill_and_copy_of_lazy_tensors_equal_eager(sizes, seed, fn):
+    _check_with_a_linear(fn, sizes, seed, grads=True)
+
+
+def _check_with_a_linear(fn, sizes: list, seed: int, grads: bool) -> None:
+    """``fn(x, lin)`` over (n, 4) inputs of ``sizes`` rows, mapped against eager (and its
+    gradients too, with ``grads``)."""
     torch.manual_seed(seed)
     lin = nn.Linear(4, 4)
     xs = [torch.randn(n, 4) for n in sizes]
     with torch.no_grad():
         check_map(acrobat.autobatch(fn), xs, lin=lin)
-    check_grads(acrobat.autobatch(fn), xs, lin, lin=lin)
+    if grads:
+        check_grads(acrobat.autobatch(fn), xs, lin, lin=lin)
 
 
 def _fill_with_a_tensor(x):
@@ -633,18 +640,12 @@ def _standardised(x, lin):
 
 @settings(max_examples=10, deadline=None)
 @given(
-    st.lists(st.integers(1, 5), min_size=1, max_size=5),
+    st.lists(st.integers(2, 6), min_size=1, max_size=5),
     st.integers(0, 99),
     st.sampled_from([_clipped, _standardised]),
 )
 def test_updates_reading_their_own_tensor_equal_eager(sizes, seed, fn):
-    torch.manual_seed(seed)
-    lin = nn.Linear(4, 4)
-    xs = [torch.randn(n + 1, 4) for n in sizes]
-    with torch.no_grad():
-        check_map(acrobat.autobatch(fn), xs, lin=lin)
-    if fn is _clipped:
-        check_grads(acrobat.autobatch(fn), xs, lin, lin=lin)
+    _check_with_a_linear(fn, sizes, seed, grads=fn is _clipped)
 
 
 def _read_elsewhere(x, lin):

@@ -244,11 +244,18 @@ def test_a_temporary_read_after_the_loop_is_its_last_value(counts, seed):
     (analysis.SCAN_LASTS): the loop is a scan, and ``a`` its last step's value."""
     scan = _scan_of(temp_read_after)
     assert scan.carried == 1 and scan.appends == 1
+    _check_loop(run_temp_read_after, temp_read_after, counts, seed)
+
+
+def _check_loop(run, fn, counts: list, seed: int) -> None:
+    """``run.map`` over vectors and step counts equals ``fn`` instance by instance, and
+    its loop is a scan where one runs more than one step (loops of one step run as
+    written)."""
     hs = _vectors(seed, len(counts))
     with torch.no_grad():
-        got, stats = run_temp_read_after.map(hs, counts, stats=True)
-    _close(got, [temp_read_after(h, n) for h, n in zip(hs, counts)])
-    if max(counts) > 1:  # (loops of one step run as written)
+        got, stats = run.map(hs, counts, stats=True)
+    _close(got, [fn(h, n) for h, n in zip(hs, counts)])
+    if max(counts) > 1:
         assert any(k.startswith("scan:") for k in stats.by_op), stats.by_op
 
 
@@ -276,12 +283,7 @@ def run_with_previous(h, n):
 def test_a_state_set_to_the_previous_state_is_carried(counts, seed):
     """``prev, h = h, ...`` hands on an argument of the step: the outlined body gives a
     clone of it (what a Scan can carry), and the loop is a scan."""
-    hs = _vectors(seed, len(counts))
-    with torch.no_grad():
-        got, stats = run_with_previous.map(hs, counts, stats=True)
-    _close(got, [with_previous(h, n) for h, n in zip(hs, counts)])
-    if max(counts) > 1:
-        assert any(k.startswith("scan:") for k in stats.by_op), stats.by_op
+    _check_loop(run_with_previous, with_previous, counts, seed)
 
 
 class Cells(NamedTuple):
