@@ -34,6 +34,7 @@ from acrobat.ops import (
     linear_operands,
     linear_rule,
     matmul_rule,
+    promotion,
     split_rule,
 )
 
@@ -64,21 +65,30 @@ def _operand(e: _Emitter, a, var: dict, name: str, n_dims=None):
 
 def _emit_elementwise(e, nd, var, k):
     out_nd = len(nd.info.metas[0][0])
+    pr = promotion(nd.func, nd.args, nd.kwargs)  # (0-dim operands cast as ops._promoted)
+    cast, out, skip = pr if pr is not None else (None, None, None)
+    to = f".to({e.const(f'dt{k}', cast)})" if cast is not None else ""
+
+    def casted(src, a, at):  # (where's condition, positional or keyword, is left)
+        keep = at == skip or at == "condition" or type(a) is not LazyTensor or a.shape
+        return src if keep or not to else src + to
+
     parts = []
     for j, a in enumerate(nd.args):
         src = _operand(e, a, var, f"c{k}_{j}", out_nd)
         if src is None:
             return None
-        parts.append(src)
+        parts.append(casted(src, a, j))
     for key, a in (nd.kwargs or {}).items():
         if key == "memory_format":  # (for the instance's rank: see ops.elementwise_rule)
             continue
         src = _operand(e, a, var, f"c{k}_{key}", out_nd)
         if src is None:
             return None
-        parts.append(f"{key}={src}")
+        parts.append(f"{key}={casted(src, a, key)}")
     func = BATCHED_FUNCS.get(nd.func, nd.func)
-    return f"{e.const(f'f{k}', func)}({', '.join(parts)})"
+    call = f"{e.const(f'f{k}', func)}({', '.join(parts)})"
+    return call if out is None else f"{call}.to({e.const(f'do{k}', out)})"
 
 
 def _emit_linear(e, nd, var, k):

@@ -137,17 +137,123 @@ def _records_grad(xs, args, kwargs) -> bool:
     )
 
 
-def _align(a, it, n, out_nd):
-    """Substitute a per-instance operand, viewed so it broadcasts like the unbatched one."""
+def _align(a, it, n, out_nd, dtype=None):
+    """Substitute a per-instance operand, viewed so it broadcasts like the unbatched one
+    (a 0-dim one cast to ``dtype`` where given: :func:`promotion`)."""
     if type(a) is LazyTensor:
         x = next(it)
         k = len(a.shape)
         if k < out_nd:
             x = x.reshape(n, *(1,) * (out_nd - k), *a.shape)
+        if dtype is not None and k == 0 and x.dtype != dtype:
+            x = x.to(dtype)
         return x
     if type(a) is list or type(a) is tuple:
         return type(a)(_align(v, it, n, out_nd) for v in a)
     return a
+
+
+# Keyword operands that take part in type promotion (others are options: alpha, value...)
+_PROMOTED_KWARGS = frozenset({"input", "other", "exponent", "min", "max", "end", "weight",
+                              "tensor1", "tensor2", "self"})  # fmt: skip
+_REDUCED_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def promotion(func, args, kwargs) -> tuple | None:
+    """How an elementwise op's per-instance 0-dim operands are cast for the batched call,
+    ``(dtype, result dtype or None, position or keyword left as it is)``, or None when
+    the batched call promotes as each instance's does.
+
+    Type promotion ranks a 0-dim tensor below a dimensioned one of its category
+    (``x_fp16 * t.sum()`` is fp16 for a float32 ``t``; ``i_int32 + n.sum()`` int32);
+    batched, the instance's 0-dim operand is a column with dims, and would promote the
+    batch to its own dtype. Cast to the instance's common dtype (what torch casts the
+    operands to before computing), the batch computes what each instance does. Where
+    torch reads a 0-dim second operand of ``mul``/``div`` of a reduced float as a float32
+    number instead (its CPU scalar path; a CUDA 0-dim tensor is cast), the batch
+    computes in float32 and casts the result, as the instance rounds once. ``where``'s condition takes no part."""
+    skip = _WHERE_CONDITION.get(func)
+    found = False
+    for j, a in enumerate(args):
+        if type(a) is LazyTensor and not a.shape and j != skip:
+            found = True
+            break
+    if not found and kwargs:
+        found = any(
+            type(a) is LazyTensor and not a.shape and k != "condition" for k, a in kwargs.items()
+        )
+    if not found:
+        return None
+    operands = [a for j, a in enumerate(args) if j != skip]
+    if kwargs:
+        operands += [v for k, v in kwargs.items() if k in _PROMOTED_KWARGS]
+    one = _promote(operands, False)
+    if one is None or one == _promote(operands, True):
+        return None
+    if (
+        one in _REDUCED_FLOATS
+        and func in _OPMATH_SCALAR
+        and len(args) >= 2
+        and type(args[1]) is LazyTensor
+        and not args[1].shape
+        and not (kwargs and kwargs.get("rounding_mode") is not None)
+        and (graph.RT is None or graph.RT.device.type == "cpu")  # (a CUDA 0-dim: cast)
+    ):
+        return torch.float32, one, skip
+    return one, None, skip
+
+
+def _promote(operands: list, batched: bool) -> torch.dtype | None:
+    """torch's result type of ``operands`` (its ResultTypeState: dimensioned tensors, then
+    0-dim tensors, then Python numbers, each class promoted on its own and the three
+    combined by category), the lazy ones as one instance sees them or, ``batched``, as
+    the batched call does (with dims)."""
+    classes: list = [None, None, None]
+    for a in operands:
+        t = type(a)
+        if t is LazyTensor:
+            k, dtype = (0 if batched or a.shape else 1), a.dtype
+        elif isinstance(a, Tensor):
+            k, dtype = (0 if a.dim() else 1), a.dtype
+        elif t is bool:
+            k, dtype = 2, torch.bool
+        elif t is int:
+            k, dtype = 2, torch.int64
+        elif t is float:
+            k, dtype = 2, torch.get_default_dtype()
+        elif t is complex:
+            k, dtype = 2, _default_complex()
+        else:
+            continue
+        c = classes[k]
+        classes[k] = dtype if c is None else torch.promote_types(c, dtype)
+    return _combine(classes[0], _combine(classes[1], classes[2]))
+
+
+def _default_complex() -> torch.dtype:
+    return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+
+
+def _combine(higher, lower):
+    """torch's combine_categories: ``lower`` (a less dimensioned class) changes
+    ``higher`` only where its category is above it."""
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    if higher.is_complex:
+        return higher
+    if lower.is_complex:  # (a float keeps its precision: complex of it)
+        return _TO_COMPLEX.get(higher, lower) if higher.is_floating_point else lower
+    if higher.is_floating_point:
+        return higher
+    if higher == torch.bool or lower.is_floating_point:
+        return torch.promote_types(higher, lower)
+    return higher
+
+
+_TO_COMPLEX = {torch.float16: torch.complex32, torch.float32: torch.complex64,
+               torch.float64: torch.complex128}  # fmt: skip
 
 
 def batched_tanh(*args, **kwargs):
@@ -272,6 +378,9 @@ def _gemm_chosen(key, kernel, torch_gemm, rows: int):
 def elementwise_rule(node, xs, n):
     out_nd = len(node.info.metas[0][0])
     it = iter(xs)
+    pr = promotion(node.func, node.args, node.kwargs)
+    if pr is not None:
+        return _promoted(node, it, n, out_nd, pr)
     args = [_align(a, it, n, out_nd) for a in node.args]
     func = BATCHED_FUNCS.get(node.func, node.func)
     if node.kwargs:
@@ -282,6 +391,19 @@ def elementwise_rule(node, xs, n):
         }
         return (func(*args, **kwargs),)
     return (func(*args),)
+
+
+def _promoted(node, it, n: int, out_nd: int, pr: tuple) -> tuple:
+    """elementwise_rule's call with its 0-dim per-instance operands cast (:func:`promotion`)."""
+    cast, out, skip = pr
+    args = [_align(a, it, n, out_nd, None if j == skip else cast) for j, a in enumerate(node.args)]
+    kwargs = {
+        k: _align(v, it, n, out_nd, None if k == "condition" else cast)
+        for k, v in (node.kwargs or {}).items()
+        if k != "memory_format"
+    }
+    y = BATCHED_FUNCS.get(node.func, node.func)(*args, **kwargs)
+    return (y if out is None else y.to(out),)
 
 
 def reshape_rule(node, xs, n):
@@ -1710,6 +1832,9 @@ _BINARY: dict[str, tuple] = {
     "hypot": (torch.hypot, T.hypot),
     "logaddexp": (torch.logaddexp, T.logaddexp),
 }
+# torch.mul / torch.div read a 0-dim second operand of a reduced float as a float32 number
+_OPMATH_SCALAR = frozenset(_BINARY["mul"] + _BINARY["div"])
+_WHERE_CONDITION = {torch.where: 0, T.where: 1}  # where's condition: no part in promotion
 _name: str
 _aliases: tuple
 for _name, _aliases in {**_UNARY, **_BINARY}.items():
