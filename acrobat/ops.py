@@ -171,7 +171,8 @@ def promotion(func, args, kwargs) -> tuple | None:
     operands to before computing), the batch computes what each instance does. Where
     torch reads a 0-dim second operand of ``mul``/``div`` of a reduced float as a float32
     number instead (its CPU scalar path; a CUDA 0-dim tensor is cast), the batch
-    computes in float32 and casts the result, as the instance rounds once. ``where``'s condition takes no part."""
+    computes in float32 and casts the result, as the instance rounds once. ``where``'s
+    condition takes no part."""
     skip = _WHERE_CONDITION.get(func)
     found = False
     for j, a in enumerate(args):
