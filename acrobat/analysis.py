@@ -53,12 +53,14 @@ from acrobat.ops import (
     UPDATE_METHODS,
     augment,
     factory_call,
+    is_lazy,
     keep_row,
     lookup_call,
     put_item,
     put_rows,
     scalar_data,
     update,
+    update_item,
     value_data,
 )
 from acrobat.scan import Scan
@@ -909,6 +911,13 @@ _RANGE_PLACEHOLDER = -_REGION_BASE * 8
 AUGMENTED = True
 _AUG_PLACEHOLDER = -_REGION_BASE * 9
 _UPDATE_PLACEHOLDER = -_REGION_BASE * 10  # acc.add_(v) -> acc = ops.update(acc, "add_", v)
+# x[index] op= v (+ - * /) on a name the function does not own (a layer's output, an
+# argument) -> ops.update_item(x, index, v, op): Python's in-place op on the item, a view,
+# could not be recorded; update_item writes the item back out of place, or makes a
+# boolean mask's update a where (read when outlining): ``_ItemUpdates``
+ITEM_UPDATES = True
+_ITEM_UPDATE_PLACEHOLDER = -_REGION_BASE * 11
+_IS_LAZY_PLACEHOLDER = -_REGION_BASE * 12
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
 _WRITE_PLACEHOLDERS = (
@@ -1331,6 +1340,8 @@ def _outline(fn) -> Outlined | None:
     # (before the runs are found: a rewritten write, x = put_item(v, x, i), may join one)
     writes = _rewrite_item_writes(node, owned) if owned else 0
     writes += len(ranges) + augmented
+    # (after: the owned locals' writes are assignments now; what is left is the others')
+    writes += _rewrite_item_updates(node) if ITEM_UPDATES else 0
     local.update(ranges, lists)
     rewriter = _Rewriter(fn, local - _comprehension_only(node))
     rewriter.ranges = set(ranges)
@@ -1354,6 +1365,8 @@ def _outline(fn) -> Outlined | None:
         _RANGE_PLACEHOLDER: range,
         _AUG_PLACEHOLDER: augment,
         _UPDATE_PLACEHOLDER: update,
+        _ITEM_UPDATE_PLACEHOLDER: update_item,
+        _IS_LAZY_PLACEHOLDER: is_lazy,
     }
     regions = []
     for r in rewriter.regions:
@@ -1777,6 +1790,56 @@ def _simple_index(index) -> bool:
                          ast.Load, ast.operator, ast.unaryop))
         for sub in ast.walk(index)
     )  # fmt: skip
+
+
+class _ItemUpdates(ast.NodeTransformer):
+    """``x[index] op= v`` -> ``if <is_lazy>(x): <update_item>(x, index, v, op)`` ``else:
+    x[index] op= v`` for a name ``x`` (see ITEM_UPDATES): one evaluation of each part, as
+    Python's (the item read after ``v``); anything but a lazy tensor (a real one, a list)
+    updated by the statement as written, as eager does it (a constant's update counts
+    its references: ops.in_place)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def visit_AugAssign(self, node: ast.AugAssign):
+        target = node.target
+        if (
+            not isinstance(target, ast.Subscript)
+            or not isinstance(target.value, ast.Name)
+            or type(node.op) not in _AUG_OPS
+        ):
+            return node
+        self.count += 1
+        call = ast.Call(
+            func=ast.Constant(_ITEM_UPDATE_PLACEHOLDER),
+            args=[
+                ast.Name(target.value.id, ast.Load()),
+                _index_expr(copy.deepcopy(target.slice)),  # (the statement stays, below)
+                copy.deepcopy(node.value),
+                ast.Constant(_AUG_OPS[type(node.op)]),
+            ],
+            keywords=[],
+        )
+        test = ast.Call(
+            func=ast.Constant(_IS_LAZY_PLACEHOLDER),
+            args=[ast.Name(target.value.id, ast.Load())],
+            keywords=[],
+        )
+        return _located(ast.If(test=test, body=[ast.Expr(call)], orelse=[node]), node)
+
+    def _scope(self, node):
+        return node
+
+    visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+
+
+def _rewrite_item_updates(node: ast.FunctionDef) -> int:
+    """Rewrite the item updates left in ``node``'s own code (ITEM_UPDATES). Returns how
+    many."""
+    updates = _ItemUpdates()
+    node.body = [updates.visit(stmt) for stmt in node.body]
+    return updates.count
 
 
 def _rewrite_item_writes(node: ast.FunctionDef, owned: set) -> int:

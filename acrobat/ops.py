@@ -1425,6 +1425,65 @@ def update(x, method: str, *args, **kwargs):
     return x
 
 
+def is_lazy(a) -> bool:
+    """Whether ``a`` is a lazy tensor (analysis.ITEM_UPDATES' test)."""
+    return type(a) is LazyTensor
+
+
+def update_item(x, index, value, op: str) -> None:
+    """``x[index] op= value`` (``+ - * /``) as analysis rewrites it where ``x`` is no local
+    the function owns (a layer's output, an argument: analysis.ITEM_UPDATES). Python runs
+    it as ``t = x[index]; t op= value; x[index] = t``, and the in-place op on a lazy ``t``
+    (a view of ``x``) could not be recorded. For a lazy ``x``:
+
+    * a boolean mask over ``x``'s leading dims and a value that broadcasts against one
+      selected entry (a number, a 0-dim tensor, a row): ``x`` becomes
+      ``where(mask, x op value, x)``, which needs no value read (the masked entries'
+      count) and batches as one elementwise op;
+    * otherwise the item's plain op where it keeps the item's shape and dtype (else the
+      in-place op as written: eager's error), written back with ``x[index] = t``.
+
+    Either is refused where ``x`` may not be updated in place (``ops.in_place``: a view,
+    an input, a value an op recorded before reads). Anything else is updated by the
+    statement as written (analysis tests ``is_lazy`` first)."""
+    plain, inplace = _AUGMENTED[op]
+    mask = _leading_mask(x, index, value)
+    if mask is not None and _keeps(x, value, op):
+        in_place(
+            TABLE["where"], torch.where, (mask, plain(x, value), x), {},
+            f"x[mask] {op}= value", f"x = torch.where(mask, x {op} value, x)", target=x,
+        )  # fmt: skip
+        return
+    item = x[index]
+    item = plain(item, value) if _keeps(item, value, op) else inplace(item, value)
+    x[index] = item
+
+
+def _leading_mask(x, index, value):
+    """``index`` shaped to broadcast against ``x`` if it is a boolean mask of ``x``'s
+    leading dims and ``value`` broadcasts against one selected entry, else None."""
+    if type(index) is not LazyTensor and not isinstance(index, Tensor):
+        return None
+    if index.dtype != torch.bool or index.ndim == 0 or index.ndim > x.ndim:
+        return None
+    if tuple(index.shape) != tuple(x.shape[: index.ndim]):
+        return None
+    entry = tuple(x.shape[index.ndim :])
+    if type(value) not in (int, float, bool):
+        if type(value) is not LazyTensor and not isinstance(value, Tensor):
+            return None
+        if value.ndim > len(entry):
+            return None
+        try:
+            if tuple(torch.broadcast_shapes(tuple(value.shape), entry)) != entry:
+                return None
+        except RuntimeError:
+            return None
+    if index.ndim == x.ndim:
+        return index
+    return index.reshape(*index.shape, *(1,) * (x.ndim - index.ndim))
+
+
 def _updated(x, method: str, args: tuple, kwargs: dict):
     if method in _RESETS:
         return _reset_value(x, method, args, kwargs)
@@ -1564,12 +1623,17 @@ def _special_put(func, args, kwargs):
                 "torch.where / torch.stack"
             )
         dim += 1
+    if masks and len(entries) == 1 and (type(value) is LazyTensor or isinstance(value, Tensor)):
+        mask = _leading_mask(x, index, value)  # a tensor value for every masked entry:
+        if mask is not None:  # eager broadcasts it to each, as where does
+            return torch.where(mask, value if value.dtype == x.dtype else value.to(x.dtype), x)
     if masks and (len(entries) != 1 or has_lazy(value) or (
         isinstance(value, Tensor) and value.numel() != 1
     )):  # fmt: skip
         raise UnsupportedOpError(
-            f"x[mask] = value (at {user_line(4)}) is batched for one boolean mask and one "
-            "value for all its entries; write torch.where(mask, value, x)"
+            f"x[mask] = value (at {user_line(4)}) is batched for one boolean mask and a "
+            "value that broadcasts against one masked entry (a number, a 0-dim tensor, a "
+            "row), not one value per masked entry; write torch.where(mask, value, x)"
         )
     if tracing:
         return record(PUT, func, args, kwargs)
@@ -3053,7 +3117,11 @@ _FRESH_NAMES = frozenset({"cat", "stack", "tensor", "take"})
 def _fresh(node, idx: int) -> bool:
     """Whether output ``idx`` of ``node`` is, in eager, a tensor of its own (no view or
     alias of an operand, not an input of the map, not shared by instances)."""
-    while node.op is PUT and node.inputs and node.inputs[0].node is not node:
+    while (
+        (node.op is PUT or node.op is PUT_INTO or node.op is RAGGED_PUT)
+        and node.inputs
+        and node.inputs[0].node is not node
+    ):
         target = node.inputs[0]  # x[i] = v recorded as x = put(x, i, v): in eager x is
         node, idx = target.node, target.idx  # still the tensor it was
     op = node.op
