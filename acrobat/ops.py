@@ -3017,6 +3017,27 @@ def _reflected(op, func):
     return m
 
 
+_BITWISE_OPERATORS = [  # (operator, reflected, function); in place: _install_in_place
+    ("__xor__", "__rxor__", torch.bitwise_xor),
+    ("__lshift__", "__rlshift__", torch.bitwise_left_shift),
+    ("__rshift__", "__rrshift__", torch.bitwise_right_shift),
+]
+
+
+def _through(func, reflected: bool):
+    """An operator of LazyTensor that calls ``func`` (the recording mode records it)."""
+    if reflected:
+        return lambda self, other: func(other, self)
+    return lambda self, other: func(self, other)
+
+
+def _positive(self):
+    """``+x``: ``x`` itself, as eager's ``torch.positive`` returns it (a bool refused)."""
+    if self.dtype == torch.bool:
+        raise RuntimeError("The `+` operator, on a bool tensor is not supported.")
+    return self
+
+
 def _install_methods():
     names = {}
     for func, op in FUNCS.items():
@@ -3076,6 +3097,12 @@ def _install_methods():
         ("__ror__", "logical_or", torch.bitwise_or),
     ]:
         setattr(LazyTensor, name, _reflected(TABLE[opname], func))
+    # the bitwise operators of torch's generic ops (no row of their own): through the
+    # recording mode, as the functions are, so they follow config.GENERIC_VMAP
+    for name, rname, func in _BITWISE_OPERATORS:
+        setattr(LazyTensor, name, _through(func, False))
+        setattr(LazyTensor, rname, _through(func, True))
+    LazyTensor.__pos__ = _positive
     LazyTensor.__hash__ = object.__hash__
 
     def T_prop(self):
@@ -3508,6 +3535,36 @@ def _install_in_place():
     ]:
         setattr(LazyTensor, dunder, _in_place_operator(symbol, TABLE[name], func))
         INPLACE_FUNCS[getattr(T, dunder)] = (TABLE[name], func)
+    for dunder, symbol, name, func in [  # (bitwise on ints, logical on bools, as torch's)
+        ("__iand__", "&", "logical_and", T.__and__),
+        ("__ior__", "|", "logical_or", T.__or__),
+    ]:
+        setattr(LazyTensor, dunder, _in_place_operator(symbol, TABLE[name], func))
+    for dunder, symbol, func in [
+        ("__ixor__", "^", torch.bitwise_xor),
+        ("__ilshift__", "<<", torch.bitwise_left_shift),
+        ("__irshift__", ">>", torch.bitwise_right_shift),
+    ]:
+        setattr(LazyTensor, dunder, _in_place_generic(symbol, func))
+
+
+def _in_place_generic(symbol: str, func):
+    """``x op= y`` of an operator of torch's generic ops (see _BITWISE_OPERATORS)."""
+
+    def m(self, other):
+        op = generic_op(func)
+        if op is None:
+            raise _unsupported_generic(func, symbol)
+        return in_place(op, func, (self, other), {}, f"x {symbol}= y", f"x = x {symbol} y")
+
+    return m
+
+
+def _unsupported_generic(func, symbol: str) -> UnsupportedOpError:
+    return UnsupportedOpError(
+        f"x {symbol}= y (torch.{func.__name__}, at {user_line(3)}) is batched by torch.vmap, "
+        "which config.GENERIC_VMAP switched off"
+    )
 
 
 _install_in_place()

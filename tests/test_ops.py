@@ -2108,6 +2108,38 @@ def test_bitwise_and_logical_and_on_ints():
     check_map(f, [torch.arange(4) + i for i in range(3)])
 
 
+def _bitwise_in_place(x):
+    y = x * 3
+    y &= 6
+    y |= 1
+    y ^= 5
+    y <<= 1
+    y >>= 2
+    return y
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 31), min_size=1, max_size=5), min_size=1, max_size=5),
+    st.sampled_from(["xor", "shifts", "bools", "plus", "in place"]),
+)
+def test_bitwise_operators_and_plus(rows, which):
+    """``^ << >>`` (torch's generic ops: no row of the table), their reflected and in-place
+    forms, ``&= |=`` and unary ``+`` on lazy tensors (they raised a TypeError)."""
+    fn = {
+        "xor": lambda x: (x ^ 3, 5 ^ x, x ^ (x + 1)),
+        "shifts": lambda x: (x << 2, x >> 1, 1 << (x % 4), 64 >> (x % 3)),
+        "bools": lambda x: ((x > 2) ^ (x < 9), (x > 2) ^ True),
+        "plus": lambda x: +x * 2,
+        "in place": _bitwise_in_place,
+    }[which]
+    check_map(acrobat.autobatch(fn), [torch.tensor(r) for r in rows])
+
+
+def test_plus_of_a_bool_raises_as_eager():
+    with pytest.raises(RuntimeError, match="bool tensor is not supported"):
+        acrobat.autobatch(lambda x: +(x > 1)).map([torch.arange(3)])
+
+
 # ---- data ops and namedtuples: explicit tests -----------------------------------------------
 
 torch.manual_seed(0)
