@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from acrobat import config
-from acrobat.errors import LazyValueError, user_line
+from acrobat.errors import LazyValueError, UnsupportedOpError, user_line
 from acrobat_kernels import cuda_launch
 
 _native: Any
@@ -223,6 +223,14 @@ else:
     _LazyBase = _native.LazyBase if _native is not None else _LazyFields
 
 
+def _copy_refused(what: str):
+    return UnsupportedOpError(
+        f"{what} of a lazy tensor that requires grad (at {user_line(3)}) would be a new leaf "
+        "with its own gradient, which a map cannot make; copy it with t.clone() (the "
+        "gradient flows back) or t.detach().clone()"
+    )
+
+
 class LazyTensor(_LazyBase):
     __slots__ = ()
 
@@ -309,6 +317,32 @@ class LazyTensor(_LazyBase):
         )
 
     __hash__ = object.__hash__  # identity, like torch.Tensor
+
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.3f}"``: a 0-dim tensor formats its value (a read, as eager's
+        ``item()``); anything else, or an empty spec, formats as ``str`` does."""
+        if spec and not self.shape:
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
+    def __copy__(self):
+        """``copy.copy(t)``: eager's is a detached tensor sharing the storage."""
+        if self.requires_grad:
+            raise _copy_refused("copy.copy")
+        return self.detach()
+
+    def __deepcopy__(self, memo):
+        """``copy.deepcopy(t)``: a copy of the value (eager's refuses a non-leaf that
+        requires grad)."""
+        if self.requires_grad:
+            if not self.is_leaf:
+                raise RuntimeError(
+                    "Only Tensors created explicitly by the user (graph leaves) support the "
+                    "deepcopy protocol at the moment."
+                )
+            raise _copy_refused("copy.deepcopy")
+        out = memo[id(self)] = self.clone()
+        return out
 
     # ---- new tensors of this one's dtype and device: constants, not per-instance data ---
     # (made by the factories inside the map, so they are hoisted and shared like

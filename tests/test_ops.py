@@ -2135,6 +2135,29 @@ def test_bitwise_operators_and_plus(rows, which):
     check_map(acrobat.autobatch(fn), [torch.tensor(r) for r in rows])
 
 
+def test_format_spec_copy_and_deepcopy():
+    """``f"{loss:.3f}"`` formats a 0-dim value (a read), ``copy.copy`` / ``copy.deepcopy``
+    of a lazy tensor work as eager's (they raised: no format spec, no pickling)."""
+    import copy
+
+    def f(x):
+        y = x * 2
+        c, d = copy.copy(y), copy.deepcopy(y)
+        s = float(f"{y.sum():.2f}")
+        return c + 1, d * 3, torch.tensor(s)
+
+    check_map(acrobat.autobatch(f), [torch.randn(3) for _ in range(4)])
+    w = nn.Parameter(torch.randn(3))
+
+    def g(x):
+        return copy.deepcopy(x * w)
+
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        g(torch.randn(3))
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        acrobat.autobatch(g).map([torch.randn(3) for _ in range(2)])
+
+
 def test_plus_of_a_bool_raises_as_eager():
     with pytest.raises(RuntimeError, match="bool tensor is not supported"):
         acrobat.autobatch(lambda x: +(x > 1)).map([torch.arange(3)])
