@@ -54,6 +54,7 @@ from acrobat.ops import (
     augment,
     factory_call,
     is_lazy,
+    item_updated,
     keep_row,
     lookup_call,
     put_item,
@@ -918,6 +919,7 @@ _UPDATE_PLACEHOLDER = -_REGION_BASE * 10  # acc.add_(v) -> acc = ops.update(acc,
 ITEM_UPDATES = True
 _ITEM_UPDATE_PLACEHOLDER = -_REGION_BASE * 11
 _IS_LAZY_PLACEHOLDER = -_REGION_BASE * 12
+_ITEM_UPDATED_PLACEHOLDER = -_REGION_BASE * 13  # an owned x[mask] += v: ops.item_updated
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
 _WRITE_PLACEHOLDERS = (
@@ -1367,6 +1369,7 @@ def _outline(fn) -> Outlined | None:
         _UPDATE_PLACEHOLDER: update,
         _ITEM_UPDATE_PLACEHOLDER: update_item,
         _IS_LAZY_PLACEHOLDER: is_lazy,
+        _ITEM_UPDATED_PLACEHOLDER: item_updated,
     }
     regions = []
     for r in rewriter.regions:
@@ -1736,8 +1739,25 @@ class _ItemWrites(ast.NodeTransformer):
 
     def visit_AugAssign(self, node: ast.AugAssign):
         target = self._owned_item(node.target)
-        if target is None or not _simple_index(target.slice):
+        if target is None:
             return node
+        if not _simple_index(target.slice):  # (a mask: evaluated once, ops.item_updated)
+            if type(node.op) not in _AUG_OPS or not ITEM_UPDATES:
+                return node
+            self.count += 1
+            name = target.value.id
+            call = ast.Call(
+                func=ast.Constant(_ITEM_UPDATED_PLACEHOLDER),
+                args=[
+                    ast.Name(name, ast.Load()),
+                    _index_expr(target.slice),
+                    node.value,
+                    ast.Constant(_AUG_OPS[type(node.op)]),
+                ],
+                keywords=[],
+            )
+            assign = ast.Assign(targets=[ast.Name(name, ast.Store())], value=call)
+            return _located(assign, node)
         read = ast.Subscript(
             value=ast.Name(target.value.id, ast.Load()), slice=target.slice, ctx=ast.Load()
         )

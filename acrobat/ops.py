@@ -1459,6 +1459,24 @@ def update_item(x, index, value, op: str) -> None:
     x[index] = item
 
 
+def item_updated(x, index, value, op: str):
+    """``x[index] op= value`` on a local the function owns whose index is no plain
+    expression of names and numbers (a mask ``x[m > 0] += v``), as analysis rewrites it:
+    ``x = item_updated(x, index, value, op)``, each part evaluated once. Owned, ``x`` may
+    be rebound (a real constant ``torch.zeros(n)`` too): a boolean mask of its leading
+    dims with a value that broadcasts against one entry gives ``where(mask, x op value,
+    x)``, anything else the item's out-of-place op written back (``put``); an item's
+    update that does not keep its dtype runs in place as written (eager's error)."""
+    plain, inplace = _AUGMENTED[op]
+    if type(x) is LazyTensor or isinstance(x, Tensor):
+        mask = _leading_mask(x, index, value)
+        if mask is not None and _keeps(x, value, op):
+            return torch.where(mask, plain(x, value), x)  # type: ignore[arg-type]
+    item = x[index]
+    item = plain(item, value) if _keeps(item, value, op) else inplace(item, value)
+    return put(x, index, item)
+
+
 def _leading_mask(x, index, value):
     """``index`` shaped to broadcast against ``x`` if it is a boolean mask of ``x``'s
     leading dims and ``value`` broadcasts against one selected entry, else None."""
