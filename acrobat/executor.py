@@ -22,14 +22,17 @@ from acrobat.fusion import reads_in_place
 from acrobat.graph import LazyTensor, grad_tag
 from acrobat.ops import (
     DATA_OPS,
+    NEUTRAL,
     PICK,
     ROW_VIEWS,
     TAKE,
     TENSOR,
+    neutral_value,
     picks,
     ragged_picks,
     ragged_put_rule,
     reshape_rule,
+    whole_padded,
     whole_rows,
     whole_rule,
 )
@@ -430,9 +433,14 @@ def run_batch(nodes: list, stats) -> None:
             t1 = time.perf_counter()
             outs = (whole_rows(op.name, x.reshape(n, -1)),)
         else:
-            values = _values(column)
-            t1 = time.perf_counter()
-            outs = (whole_rule(nodes, values),)
+            X = _padded_flat(column, n, op.name, stats)
+            if X is not None:
+                t1 = time.perf_counter()
+                outs = (whole_padded(op.name, X, column),)
+            else:
+                values = _values(column)
+                t1 = time.perf_counter()
+                outs = (whole_rule(nodes, values),)
     elif op.extra.get("lookup") and _lookup_in_place(nodes, op.extra["lookup"], stats, t0):
         return
     else:
@@ -461,6 +469,40 @@ def run_batch(nodes: list, stats) -> None:
 def _same_shapes(column: list) -> bool:
     key = column[0].key
     return all(t.key == key for t in column)
+
+
+def _padded_flat(column: list, n: int, name: str, stats) -> torch.Tensor | None:
+    """The values of ``column`` (computed LazyTensors of different shapes, for a whole
+    reduction ``name``) flattened into the rows of an (n, longest) matrix, padded with the
+    reduction's neutral element: copied by address, one C call per shape (a ragged
+    ``s.max()`` of 37 vectors: ~2 us a shape instead of a view, a reshape and
+    ``pad_sequence``'s copy per value); None where that cannot be done (autograd, no C
+    extension, not a CPU map, a source not readable by address)."""
+    if not (_native is not None and config.FAST_GATHER and not torch.is_grad_enabled()):
+        return None
+    t0 = column[0]
+    if t0.node.rt.device.type != "cpu":
+        return None
+    groups: dict = {}
+    for r, t in enumerate(column):
+        g = groups.get(t.shape)
+        if g is None:
+            groups[t.shape] = ([r], [t])
+        else:
+            g[0].append(r)
+            g[1].append(t)
+    dtype = t0.dtype
+    longest = max(shape.numel() for shape in groups)
+    X = torch.full((n, longest), neutral_value(NEUTRAL[name], dtype), dtype=dtype)
+    stride = longest * X.element_size()
+    dst = X.data_ptr()
+    for shape, (rows, ts) in groups.items():
+        nbytes = shape.numel() * X.element_size()
+        if not _native.pad_rows(dst, stride, rows, _slots(ts), _bases, nbytes, ts, shape, dtype):
+            return None
+    stats.gathers += len(groups)
+    stats.gather_bytes += X.nbytes
+    return X
 
 
 def _values(column: list) -> list:

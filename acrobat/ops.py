@@ -2135,9 +2135,15 @@ def whole_rule(nodes: list, values: list) -> Tensor:
     flat = [v.reshape(-1) for v in values]
     fill = neutral_value(NEUTRAL[name], flat[0].dtype)
     X = torch.nn.utils.rnn.pad_sequence(flat, batch_first=True, padding_value=fill)
+    return whole_padded(name, X, values)
+
+
+def whole_padded(name: str, X: Tensor, values: list) -> Tensor:
+    """The whole reduction ``name`` of each row of ``X``, the flattened ``values`` (tensors
+    or LazyTensors: their sizes divide a mean) padded with its neutral element."""
     if name == "mean":
-        sizes = torch.tensor([f.shape[0] for f in flat], dtype=X.dtype, device=X.device)
-        return X.sum(1) / sizes
+        sizes = [math.prod(v.shape) for v in values]
+        return X.sum(1) / torch.tensor(sizes, dtype=X.dtype, device=X.device)
     return whole_rows(name, X)
 
 

@@ -98,6 +98,26 @@ def test_whole_reductions_of_values_of_different_sizes_are_one_batch(name, dtype
     assert batches(per_size, name) == 5, per_size.by_op
 
 
+@given(
+    sizes,
+    st.integers(0, 2**16),
+    st.sampled_from(["sum", "mean", "amax", "argmin", "prod"]),
+    st.booleans(),
+)
+def test_whole_reductions_padded_by_address_equal_eager(ns, seed, name, native):
+    """Without autograd the values are copied into the padded matrix by address, one C
+    call per shape (executor._padded_flat); with the C path off, pad_sequence: both are
+    eager's, for 2-d values of many sizes and the values' own rows."""
+    xs = values(ns, seed)
+
+    def f(x, layer=LAYER):
+        h = layer(x)
+        return getattr(h, name)(), getattr(h[0], name)()
+
+    with torch.no_grad(), config.override(FAST_GATHER=native):
+        check_map(acrobat.autobatch(f), xs, atol=1e-5)
+
+
 @settings(max_examples=10, deadline=None)
 @given(sizes, st.integers(0, 2**16))
 def test_whole_reductions_train_through_the_padding(ns, seed):
