@@ -1862,6 +1862,26 @@ def _rewrite_item_updates(node: ast.FunctionDef) -> int:
     return updates.count
 
 
+def _written_in_place(node: ast.FunctionDef) -> set[str]:
+    """The names the function's own code writes into in place as it stands (after the
+    rewrites of owned locals): ``x[i] = v``, ``x[i] op= v``, ``x.mul_(2)`` alone. A
+    constant ``x = torch.zeros(n)`` made by a run would be its trace's one tensor, which
+    every call returns: a write into it is kept out of runs (``_Rewriter._ops``), so the
+    runtime's constant tracking (graph.construct) makes the writer's copy."""
+    names = set()
+    for sub in ast.walk(node):
+        target = None
+        if isinstance(sub, ast.Subscript) and isinstance(sub.ctx, ast.Store):
+            target = sub.value
+        elif isinstance(sub, ast.AugAssign) and isinstance(sub.target, ast.Subscript):
+            target = sub.target.value
+        elif (call := _method_update(sub)) is not None:
+            target = call.func.value  # type: ignore[attr-defined]
+        if isinstance(target, ast.Name):
+            names.add(target.id)
+    return names
+
+
 def _rewrite_item_writes(node: ast.FunctionDef, owned: set) -> int:
     """Rewrite the writes into items of the ``owned`` locals in ``node``'s own code (runs
     never hold them: a subscript store is not a plain assignment). Returns how many."""
@@ -2454,6 +2474,7 @@ class _Rewriter:
         self.values = 0  # value reads split off their expressions (_split_demands)
         self.returns = 0  # returned expressions split off their return (_split_demands)
         self.containers: set[str] = set()  # locals only ever bound to list/tuple/dict/set
+        self.written: set[str] = set()  # names written into in place (_written_in_place)
         self.control_methods: set[str] | None = None  # (_control_methods, when first asked)
         self.dynamic = False  # the function calls locals() / vars() / eval / exec
         self.load_pos: dict[str, list] = {}  # name -> (line, column) of each read of it
@@ -2479,6 +2500,7 @@ class _Rewriter:
             self.root = node
             self.scannable = not any(isinstance(sub, ast.Delete) for sub in ast.walk(node))
             self.containers = _container_names(node) if SPLIT_CONTAINERS else set()
+            self.written = _written_in_place(node)
             a = node.args
             bound = frozenset(
                 p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if p
@@ -3104,6 +3126,13 @@ class _Rewriter:
             targets, value = [stmt.target], stmt.value
         else:
             return -1
+        if (
+            _owning(value)
+            and len(targets) == 1
+            and isinstance(targets[0], ast.Name)
+            and targets[0].id in self.written
+        ):  # a constant written into in place later: made where the write can build it
+            return -1  # (from a trace it would be the trace's one tensor, every call's)
         if not all(_plain_target(t, set()) for t in targets):
             return -1
         bound = _comprehension_names(value)

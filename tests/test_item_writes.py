@@ -338,3 +338,54 @@ def test_writes_at_a_list_or_tensor_of_positions(picks):
         (torch.randn(4, 2, generator=torch.Generator().manual_seed(len(p))), p) for p in picks
     ]
     check_map(write_positions, data)
+
+
+V_BEAM = 7
+BEAM_EMB = nn.Embedding(V_BEAM, DIM)
+BEAM_OUT = nn.Linear(DIM, V_BEAM)
+
+
+def beam_search(x, k=3, steps=4):
+    """A beam search: the beams' scores start as a constant written in place (all but the
+    first beam at -inf) and are then rebound to each step's top-k, so the function does
+    not own them; they were made inside the run before the loop, the trace's one tensor
+    for every instance, and every instance wrote into it (an error at the end of the map)."""
+    h = torch.tanh(x).expand(k, DIM).contiguous()
+    scores = torch.zeros(k)
+    scores[1:] = float("-inf")
+    tok = torch.zeros(k, dtype=torch.long)
+    alive = torch.ones(k, dtype=torch.bool)
+    for _ in range(steps):
+        h = CELL(BEAM_EMB(tok), h)
+        lp = torch.log_softmax(BEAM_OUT(h), -1)
+        lp[~alive] = 0.0
+        top, idx = (scores[:, None] + lp).view(-1).topk(k)
+        src, tok = idx // V_BEAM, idx % V_BEAM
+        h = h[src]
+        alive = alive[src] & (tok != 0)
+        scores = top
+        if not bool(alive.any()):
+            break
+    return scores, tok
+
+
+@given(st.integers(1, 6), st.integers(0, 2**16))
+def test_a_constant_written_in_place_and_rebound_later(batch, seed):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(DIM, generator=g) for _ in range(batch)]
+    with torch.no_grad():
+        check_map(acrobat.autobatch(beam_search), xs)
+
+
+def test_constants_written_in_place_are_made_outside_runs():
+    node = ast.parse(textwrap.dedent("""
+        def f(x, y):
+            s = torch.zeros(3)
+            s[1:] = 1.0
+            t = torch.ones(2)
+            t.mul_(2)
+            u = torch.zeros(2)
+            s = x * u
+            return s, t, u
+    """)).body[0]
+    assert analysis._written_in_place(node) == {"s", "t"}
