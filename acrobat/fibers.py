@@ -118,6 +118,8 @@ class RecordMode(TorchFunctionMode):
             )
         if rt is not None and rt.fresh and graph.builds(rt, func, args):
             return graph.construct(rt, func, args, kwargs)
+        if rt is not None and rt.hoisted_versions:
+            graph.note_write(rt, func, args)  # (a write into a shared one: its line)
         return func(*args, **kwargs)
 
 

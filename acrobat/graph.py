@@ -139,6 +139,7 @@ class Runtime:
         "thread", "nodes", "deferred", "py_rows", "shared",
         "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
         "grad_regions", "grad_resume", "object_inputs", "object_owner", "fresh", "built",
+        "write_lines",
         "__weakref__",
     )  # fmt: skip
     _ids = itertools.count(1)
@@ -150,6 +151,7 @@ class Runtime:
         self.hoisted: dict[tuple, Any] = {}
         self.hoist_keepalive: list[Any] = []
         self.hoisted_versions: list[tuple] = []  # (shared result, its _version, op)
+        self.write_lines: dict = {}  # id -> (real tensor, the line of a write into it)
         self.device = torch.device("cpu")  # the map's (fibers.map_device)
         self.default_device = torch.device("cpu")  # torch's default when the map began
         self.mode = None  # the map's fibers.RecordMode
@@ -939,8 +941,10 @@ def check_hoisted(rt) -> None:
         own = built.get(id(tensor))
         if tensor._version != version and tensor._version != own and own != _OWN:
             name = getattr(func, "__name__", str(func))
+            written = rt.write_lines.get(id(tensor))
+            at = f" (at {written[1]})" if written is not None and written[0] is tensor else ""
             raise AcrobatError(
-                f"a tensor made by {name}(...) inside instance code was modified in place "
+                f"a tensor made by {name}(...) inside instance code was modified in place{at} "
                 "after it was shared or read. acrobat computes values that depend only on "
                 "parameters and constants once for the whole map (all instances share them), "
                 "so such a write would change every instance's value. A new tensor may be "
@@ -990,3 +994,13 @@ __all__ = [
     "record",
     "record_data",
 ]
+
+
+def note_write(rt, func, args) -> None:
+    """Remember where instance code first wrote in place into a real tensor (its line),
+    for check_hoisted's error."""
+    name = getattr(func, "__name__", "")
+    if args and (name in _AUGMENTED or (name.endswith("_") and not name.startswith("_"))):
+        target = args[0]
+        if isinstance(target, torch.Tensor) and id(target) not in rt.write_lines:
+            rt.write_lines[id(target)] = (target, user_line(3))

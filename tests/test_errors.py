@@ -269,8 +269,8 @@ def test_in_place_write_into_a_shared_constant_is_an_error():
         alias[i] = 1.0  # an in-place write would leak into y and the other instances
         return y + mask
 
-    with pytest.raises(acrobat.AcrobatError, match=r"modified in place"):
-        f.map([torch.randn(4) for _ in range(3)], [0, 1, 2])
+    with pytest.raises(acrobat.AcrobatError, match=r"modified in place \(at .*alias\[i\] = 1.0"):
+        f.map([torch.randn(4) for _ in range(3)], [0, 1, 2])  # (the write's line named)
 
     @acrobat.autobatch
     def h(x, i):
