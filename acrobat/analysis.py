@@ -1814,8 +1814,9 @@ def _simple_index(index) -> bool:
 
 class _ItemUpdates(ast.NodeTransformer):
     """``x[index] op= v`` -> ``if <is_lazy>(x): <update_item>(x, index, v, op)`` ``else:
-    x[index] op= v`` for a name ``x`` (see ITEM_UPDATES): one evaluation of each part, as
-    Python's (the item read after ``v``); anything but a lazy tensor (a real one, a list)
+    x[index] op= v`` for a name ``x`` or lookups in it (``state["h"][i]``: read twice, see
+    _lookups; see ITEM_UPDATES): one evaluation of each other part, as Python's (the item
+    read after ``v``); anything but a lazy tensor (a real one, a list)
     updated by the statement as written, as eager does it (a constant's update counts
     its references: ops.in_place)."""
 
@@ -1826,7 +1827,7 @@ class _ItemUpdates(ast.NodeTransformer):
         target = node.target
         if (
             not isinstance(target, ast.Subscript)
-            or not isinstance(target.value, ast.Name)
+            or not _lookups(target.value)
             or type(node.op) not in _AUG_OPS
         ):
             return node
@@ -1834,7 +1835,7 @@ class _ItemUpdates(ast.NodeTransformer):
         call = ast.Call(
             func=ast.Constant(_ITEM_UPDATE_PLACEHOLDER),
             args=[
-                ast.Name(target.value.id, ast.Load()),
+                _loaded(target.value),
                 _index_expr(copy.deepcopy(target.slice)),  # (the statement stays, below)
                 copy.deepcopy(node.value),
                 ast.Constant(_AUG_OPS[type(node.op)]),
@@ -1843,7 +1844,7 @@ class _ItemUpdates(ast.NodeTransformer):
         )
         test = ast.Call(
             func=ast.Constant(_IS_LAZY_PLACEHOLDER),
-            args=[ast.Name(target.value.id, ast.Load())],
+            args=[_loaded(target.value)],
             keywords=[],
         )
         return _located(ast.If(test=test, body=[ast.Expr(call)], orelse=[node]), node)
@@ -1852,6 +1853,25 @@ class _ItemUpdates(ast.NodeTransformer):
         return node
 
     visit_Lambda = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+
+
+def _lookups(expr) -> bool:
+    """A name, or lookups in it by constants and names (``state["h"]``, ``hs[i]``): read
+    twice (the test and the update), it gives the same object."""
+    while isinstance(expr, ast.Subscript):
+        if not isinstance(expr.slice, (ast.Constant, ast.Name)):
+            return False
+        expr = expr.value
+    return isinstance(expr, ast.Name)
+
+
+def _loaded(expr):
+    """A copy of the target's container expression, read (ctx Load throughout)."""
+    out = copy.deepcopy(expr)
+    for sub in ast.walk(out):
+        if hasattr(sub, "ctx"):
+            sub.ctx = ast.Load()
+    return out
 
 
 def _rewrite_item_updates(node: ast.FunctionDef) -> int:

@@ -73,7 +73,18 @@ def owned_counts(x):
     return counts
 
 
-PROGRAMS = [masked_scale, row_mask, prefix_sum, slices_and_columns, owned_masks, owned_counts]
+def in_containers(x, lin=LIN):
+    state = {"h": lin(x)}
+    state["h"][0] *= 3  # an item of a lookup: read twice, the same tensor
+    hs = [torch.tanh(x)]
+    hs[0][x > 0] -= 1.0
+    return state["h"] + hs[0]
+
+
+PROGRAMS = [
+    masked_scale, row_mask, prefix_sum, slices_and_columns, owned_masks, owned_counts,
+    in_containers,
+]  # fmt: skip
 
 
 def _inputs(rows: list[int], seed: int) -> list[torch.Tensor]:
@@ -217,8 +228,11 @@ def test_which_statements_are_rewritten():
             self.h[i] += 1
             y[i] //= 2
             y += 1
+            d["h"][i] *= 2
+            y[f(i)][i] += 1
     """)
     lines = out.splitlines()
-    assert sum("if " in line for line in lines) == 2  # the two name[index] op= v
+    assert sum("if " in line for line in lines) == 3  # name[index] op= v, d["h"][i] too
     assert "self.h[i] += 1" in out and "y[i] //= 2" in out and "y += 1" in out
+    assert "if " not in out.split("y[f(i)][i]")[0].splitlines()[-1]  # (a call: left)
     assert "(i, None, None)" in out  # (the slice as a call's value, evaluated once)
