@@ -483,14 +483,11 @@ def _padded_flat(column: list, n: int, name: str, stats) -> torch.Tensor | None:
     t0 = column[0]
     if t0.node.rt.device.type != "cpu":
         return None
-    groups: dict = {}
+    groups: dict = {}  # shape -> (rows, values)
     for r, t in enumerate(column):
-        g = groups.get(t.shape)
-        if g is None:
-            groups[t.shape] = ([r], [t])
-        else:
-            g[0].append(r)
-            g[1].append(t)
+        rows, ts = groups.setdefault(t.shape, ([], []))
+        rows.append(r)
+        ts.append(t)
     dtype = t0.dtype
     longest = max(shape.numel() for shape in groups)
     X = torch.full((n, longest), neutral_value(NEUTRAL[name], dtype), dtype=dtype)

@@ -932,6 +932,16 @@ def _leave_cache(rt, target, made) -> None:
     rt.factory_keys.pop(id(target), None)
 
 
+def note_write(rt, func, args) -> None:
+    """Remember where instance code first wrote in place into a real tensor (its line),
+    for check_hoisted's error."""
+    name = getattr(func, "__name__", "")
+    if args and (name in _AUGMENTED or (name.endswith("_") and not name.startswith("_"))):
+        target = args[0]
+        if isinstance(target, torch.Tensor) and id(target) not in rt.write_lines:
+            rt.write_lines[id(target)] = (target, user_line(3))
+
+
 def check_hoisted(rt) -> None:
     """A hoisted result is shared by every instance: writing into it in place (``h[0] = 1``
     on a ``torch.zeros`` made inside the instance, after an op read it) would leak into the
@@ -994,13 +1004,3 @@ __all__ = [
     "record",
     "record_data",
 ]
-
-
-def note_write(rt, func, args) -> None:
-    """Remember where instance code first wrote in place into a real tensor (its line),
-    for check_hoisted's error."""
-    name = getattr(func, "__name__", "")
-    if args and (name in _AUGMENTED or (name.endswith("_") and not name.startswith("_"))):
-        target = args[0]
-        if isinstance(target, torch.Tensor) and id(target) not in rt.write_lines:
-            rt.write_lines[id(target)] = (target, user_line(3))

@@ -379,32 +379,25 @@ def _gemm_chosen(key, kernel, torch_gemm, rows: int):
 def elementwise_rule(node, xs, n):
     out_nd = len(node.info.metas[0][0])
     it = iter(xs)
-    pr = promotion(node.func, node.args, node.kwargs)
-    if pr is not None:
-        return _promoted(node, it, n, out_nd, pr)
-    args = [_align(a, it, n, out_nd) for a in node.args]
+    # (0-dim per-instance operands cast to the instance's promotion, where it differs)
+    cast, out, skip = promotion(node.func, node.args, node.kwargs) or _NO_PROMOTION
+    args = [_align(a, it, n, out_nd, None if j == skip else cast) for j, a in enumerate(node.args)]
     func = BATCHED_FUNCS.get(node.func, node.func)
     if node.kwargs:
         # (a memory format is a layout for the instance's rank, channels_last for 4 dims:
         # the batch has one more, and its rows come out as views whatever its layout)
         kwargs = {
-            k: _align(v, it, n, out_nd) for k, v in node.kwargs.items() if k != "memory_format"
+            k: _align(v, it, n, out_nd, None if k == "condition" else cast)
+            for k, v in node.kwargs.items()
+            if k != "memory_format"
         }
-        return (func(*args, **kwargs),)
-    return (func(*args),)
-
-
-def _promoted(node, it, n: int, out_nd: int, pr: tuple) -> tuple:
-    """elementwise_rule's call with its 0-dim per-instance operands cast (:func:`promotion`)."""
-    cast, out, skip = pr
-    args = [_align(a, it, n, out_nd, None if j == skip else cast) for j, a in enumerate(node.args)]
-    kwargs = {
-        k: _align(v, it, n, out_nd, None if k == "condition" else cast)
-        for k, v in (node.kwargs or {}).items()
-        if k != "memory_format"
-    }
-    y = BATCHED_FUNCS.get(node.func, node.func)(*args, **kwargs)
+        y = func(*args, **kwargs)
+    else:
+        y = func(*args)
     return (y if out is None else y.to(out),)
+
+
+_NO_PROMOTION = (None, None, None)  # promotion's (cast, result dtype, skip): nothing to do
 
 
 def reshape_rule(node, xs, n):
@@ -1446,17 +1439,14 @@ def update_item(x, index, value, op: str) -> None:
     Either is refused where ``x`` may not be updated in place (``ops.in_place``: a view,
     an input, a value an op recorded before reads). Anything else is updated by the
     statement as written (analysis tests ``is_lazy`` first)."""
-    plain, inplace = _AUGMENTED[op]
-    mask = _leading_mask(x, index, value)
-    if mask is not None and _keeps(x, value, op):
+    mask = _mask_update(x, index, value, op)
+    if mask is not None:
         in_place(
-            TABLE["where"], torch.where, (mask, plain(x, value), x), {},
+            TABLE["where"], torch.where, (mask, _AUGMENTED[op][0](x, value), x), {},
             f"x[mask] {op}= value", f"x = torch.where(mask, x {op} value, x)", target=x,
         )  # fmt: skip
         return
-    item = x[index]
-    item = plain(item, value) if _keeps(item, value, op) else inplace(item, value)
-    x[index] = item
+    x[index] = _updated_item(x, index, value, op)
 
 
 def item_updated(x, index, value, op: str):
@@ -1467,14 +1457,27 @@ def item_updated(x, index, value, op: str):
     dims with a value that broadcasts against one entry gives ``where(mask, x op value,
     x)``, anything else the item's out-of-place op written back (``put``); an item's
     update that does not keep its dtype runs in place as written (eager's error)."""
-    plain, inplace = _AUGMENTED[op]
     if type(x) is LazyTensor or isinstance(x, Tensor):
-        mask = _leading_mask(x, index, value)
-        if mask is not None and _keeps(x, value, op):
-            return torch.where(mask, plain(x, value), x)  # type: ignore[arg-type]
+        mask = _mask_update(x, index, value, op)
+        if mask is not None:
+            return torch.where(mask, _AUGMENTED[op][0](x, value), x)  # type: ignore[arg-type]
+    return put(x, index, _updated_item(x, index, value, op))
+
+
+def _mask_update(x, index, value, op: str):
+    """The mask of ``x[index] op= value`` as a where's (shaped to broadcast against
+    ``x``), if ``index`` is a boolean mask of x's leading dims, ``value`` broadcasts
+    against one masked entry and ``x op value`` keeps x's shape and dtype; else None."""
+    mask = _leading_mask(x, index, value)
+    return mask if mask is not None and _keeps(x, value, op) else None
+
+
+def _updated_item(x, index, value, op: str):
+    """What Python's ``x[index] op= value`` writes back: the item's plain op where that
+    keeps the item's shape and dtype, else the in-place op on the item as written."""
+    plain, inplace = _AUGMENTED[op]
     item = x[index]
-    item = plain(item, value) if _keeps(item, value, op) else inplace(item, value)
-    return put(x, index, item)
+    return plain(item, value) if _keeps(item, value, op) else inplace(item, value)
 
 
 def _leading_mask(x, index, value):
@@ -3041,10 +3044,10 @@ def _reflected(op, func):
     return m
 
 
-_BITWISE_OPERATORS = [  # (operator, reflected, function); in place: _install_in_place
-    ("__xor__", "__rxor__", torch.bitwise_xor),
-    ("__lshift__", "__rlshift__", torch.bitwise_left_shift),
-    ("__rshift__", "__rrshift__", torch.bitwise_right_shift),
+_BITWISE_OPERATORS = [  # (operator, reflected, in place, symbol, function)
+    ("__xor__", "__rxor__", "__ixor__", "^", torch.bitwise_xor),
+    ("__lshift__", "__rlshift__", "__ilshift__", "<<", torch.bitwise_left_shift),
+    ("__rshift__", "__rrshift__", "__irshift__", ">>", torch.bitwise_right_shift),
 ]
 
 
@@ -3123,7 +3126,7 @@ def _install_methods():
         setattr(LazyTensor, name, _reflected(TABLE[opname], func))
     # the bitwise operators of torch's generic ops (no row of their own): through the
     # recording mode, as the functions are, so they follow config.GENERIC_VMAP
-    for name, rname, func in _BITWISE_OPERATORS:
+    for name, rname, _, _, func in _BITWISE_OPERATORS:  # (in place: _install_in_place)
         setattr(LazyTensor, name, _through(func, False))
         setattr(LazyTensor, rname, _through(func, True))
     LazyTensor.__pos__ = _positive
@@ -3564,11 +3567,7 @@ def _install_in_place():
         ("__ior__", "|", "logical_or", T.__or__),
     ]:
         setattr(LazyTensor, dunder, _in_place_operator(symbol, TABLE[name], func))
-    for dunder, symbol, func in [
-        ("__ixor__", "^", torch.bitwise_xor),
-        ("__ilshift__", "<<", torch.bitwise_left_shift),
-        ("__irshift__", ">>", torch.bitwise_right_shift),
-    ]:
+    for _, _, dunder, symbol, func in _BITWISE_OPERATORS:
         setattr(LazyTensor, dunder, _in_place_generic(symbol, func))
 
 
