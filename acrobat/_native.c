@@ -130,6 +130,7 @@ typedef struct {
     Py_ssize_t depth, phase, instance, row, height;
     long long slot;
     int used;  /* operands of nodes recorded since that read an output (in-place ops) */
+    PyObject *used_at;  /* NULL, or {output index > 0: how many of ``used`` read it} */
 } NodeObject;
 
 static PyTypeObject NodeType;
@@ -145,6 +146,7 @@ static int node_traverse(NodeObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->rt);
     Py_VISIT(self->data);
     Py_VISIT(self->outs);
+    Py_VISIT(self->used_at);
     return 0;
 }
 
@@ -159,6 +161,7 @@ static int node_clear(NodeObject *self) {
     Py_CLEAR(self->rt);
     Py_CLEAR(self->data);
     Py_CLEAR(self->outs);
+    Py_CLEAR(self->used_at);
     return 0;
 }
 
@@ -197,6 +200,7 @@ static NodeObject *node_new_fields(PyTypeObject *tp, PyObject *op, PyObject *fun
     nd->slot = 0;
     nd->height = 0;
     nd->used = 0;
+    nd->used_at = NULL;
     return nd;
 }
 
@@ -219,6 +223,7 @@ static int node_init(NodeObject *self, PyObject *args, PyObject *kwds) {
     SETF(rt, rt);
     SETF(data, Py_None);
     SETF(outs, Py_None);
+    Py_CLEAR(self->used_at);
 #undef SETF
     self->depth = depth;
     self->phase = phase;
@@ -241,6 +246,7 @@ static PyMemberDef node_members[] = {
     {"height", T_PYSSIZET, offsetof(NodeObject, height), 0, NULL},
     {"slot", T_LONGLONG, offsetof(NodeObject, slot), 0, NULL},
     {"used", T_INT, offsetof(NodeObject, used), 0, NULL},
+    {"used_at", T_OBJECT, offsetof(NodeObject, used_at), 0, NULL},
     {NULL}};
 
 static PyTypeObject NodeType = {
@@ -511,6 +517,26 @@ static PyObject *s_deferred;
 /* graph.queue of a deferred data node (depth graph.DEFERRED, -1): one fewer deferred,
  * into its depth-0 bucket (MV-RNN's word ids, once per leaf: the Python call cost
  * ~0.5 us each) */
+/* producer.used_at[ix] += 1: a reader of output ``ix`` (> 0) of a node with several */
+static int mark_at(NodeObject *producer, PyObject *ix) {
+    if (ix == NULL) return 0;
+    Py_ssize_t k = PyLong_AsSsize_t(ix);
+    if (k == -1 && PyErr_Occurred()) return -1;
+    if (k == 0) return 0;
+    if (producer->used_at == NULL || producer->used_at == Py_None) {
+        PyObject *d = PyDict_New();
+        if (d == NULL) return -1;
+        Py_XSETREF(producer->used_at, d);
+    }
+    PyObject *c = PyDict_GetItemWithError(producer->used_at, ix);
+    if (c == NULL && PyErr_Occurred()) return -1;
+    PyObject *c1 = c == NULL ? (Py_INCREF(one), one) : PyNumber_Add(c, one);
+    if (c1 == NULL) return -1;
+    int r = PyDict_SetItem(producer->used_at, ix, c1);
+    Py_DECREF(c1);
+    return r;
+}
+
 static int queue_deferred(PyObject *rt, NodeObject *nd) {
     if (nd->depth == -1) {
         PyObject *d = SLOT_GET(rt, s_deferred);
@@ -583,6 +609,8 @@ static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
         }
         NodeObject *producer = (NodeObject *)p;
         producer->used += 1;  /* (a count of the reading operands: ops._readers_within) */
+        PyObject *ix = ((LazyObject *)t)->idx;
+        if (ix != zero && mark_at(producer, ix) < 0) return NULL;
         if (producer->depth < 0 && queue_deferred(rt, producer) < 0)
             return NULL;  /* (a deferred constant: its value is needed after all) */
         if (producer->outs != NULL && producer->outs != Py_None) {

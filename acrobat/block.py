@@ -32,6 +32,7 @@ from acrobat.graph import (
     Node,
     add_node,
     infer,
+    mark_read,
     signature,
     type_key,
     wrap_outputs,
@@ -62,7 +63,7 @@ class Tracer:
         inputs: list[LazyTensor] = []
         sig = signature(func, args, kwargs, inputs)
         for t in inputs:
-            t.node.used += 1
+            mark_read(t)
             if id(t.node) not in self.own:
                 raise AcrobatError(
                     f"block {self.name} uses a lazy tensor it did not receive as an argument "

@@ -52,6 +52,7 @@ class _NodeFields:
         "slot",
         "height",
         "used",
+        "used_at",
     )
 
     def __init__(self, op, func, args, kwargs, inputs, info, sig, depth, phase, instance, rt):
@@ -72,6 +73,7 @@ class _NodeFields:
         self.slot = 0  # ... as one int (executor.gather)
         self.height = 0  # longest path to a sink of its flush (scheduler.relevel)
         self.used = 0  # operands of nodes recorded since that read an output (ops.in_place)
+        self.used_at = None  # or {output index > 0: how many of those read it} (readers)
 
 
 if TYPE_CHECKING:
@@ -654,6 +656,28 @@ def _copied(a):
     return a
 
 
+def mark_read(t) -> None:
+    """Count a recorded operand that reads the lazy ``t`` (``node.used``, and
+    ``node.used_at`` for an output after the first: :func:`readers`)."""
+    node = t.node
+    node.used += 1
+    idx = t.idx
+    if idx:
+        at = node.used_at
+        if at is None:
+            at = node.used_at = {}
+        at[idx] = at.get(idx, 0) + 1
+
+
+def readers(node, idx: int) -> int:
+    """How many recorded operands read output ``idx`` of ``node`` (:func:`mark_read`): a
+    reader of another output holds another tensor, which an update of this one leaves."""
+    at = node.used_at
+    if not at:
+        return 0 if idx else node.used
+    return at.get(idx, 0) if idx else node.used - sum(at.values())
+
+
 def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
     """Create the node, compute its phase and depth inline, and queue it in its bucket."""
     fiber = rt.fiber
@@ -663,7 +687,7 @@ def add_node(rt, op, func, args, kwargs, inputs, info, sig) -> Node:
     depth = 0
     for t in inputs:
         producer = t.node
-        producer.used += 1
+        mark_read(t)
         if producer.depth < 0:  # a deferred constant: its value is needed after all
             queue(rt, producer)
         if producer.outs is not None:

@@ -1343,7 +1343,7 @@ def keep_row(value):
     read it at its step marked it, so that an update of it in place is refused as then
     rather than reaching the write; a real tensor is copied."""
     if type(value) is LazyTensor:
-        value.node.used += 1
+        graph.mark_read(value)
         return value
     if isinstance(value, Tensor):
         return value.clone()
@@ -3185,6 +3185,9 @@ def _fresh(node, idx: int) -> bool:
         if outs is None or idx >= len(outs):
             return False
         out = outs[idx]
+        for j, other in enumerate(outs):  # returned twice: in eager one tensor, two here
+            if j != idx and other.node is out.node and other.idx == out.idx:
+                return False
         return _fresh(out.node, out.idx)
     if op.name in _FRESH_NAMES:
         return True
@@ -3359,7 +3362,9 @@ def _rebindable(x, what: str, fix: str, line: str, operands=(), old=None) -> Non
             f"{what} updates an argument of a block in place (at {line}): a block must "
             "not change its inputs; return the new value instead"
         )  # (an automatic block then records the function op by op, where it is exact)
-    if node.used and not (old is not None and _readers_within(x, operands, old)):
+    if graph.readers(node, x.idx) and not (
+        old is not None and _readers_within(x, operands, old)
+    ):
         problem = "an op recorded before it reads that tensor and must see the old value"
     elif node.op.name == "input":
         problem = (
@@ -3388,7 +3393,7 @@ def _readers_within(x, operands, old) -> bool:
     rt = graph.RT
     if rt is None or rt.tracer is not None:
         return False
-    target = x.node
+    target, idx = x.node, x.idx
     stack = [t for t in graph._tensors(operands) if type(t) is LazyTensor and t is not x]
     seen: set[int] = set()
     holders = []  # (node, position in its inputs) of the operands that are x itself
@@ -3402,12 +3407,13 @@ def _readers_within(x, operands, old) -> bool:
             return False
         for i, t in enumerate(nd.inputs):
             if t.node is target:
-                count += 1
-                if t is x:
-                    holders.append((nd, i))
+                if t.idx == idx:
+                    count += 1
+                    if t is x:
+                        holders.append((nd, i))
             else:
                 stack.append(t)
-    if count != target.used:
+    if count != graph.readers(target, idx):
         return False  # (an op elsewhere reads it)
     for nd, i in holders:
         nd.inputs[i] = old

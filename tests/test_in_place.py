@@ -661,3 +661,70 @@ def test_updates_of_a_tensor_another_op_reads_stay_refused():
         acrobat.UnsupportedOpError, match="an op recorded before it reads that tensor"
     ):
         f.map([torch.randn(3, 4) for _ in range(3)], lin=nn.Linear(4, 4))
+
+
+# An op with several outputs (a block the function's helper became, ``max(dim)``): a
+# reader of one output holds another tensor than the next one, so it does not stop an
+# update of the next one (it did: ``node.used`` counted the readers of every output).
+def _pair(x, lin):
+    h = torch.tanh(lin(x))
+    return h, h * 2
+
+
+def _update_the_unread_output(x, lin):
+    a, b = _pair(x, lin)
+    y = a * 3  # reads the first output only
+    b += 1
+    b /= b.std(0) + 1.0
+    return y + b
+
+
+def _update_values_after_reading_indices(x, lin):
+    v, i = lin(x).max(dim=1)
+    j = i + 1
+    v *= 2
+    return v * j
+
+
+def _state_dict_then_masked_update(x, lin):
+    state = {"h": lin(x)}
+    h2 = lin(x) * 2
+    state["h"] += 1
+    h2[x > 0] -= 1.0
+    return state["h"] + h2
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.lists(st.integers(2, 6), min_size=1, max_size=5),
+    st.integers(0, 99),
+    st.sampled_from(
+        [
+            _update_the_unread_output,
+            _update_values_after_reading_indices,
+            _state_dict_then_masked_update,
+        ]
+    ),
+)
+def test_updates_of_an_output_whose_sibling_was_read_equal_eager(sizes, seed, fn):
+    _check_with_a_linear(fn, sizes, seed, grads=fn is not _update_the_unread_output)
+
+
+def _twice(x, lin):
+    h = torch.tanh(lin(x))
+    return h, h
+
+
+def _update_one_of_a_tensor_returned_twice(x, lin):
+    a, b = _twice(x, lin)
+    b += 1  # in eager a is b: both change
+    return a
+
+
+def test_an_update_of_a_block_output_returned_twice_is_refused():
+    """A block (explicit or automatic) that returns one tensor twice gives two outputs;
+    an update of one would not reach the other, as it does in eager: refused (the map
+    returned the old value for ``a`` before)."""
+    f = acrobat.autobatch(_update_one_of_a_tensor_returned_twice)
+    with pytest.raises(acrobat.UnsupportedOpError, match="may be a view of another one"):
+        f.map([torch.randn(3, 4) for _ in range(3)], lin=nn.Linear(4, 4))
