@@ -2498,6 +2498,7 @@ class _Rewriter:
         self.control_methods: set[str] | None = None  # (_control_methods, when first asked)
         self.dynamic = False  # the function calls locals() / vars() / eval / exec
         self.load_pos: dict[str, list] = {}  # name -> (line, column) of each read of it
+        self.after_reads: dict[int, set] = {}  # id(split-off part) -> its statement's reads
         self.loop_spans: list[tuple] = []  # (start, end) positions of each loop statement
         self.ranges: set[str] = set()  # locals bound to range(...) by _rewrite_row_writes
 
@@ -2644,6 +2645,14 @@ class _Rewriter:
                 break
             self.values += 1
             found[1](ast.Name(name, ast.Load()))
+            # what the statement reads runs after the split-off part, though its position
+            # (the whole statement's: a store's target, an if's body) may lie inside the
+            # part's: _live counts those reads as later ones
+            self.after_reads[id(assign)] = {
+                sub.id
+                for sub in ast.walk(stmt)
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)
+            }
             if prefix == "list":
                 self.containers.add(name)  # (a run given the list would run as written)
             elif prefix == "part":
@@ -3129,6 +3138,8 @@ class _Rewriter:
         rewriting made (``_acrobat_*``) and names not plain locals (cells, globals) are."""
         if name.startswith("_acrobat_") or name not in self.local or name in params:
             return True
+        if any(name in self.after_reads.get(id(stmt), ()) for stmt in run):
+            return True  # (read by the rest of a statement split in the run: after it)
         first, last = _span(run)
         loops = [(a, b) for a, b in self.loop_spans if a <= first and last <= b]
         for pos in self.load_pos.get(name, ()):

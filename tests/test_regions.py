@@ -599,6 +599,36 @@ def test_value_reads_are_split_off_their_work():
     _map_matches_eager(acrobat.autobatch(shadowed), xs)
 
 
+def exits_early(x):
+    h = torch.tanh(x * 2)
+    y = h * 3  # read only in the if's body, which lies inside the split-off test's span
+    if torch.sigmoid(h).sum().item() > DIM / 2:
+        return y
+    return h
+
+
+def stores_at_a_key(x, memo: dict):
+    h = torch.tanh(x * 2)
+    k = len(memo)  # read only by the store's target: Python evaluates it after the value
+    memo[k] = torch.sigmoid(h) * 2
+    return memo[k] + h
+
+
+def test_names_the_rest_of_a_split_statement_reads_are_a_runs_results():
+    """A statement split in two (a value read's work, a store's value) keeps its position
+    for the part that joins a run; names bound in the run and read by the rest of the
+    statement (an if's body, a store's target) were taken for the run's own reads and
+    not returned: the map raised NameError."""
+    xs = [torch.randn(DIM) for _ in range(4)]
+    _map_matches_eager(acrobat.autobatch(exits_early), xs)
+    run = acrobat.autobatch(lambda x: stores_at_a_key(x, {}))
+    _map_matches_eager(run, xs)
+    for fn, name in ((exits_early, "y"), (stores_at_a_key, "k")):
+        outlined = analysis.outline(fn)
+        assert outlined is not None
+        assert name in outlined.regions[0].impl.__code__.co_varnames
+
+
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 1000), lengths=st.lists(st.integers(0, 5), min_size=1, max_size=6))
 def test_split_value_reads_take_the_eager_decisions(seed, lengths):
