@@ -139,7 +139,8 @@ class Runtime:
         "device", "default_device", "mode", "grad_mode", "autocast", "stats", "fiber",
         "tracer", "ready", "blocked", "main", "pool", "failed", "all_fibers", "live", "phased",
         "thread", "nodes", "deferred", "py_rows", "shared",
-        "take_tables", "tables", "used_splits", "memo_blocks", "factory_keys", "constants",
+        "take_tables", "tables", "read_from", "used_splits", "memo_blocks", "factory_keys",
+        "constants",
         "grad_regions", "grad_resume", "object_inputs", "object_owner", "fresh", "built",
         "write_lines",
         "__weakref__",
@@ -179,6 +180,9 @@ class Runtime:
         # tensor's rows in place (executor: row lookups, row-wise views of them)
         self.shared: set[int] = set()  # id(outs) of batches some of whose rows several
         # nodes may read as their own (tables in place, executor._distinct's batches)
+        # id(data node) -> (the node, the lazy tensor whose read value it was made from):
+        # x[mask]'s positions (ops._rows_where), for ops._readers_within's walk
+        self.read_from: dict[int, tuple] = {}
         self.used_splits: list = []  # hoisting.Split objects whose memo holds this run
         self.memo_blocks: list = []  # blocks that remember cache hits of this run (C)
         # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)

@@ -1166,10 +1166,13 @@ def _check_index(rt, index: int, size: int, dim: int = 0) -> None:
     """Raise eager's IndexError for a Python int out of dimension ``dim`` of ``size``,
     naming the instance and the user's line."""
     if not -size <= index < size:
-        inst = rt.fiber.instance if rt.fiber is not None else None
-        raise IndexError(
-            f"{_out_of_bounds(index, dim, size)} (instance {inst}, at {user_line(3)})"
-        )
+        raise IndexError(f"{_out_of_bounds(index, dim, size)} ({_instance_at(rt, 4)})")
+
+
+def _instance_at(rt, depth: int) -> str:
+    """'instance i, at <the user's line>' for an eager error raised ``depth`` frames down."""
+    inst = rt.fiber.instance if rt is not None and rt.fiber is not None else None
+    return f"instance {inst}, at {user_line(depth)}"
 
 
 def _out_of_bounds(index: int, dim: int, size: int) -> str:
@@ -1646,15 +1649,25 @@ def _special_put(func, args, kwargs):
         dim += 1
     if masks and len(entries) == 1 and (type(value) is LazyTensor or isinstance(value, Tensor)):
         mask = _leading_mask(x, index, value)  # a tensor value for every masked entry:
+        if value.dtype != x.dtype and math.prod(value.shape) != 1:
+            raise RuntimeError(  # (eager casts only a value of one element)
+                "Index put requires the source and destination dtypes match, got "
+                f"{_type_name(x.dtype)} for the destination and {_type_name(value.dtype)} "
+                f"for the source. ({_instance_at(rt, 4)})"
+            )
         if mask is not None:  # eager broadcasts it to each, as where does
             return torch.where(mask, value if value.dtype == x.dtype else value.to(x.dtype), x)
+        out = _entry_put(x, index, value)  # (or one value per masked entry)
+        if out is not None:
+            return out
     if masks and (len(entries) != 1 or has_lazy(value) or (
         isinstance(value, Tensor) and value.numel() != 1
     )):  # fmt: skip
         raise UnsupportedOpError(
-            f"x[mask] = value (at {user_line(4)}) is batched for one boolean mask and a "
-            "value that broadcasts against one masked entry (a number, a 0-dim tensor, a "
-            "row), not one value per masked entry; write torch.where(mask, value, x)"
+            f"x[mask] = value (at {user_line(4)}) is batched for one boolean mask of x's "
+            "leading dims and a value that broadcasts against one masked entry (a number, a "
+            "0-dim tensor, a row) or has one such value per masked entry; write "
+            "torch.where(mask, value, x)"
         )
     if tracing:
         return record(PUT, func, args, kwargs)
@@ -1676,6 +1689,55 @@ def _special_put(func, args, kwargs):
     ):
         return _ragged_put(rt, func, x, index, value)
     return record(PUT_INTO if into else PUT, func, (x, index, value), kwargs)
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    """torch's C++ name of ``dtype`` (``Float``, ``Long``), as its errors write it."""
+    with torch._C.DisableTorchFunction():
+        return torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
+
+
+def _entry_put(x, mask: LazyTensor, value):
+    """``x[mask] = value`` with one value per masked entry (``y[m] = y[m] * 2``): a tensor
+    of (count, *e) or (1, *e), ``e`` broadcasting against one entry. The mask is read
+    (the count is each instance's own, as ``y[m]`` reads it), and the write is
+    ``where(mask, value.index_select(0, rank), x)``, ``rank`` each entry's place among
+    the selected ones (the instance's data): a lookup and an elementwise op that batch
+    across instances whatever their counts, gradients to ``x`` and ``value`` as eager's.
+    A count ``value`` does not match raises eager's error. None: not such a write."""
+    k = mask.ndim
+    shape = tuple(x.shape)
+    entry = shape[k:]
+    vshape = tuple(value.shape)
+    if k == 0 or k > len(shape) or tuple(mask.shape) != shape[:k] or not vshape:
+        return None
+    row = vshape[1:]
+    if len(row) > len(entry):
+        return None
+    try:
+        if tuple(torch.broadcast_shapes(row, entry)) != entry:
+            return None
+    except RuntimeError:
+        return None
+    v = value if value.dtype == x.dtype else value.to(x.dtype)
+    ones = (1,) * (len(entry) - len(row))
+    where_mask = mask.reshape((*mask.shape, *(1,) * len(entry)))
+    if vshape[0] == 1:  # one value for every selected entry: eager broadcasts it
+        return torch.where(where_mask, v.reshape((*ones, *row)), x)
+    m = _demanded(mask, "x[mask] = value")
+    with torch._C.DisableTorchFunction():
+        flat = m.reshape(-1)
+        count = int(flat.sum())
+        if vshape[0] != count:
+            raise RuntimeError(
+                f"shape mismatch: value tensor of shape {list(vshape)} cannot be broadcast "
+                f"to indexing result of shape {[count, *entry]} ({_instance_at(graph.RT, 5)})"
+            )
+        rank = (flat.cumsum(0) - 1).clamp_(min=0)
+    if count == 0:
+        return x  # (nothing selected: eager writes nothing)
+    full = v.index_select(0, _read_data(rank, mask))
+    return torch.where(where_mask, full.reshape((*mask.shape, *ones, *row)), x)
 
 
 def _ragged_put(rt, func, x, index, value):
@@ -2681,7 +2743,7 @@ def _special_masked_select(func, args, kwargs):
     """``x.masked_select(mask)``: the mask is read, ``x`` stays in the graph (its gradient
     flows as eager's): the broadcast ``x`` flattened, looked up at the mask's positions."""
     x = _bind_kw(args, kwargs, 0, "input")
-    mask = _bind_kw(args, kwargs, 1, "mask")
+    mask = source = _bind_kw(args, kwargs, 1, "mask")
     if type(mask) is LazyTensor:
         mask = _demanded(mask, "masked_select")
     if type(x) is not LazyTensor:  # a real x, a per-instance mask: the result is data
@@ -2690,7 +2752,7 @@ def _special_masked_select(func, args, kwargs):
     with torch._C.DisableTorchFunction():
         shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
         mask = mask.expand(shape)
-    return _rows_where(x.expand(shape).reshape(-1), mask)
+    return _rows_where(x.expand(shape).reshape(-1), mask, source)
 
 
 def _mask_index(x: LazyTensor, mask: LazyTensor):
@@ -2702,15 +2764,27 @@ def _mask_index(x: LazyTensor, mask: LazyTensor):
             f"the shape of the mask {list(mask.shape)} does not match the shape of the "
             f"indexed tensor {list(x.shape)} (at {user_line(3)})"
         )
-    return _rows_where(x.reshape(-1, *x.shape[k:]), _demanded(mask, "x[mask]"))
+    return _rows_where(x.reshape(-1, *x.shape[k:]), _demanded(mask, "x[mask]"), mask)
 
 
-def _rows_where(rows: LazyTensor, mask: Tensor):
+def _rows_where(rows: LazyTensor, mask: Tensor, source=None):
     """The rows of ``rows`` where the (read) ``mask``, flattened, is true: a lookup by the
-    instance's positions, which enter as its data (``rows`` keeps its gradient)."""
+    instance's positions, which enter as its data (``rows`` keeps its gradient). ``source``:
+    the lazy tensor ``mask`` was read from, if any (``graph.Runtime.read_from``)."""
     with torch._C.DisableTorchFunction():
         positions = mask.reshape(-1).nonzero().reshape(-1)
-    return rows.index_select(0, _as_instance_data(positions))
+    return rows.index_select(0, _read_data(positions, source))
+
+
+def _read_data(value: Tensor, source):
+    """``value`` (computed from the read value of the lazy ``source``, or None) as the
+    instance's data; the data node remembers ``source`` for ops._readers_within."""
+    data = _as_instance_data(value)
+    if type(source) is LazyTensor and type(data) is LazyTensor:
+        rt = graph.RT
+        if rt is not None:
+            rt.read_from[id(data.node)] = (data.node, source)
+    return data
 
 
 _ALLCLOSE = (torch.allclose, T.allclose)  # (captured at import: during a map torch's names
@@ -3405,6 +3479,9 @@ def _readers_within(x, operands, old) -> bool:
         seen.add(id(nd))
         if len(seen) > READERS_WALK:
             return False
+        source = rt.read_from.get(id(nd))
+        if source is not None and source[0] is nd:  # x[mask]'s positions: the mask's read
+            stack.append(source[1])
         for i, t in enumerate(nd.inputs):
             if t.node is target:
                 if t.idx == idx:
