@@ -65,7 +65,7 @@ from acrobat.ops import (
     value_data,
 )
 from acrobat.scan import Scan
-from acrobat.tensor import _native
+from acrobat.tensor import _native, _printed
 
 # Builtins a straight-line tensor function may call (metadata and conversions; a value
 # demand such as int(t) makes tracing fail, and the function falls back to per-op).
@@ -920,6 +920,10 @@ ITEM_UPDATES = True
 _ITEM_UPDATE_PLACEHOLDER = -_REGION_BASE * 11
 _IS_LAZY_PLACEHOLDER = -_REGION_BASE * 12
 _ITEM_UPDATED_PLACEHOLDER = -_REGION_BASE * 13  # an owned x[mask] += v: ops.item_updated
+# print(...) -> lazy_print(print, ...): lazy arguments made strings before the line is
+# written (read when outlining, with TYPE_CHECKS)
+PRINTS = True
+_PRINT_PLACEHOLDER = -_REGION_BASE * 14
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
 _WRITE_PLACEHOLDERS = (
@@ -1370,6 +1374,7 @@ def _outline(fn) -> Outlined | None:
         _ITEM_UPDATE_PLACEHOLDER: update_item,
         _IS_LAZY_PLACEHOLDER: is_lazy,
         _ITEM_UPDATED_PLACEHOLDER: item_updated,
+        _PRINT_PLACEHOLDER: lazy_print,
     }
     regions = []
     for r in rewriter.regions:
@@ -2237,18 +2242,24 @@ def _rewrite_augmented(node: ast.FunctionDef, names: set) -> int:
 
 
 class _TypeChecks(ast.NodeTransformer):
-    """``isinstance(x, T)`` -> ``<lazy_isinstance>(isinstance, x, T)`` and
-    ``torch.is_tensor(x)`` -> ``<lazy_is_tensor>(torch.is_tensor, x)`` (see
-    _rewrite_type_checks)."""
+    """``isinstance(x, T)`` -> ``<lazy_isinstance>(isinstance, x, T)``,
+    ``torch.is_tensor(x)`` -> ``<lazy_is_tensor>(torch.is_tensor, x)`` and ``print(...)``
+    -> ``<lazy_print>(print, ...)`` (see _rewrite_type_checks)."""
 
     def __init__(self):
         self.count = 0
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
+        f = node.func
+        if PRINTS and isinstance(f, ast.Name) and f.id == "print":
+            self.count += 1
+            call = ast.Call(
+                func=ast.Constant(_PRINT_PLACEHOLDER), args=[f, *node.args], keywords=node.keywords
+            )
+            return _located(call, node)
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
             return node
-        f = node.func
         if isinstance(f, ast.Name) and f.id == "isinstance" and len(node.args) == 2:
             placeholder = _ISINSTANCE_PLACEHOLDER
         elif _torch_attr(f) == "is_tensor" and len(node.args) == 1:
@@ -2297,6 +2308,20 @@ def lazy_isinstance(check, obj, classes) -> bool:
     if type(obj) is graph.LazyTensor and check is isinstance:
         return isinstance(obj, classes) or _names_tensor(classes)
     return check(obj, classes)
+
+
+def lazy_print(check, *args, **kwargs):
+    """``check(*args, **kwargs)``, where ``check`` is the builtin ``print``: its lazy tensor
+    arguments made strings first (each a read of the value, as ``str(t)`` is:
+    LazyTensor.__str__), so that the line is written whole. Python's print writes each
+    argument as it converts it; the instance suspended at a read in the middle, and the
+    other instances' prints went into its line."""
+    if check is print and any(type(a) is graph.LazyTensor for a in args):
+        caller = sys._getframe(1)
+        args = tuple(
+            _printed(a, caller) if type(a) is graph.LazyTensor else a for a in args
+        )
+    return check(*args, **kwargs)
 
 
 def lazy_is_tensor(check, obj) -> bool:

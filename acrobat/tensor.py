@@ -15,13 +15,15 @@ from the same table, so ``x @ W``, ``x.chunk(4)`` and ``torch.tanh(x)`` all land
 from __future__ import annotations
 
 import ctypes
+import sys
+import threading
 from array import array
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from acrobat import config
-from acrobat.errors import LazyValueError, UnsupportedOpError, user_line
+from acrobat.errors import LazyValueError, UnsupportedOpError, _is_internal, user_line
 from acrobat_kernels import cuda_launch
 
 _native: Any
@@ -231,6 +233,26 @@ def _copy_refused(what: str):
     )
 
 
+def _printed(t: LazyTensor, caller) -> str:
+    """``str(t)`` for a caller's frame (LazyTensor.__str__): the value's str where the
+    instance's own code asks inside a map's fiber, else the repr."""
+    from acrobat import graph
+
+    rt = graph.RT
+    if (
+        rt is None
+        or rt.fiber is None
+        or rt.tracer is not None
+        or t.node.rt is not rt
+        or rt.thread != threading.get_ident()
+        or _is_internal(caller.f_code.co_filename)
+    ):
+        return repr(t)
+    value = t._value()
+    with torch._C.DisableTorchFunction():
+        return str(value)
+
+
 class LazyTensor(_LazyBase):
     __slots__ = ()
 
@@ -318,11 +340,20 @@ class LazyTensor(_LazyBase):
 
     __hash__ = object.__hash__  # identity, like torch.Tensor
 
+    def __str__(self) -> str:
+        """``print(t)``, ``str(t)``, ``f"{t}"`` in the instance's code: the value, printed as
+        eager prints it (a read: the instance suspends until the value is computed, as
+        at ``t.item()``). Called by acrobat's or torch's own code, inside a block's trace
+        or outside the map's fibers: the repr, which reads nothing."""
+        return _printed(self, sys._getframe(1))
+
     def __format__(self, spec: str) -> str:
         """``f"{loss:.3f}"``: a 0-dim tensor formats its value (a read, as eager's
         ``item()``); anything else, or an empty spec, formats as ``str`` does."""
         if spec and not self.shape:
             return format(self.item(), spec)
+        if not spec:
+            return _printed(self, sys._getframe(1))
         return object.__format__(self, spec)
 
     def __copy__(self):

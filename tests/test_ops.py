@@ -15,6 +15,8 @@ calls fails ``test_every_alias_is_called``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import operator
 import random
 import warnings
@@ -2156,6 +2158,46 @@ def test_format_spec_copy_and_deepcopy():
         g(torch.randn(3))
     with pytest.raises(RuntimeError, match="graph leaves"):
         acrobat.autobatch(g).map([torch.randn(3) for _ in range(2)])
+
+
+def _printing(x, i: int):
+    h = torch.tanh(x * 2)
+    print(i, h)
+    text = f"{i}: {h} {h.long()}"  # an f-string's empty spec formats as str does
+    print(text)
+    return h + 1, str(h.sum()), text
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=5))
+def test_print_and_str_show_the_value_as_eager(sizes):
+    """``print(t)``, ``str(t)`` and ``f"{t}"`` in the instance's code read the value and
+    print it as eager does (they showed the LazyTensor's repr); the instances' prints
+    interleave, each instance's in its own order. ``repr`` reads nothing."""
+    xs = [torch.randn(n) for n in sizes]
+    f = acrobat.autobatch(_printing)
+    out = io.StringIO()
+    with torch.no_grad(), contextlib.redirect_stdout(out):
+        got = f.map(xs, list(range(len(xs))))
+    want = io.StringIO()
+    with torch.no_grad(), contextlib.redirect_stdout(want):
+        expected = [_printing(x, i) for i, x in enumerate(xs)]
+    assert_close_tree(got, expected)
+
+    def by_instance(text):
+        lines: dict = {}
+        for line in text.getvalue().splitlines():
+            lines.setdefault(int(line.split(" ")[0].rstrip(":")), []).append(line)
+        return lines
+
+    assert by_instance(out) == by_instance(want)
+    assert repr(got[0][0]).startswith("tensor(")  # (the map's results are real)
+
+    def reprs(x):
+        return x * 2, repr(x * 2)
+
+    (_, text), = acrobat.autobatch(reprs).map([torch.randn(2)])
+    assert text.startswith("LazyTensor(")
 
 
 def test_plus_of_a_bool_raises_as_eager():
