@@ -986,9 +986,18 @@ static PyObject *split_hit(PyObject *rt, PyObject *trace, PyObject *inputs, PyOb
     if (memo_d == NULL || !PyDict_Check(memo_d)) goto done;
     PyObject *ident = PyLong_FromVoidPtr(PyList_GET_ITEM(inputs, k));
     if (ident == NULL) goto done;
-    PyObject *memo = PyDict_GetItemWithError(memo_d, ident);  /* borrowed */
+    PyObject *entry = PyDict_GetItemWithError(memo_d, ident);  /* borrowed */
     Py_DECREF(ident);
-    if (memo == NULL || !PyTuple_Check(memo)) goto done;
+    /* (the argument, its node and output index when recorded, the hoisted outputs): a
+     * handle an in-place update rebound since takes the Python path, which records anew */
+    if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4) goto done;
+    PyObject *arg = PyList_GET_ITEM(inputs, k);
+    if (!IS_LAZY(arg) || ((LazyObject *)arg)->node != PyTuple_GET_ITEM(entry, 1)) goto done;
+    int same_idx = PyObject_RichCompareBool(((LazyObject *)arg)->idx, PyTuple_GET_ITEM(entry, 2),
+                                            Py_EQ);
+    if (same_idx != 1) goto done;
+    PyObject *memo = PyTuple_GET_ITEM(entry, 3);
+    if (!PyTuple_Check(memo)) goto done;
     pos = SLOT_GET(split, s_arg_pos);
     if (pos == NULL || !PyTuple_Check(pos)) goto done;
     Py_ssize_t np = PyTuple_GET_SIZE(pos), nm = PyTuple_GET_SIZE(memo);

@@ -117,14 +117,16 @@ def split_call(rt, trace, inputs: list):
             split.run_id = rt.id
             rt.used_splits.append(split)  # its memo is cleared when the map ends
         arg = inputs[k]
-        memo = split.memo.get(id(arg))
-        if memo is None:
+        entry = split.memo.get(id(arg))
+        if entry is not None and entry[1] is arg.node and entry[2] == arg.idx:
+            memo = entry[3]
+        else:  # (a handle an in-place update rebound since: its new value's own)
             inv = split.inv
             hoisted = add_node(rt, inv.op, None, None, None, [arg], inv.info, inv.sig)
             memo = wrap_outputs(hoisted, inv.info)
             if inv.info.single:
                 memo = (memo,)
-            split.memo[id(arg)] = memo  # holds arg (the hoisted node's input): no id reuse
+            split.memo[id(arg)] = (arg, arg.node, arg.idx, memo)  # (arg held: no id reuse)
         var_inputs = (
             [inputs[j] for j in split.arg_pos]
             if len(split.arg_pos) > 1
@@ -266,7 +268,7 @@ class Split:
     __slots__ = ("inv", "var", "arg_pos", "per_run", "run_id", "memo", "grad_built", "homes")
 
     def __init__(self, inv, var, arg_pos, per_run, run_id):
-        self.memo: dict = {}  # id(argument) -> hoisted outputs, in map run run_id
+        self.memo: dict = {}  # id(argument) -> (it, its node, idx, hoisted outputs), in run run_id
         self.inv = inv
         self.var = var
         self.arg_pos = arg_pos  # var's inputs: the call's arguments at these positions,

@@ -1345,9 +1345,8 @@ def keep_row(value):
     (``put_rows``; analysis.LOOP_ROW_WRITES): a lazy one is marked read, as the put that
     read it at its step marked it, so that an update of it in place is refused as then
     rather than reaching the write; a real tensor is copied."""
-    if type(value) is LazyTensor:
-        graph.mark_read(value)
-        return value
+    if type(value) is LazyTensor:  # (a handle of its own: an update of value rebinds
+        return LazyTensor(value.node, value.idx, value.shape, value.dtype, value.key)  # it)
     if isinstance(value, Tensor):
         return value.clone()
     return value
@@ -3437,7 +3436,7 @@ def _rebindable(x, what: str, fix: str, line: str, operands=(), old=None) -> Non
             "not change its inputs; return the new value instead"
         )  # (an automatic block then records the function op by op, where it is exact)
     if graph.readers(node, x.idx) and not (
-        old is not None and _readers_within(x, operands, old)
+        old is not None and (_readers_within(x, operands, old) or _pending_holders(x, old))
     ):
         problem = "an op recorded before it reads that tensor and must see the old value"
     elif node.op.name == "input":
@@ -3497,6 +3496,35 @@ def _readers_within(x, operands, old) -> bool:
         nd.args = _swap(nd.args, x, old)
         if nd.kwargs:
             nd.kwargs = {k: _swap(v, x, old) for k, v in nd.kwargs.items()}
+    return True
+
+
+#: Most pending nodes :func:`_pending_holders` looks through for the holders of a value.
+PENDING_SCAN = 20_000
+
+
+def _pending_holders(x, old) -> bool:
+    """Give ``old`` (the old value's handle) in place of ``x`` to every node not yet
+    computed that holds ``x`` itself (``z = h * 2; h += 1``; ``if h.sum() > 0: h += 1``,
+    where the read computed the sum). A computed node has read its operands already, and
+    a node that reads the old value through another handle (another output's, a copy)
+    keeps reading it, so the update may be recorded: True. False where the map's pending
+    nodes are more than PENDING_SCAN or a block is being traced (refused as before)."""
+    rt = graph.RT
+    if rt is None or rt.tracer is not None:
+        return False
+    buckets = rt.buckets.values()
+    if sum(len(nodes) for nodes in buckets) > PENDING_SCAN:
+        return False
+    for nodes in buckets:
+        for nd in nodes:
+            inputs = nd.inputs
+            for i, t in enumerate(inputs):
+                if t is x:
+                    inputs[i] = old
+                    nd.args = _swap(nd.args, x, old)
+                    if nd.kwargs:
+                        nd.kwargs = {k: _swap(v, x, old) for k, v in nd.kwargs.items()}
     return True
 
 
