@@ -106,6 +106,7 @@ class Trace:
         self.autocast = None  # the map's autocast when traced (graph.Runtime.autocast)
         self.out_lazies: list[LazyTensor] = []  # the program's computed outputs
         self.out_sources: list[tuple] = []  # per output leaf: ("out"|"arg"|"real", which)
+        self.out_alias: tuple = ()  # (j, i): output j is output i's tensor (returned twice)
         self.call_fast = None  # (op, sig, info, kind, may_split) for the C call path, made
         # there on first use and dropped when plain_tuple or may_split change
         self._plain_tuple = False
@@ -614,6 +615,11 @@ def _finish_call(trace: Trace, node: Node, inputs: list):
             return outs
     else:
         outs = wrap_outputs(node, info)
+        if trace.out_alias:  # one tensor returned in two places: one handle, so that an
+            listed = list(outs)  # in-place update through one shows in the other, as eager
+            for j, i in trace.out_alias:
+                listed[j] = listed[i]
+            outs = tuple(listed)
         if trace.plain_tuple:
             return outs
     leaves = []
@@ -751,9 +757,16 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         )
         trace.out_lazies = out_lazies
         trace.out_sources = out_sources
+        first: dict = {}
+        trace.out_alias = tuple(
+            (j, first.setdefault((id(t.node), t.idx), j))
+            for j, t in enumerate(out_lazies)
+            if first.setdefault((id(t.node), t.idx), j) != j
+        )
         # outputs are exactly a tuple of the block's computed tensors, in order
         trace.plain_tuple = (
-            spec[0] is tuple
+            not trace.out_alias
+            and spec[0] is tuple
             and len(out_lazies) >= 1  # a region's (x,): one output is a tuple too
             and all(s == ("out", k) for k, s in enumerate(out_sources))
             and all(sub == ("leaf", k) for k, sub in enumerate(spec[1]))

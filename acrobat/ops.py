@@ -3257,10 +3257,7 @@ def _fresh(node, idx: int) -> bool:
         outs = getattr(trace, "out_lazies", None)
         if outs is None or idx >= len(outs):
             return False
-        out = outs[idx]
-        for j, other in enumerate(outs):  # returned twice: in eager one tensor, two here
-            if j != idx and other.node is out.node and other.idx == out.idx:
-                return False
+        out = outs[idx]  # (one returned twice is one handle: block._finish_call)
         return _fresh(out.node, out.idx)
     if op.name in _FRESH_NAMES:
         return True

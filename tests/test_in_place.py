@@ -656,6 +656,14 @@ def _read_in_a_loop(x, lin):
     return h, torch.stack(norms)
 
 
+def _read_through_an_alias(x, lin):
+    y = lin(x) * 2
+    z = y + 1  # reads y before the write
+    w = y  # an alias: the write shows through y, as in eager (a run returning both
+    w[0] = 1.0  # names returns one handle twice)
+    return z * w + y
+
+
 def _read_by_an_out(x, lin):
     z = lin(x) * 2
     return z + 1, torch.add(x, 1, out=z)  # (z + 1 reads z before out= writes it)
@@ -674,6 +682,7 @@ def _read_by_the_put_of_a_lambda(x, lin):
             _read_elsewhere,
             _read_then_decided,
             _read_in_a_loop,
+            _read_through_an_alias,
             _read_by_an_out,
             _read_by_the_put_of_a_lambda,
         ]
@@ -685,24 +694,7 @@ def test_updates_of_a_tensor_other_ops_read_equal_eager(sizes, seed, fn):
     tensor are given the old value's handle (ops._pending_holders), computed ones read it
     already, and the tensor is rebound. These were refused ("an op recorded before it
     reads that tensor and must see the old value")."""
-    _check_with_a_linear(fn, sizes, seed, grads=fn is _read_then_decided)
-
-
-def _read_through_an_alias(x, lin):
-    y = lin(x) * 2
-    z = y + 1  # reads y before the write
-    w = y  # an alias: in eager the write shows through y
-    w[0] = 1.0
-    return z, w, y
-
-
-def test_a_write_through_an_alias_a_run_returned_twice_is_refused():
-    """The three lines before the write are one run (an automatic block) returning y and
-    w, one tensor in eager, as two outputs: a write into one would not show through the
-    other, so it is refused (ops._fresh)."""
-    f = acrobat.autobatch(_read_through_an_alias)
-    with pytest.raises(acrobat.UnsupportedOpError, match="may be a view of another one"):
-        f.map([torch.randn(3, 4)], lin=nn.Linear(4, 4))
+    _check_with_a_linear(fn, sizes, seed, grads=fn in (_read_then_decided, _read_through_an_alias))
 
 
 def test_an_update_over_more_pending_nodes_than_the_scan_takes_is_refused(monkeypatch):
@@ -767,16 +759,21 @@ def _twice(x, lin):
     return h, h
 
 
-def _update_one_of_a_tensor_returned_twice(x, lin):
-    a, b = _twice(x, lin)
-    b += 1  # in eager a is b: both change
-    return a
+@pytest.mark.parametrize("explicit", [False, True])
+def test_an_update_of_a_tensor_a_block_returned_twice_shows_in_both(explicit):
+    """A block (explicit or automatic) that returns one tensor twice has two outputs
+    that are one tensor: the call gives both places one handle (block._finish_call), so
+    an update through one shows in the other, as in eager (the map returned the old value
+    for ``a`` before)."""
+    twice = acrobat.block(_twice) if explicit else _twice
 
+    def f(x, lin):
+        a, b = twice(x, lin)
+        b += 1
+        return a
 
-def test_an_update_of_a_block_output_returned_twice_is_refused():
-    """A block (explicit or automatic) that returns one tensor twice gives two outputs;
-    an update of one would not reach the other, as it does in eager: refused (the map
-    returned the old value for ``a`` before)."""
-    f = acrobat.autobatch(_update_one_of_a_tensor_returned_twice)
-    with pytest.raises(acrobat.UnsupportedOpError, match="may be a view of another one"):
-        f.map([torch.randn(3, 4) for _ in range(3)], lin=nn.Linear(4, 4))
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    xs = [torch.randn(3, 4) for _ in range(3)]
+    with torch.no_grad():
+        check_map(acrobat.autobatch(f), xs, lin=lin)
