@@ -514,9 +514,6 @@ fail:
 
 static PyObject *s_deferred;
 
-/* graph.queue of a deferred data node (depth graph.DEFERRED, -1): one fewer deferred,
- * into its depth-0 bucket (MV-RNN's word ids, once per leaf: the Python call cost
- * ~0.5 us each) */
 /* producer.used_at[ix] += 1: a reader of output ``ix`` (> 0) of a node with several */
 static int mark_at(NodeObject *producer, PyObject *ix) {
     if (ix == NULL) return 0;
@@ -537,6 +534,9 @@ static int mark_at(NodeObject *producer, PyObject *ix) {
     return r;
 }
 
+/* graph.queue of a deferred data node (depth graph.DEFERRED, -1): one fewer deferred,
+ * into its depth-0 bucket (MV-RNN's word ids, once per leaf: the Python call cost
+ * ~0.5 us each) */
 static int queue_deferred(PyObject *rt, NodeObject *nd) {
     if (nd->depth == -1) {
         PyObject *d = SLOT_GET(rt, s_deferred);

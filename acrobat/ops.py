@@ -1342,9 +1342,10 @@ def put_item(value, x, index):
 
 def keep_row(value):
     """A value a loop writes into a row of a buffer, kept for the write after the loop
-    (``put_rows``; analysis.LOOP_ROW_WRITES): a lazy one is marked read, as the put that
-    read it at its step marked it, so that an update of it in place is refused as then
-    rather than reaching the write; a real tensor is copied."""
+    (``put_rows``; analysis.LOOP_ROW_WRITES): a lazy one as a handle of its own, so that
+    a later in-place update of it (which rebinds the user's handle) does not reach the
+    write, as it would not reach the row the put wrote at its step; a real tensor is
+    copied."""
     if type(value) is LazyTensor:  # (a handle of its own: an update of value rebinds
         return LazyTensor(value.node, value.idx, value.shape, value.dtype, value.key)  # it)
     if isinstance(value, Tensor):
@@ -3489,11 +3490,17 @@ def _readers_within(x, operands, old) -> bool:
     if count != graph.readers(target, idx):
         return False  # (an op elsewhere reads it)
     for nd, i in holders:
-        nd.inputs[i] = old
-        nd.args = _swap(nd.args, x, old)
-        if nd.kwargs:
-            nd.kwargs = {k: _swap(v, x, old) for k, v in nd.kwargs.items()}
+        _give_old(nd, i, x, old)
     return True
+
+
+def _give_old(nd, i: int, x, old) -> None:
+    """Make ``nd``, whose input ``i`` is the handle ``x``, read ``old`` there (and in its
+    call's arguments) instead: it keeps the value ``x`` had when it was recorded."""
+    nd.inputs[i] = old
+    nd.args = _swap(nd.args, x, old)
+    if nd.kwargs:
+        nd.kwargs = {k: _swap(v, x, old) for k, v in nd.kwargs.items()}
 
 
 #: Most pending nodes :func:`_pending_holders` looks through for the holders of a value.
@@ -3515,13 +3522,9 @@ def _pending_holders(x, old) -> bool:
         return False
     for nodes in buckets:
         for nd in nodes:
-            inputs = nd.inputs
-            for i, t in enumerate(inputs):
+            for i, t in enumerate(nd.inputs):
                 if t is x:
-                    inputs[i] = old
-                    nd.args = _swap(nd.args, x, old)
-                    if nd.kwargs:
-                        nd.kwargs = {k: _swap(v, x, old) for k, v in nd.kwargs.items()}
+                    _give_old(nd, i, x, old)
     return True
 
 
