@@ -1096,6 +1096,12 @@ def test_a_gold_path_score_pads():
 # ---- loops whose carried state is ragged (a graph's node states, layer after layer) -------
 
 
+# The loops' trip counts: globals, so the loops stay scans (analysis.UNROLL_LOOPS writes
+# out a loop over a literal range, which tests/test_unroll.py checks on these shapes)
+GRAPH_LAYERS = 3
+EDGE_LAYERS = 2
+
+
 class GraphNet(nn.Module):
     """Message passing over one instance's graph, given as (adjacency, node ids): the
     node states carried through a loop of layers (executor._cut_scan_outputs cuts each
@@ -1113,7 +1119,7 @@ class GraphNet(nn.Module):
         adj, ids = graph
         h = self.emb(ids)
         deg = adj.sum(1, keepdim=True) + 1
-        for _ in range(3):
+        for _ in range(GRAPH_LAYERS):  # (not a literal: a loop, not written out)
             h = torch.tanh(self.own(h) + self.msg(adj @ h) / deg)
         return self.out(h.mean(0)), h
 
@@ -1288,7 +1294,7 @@ class EdgeNet(nn.Module):
         ids, edges = graph
         h = self.emb(ids)
         src, dst = edges[0], edges[1]
-        for _ in range(2):
+        for _ in range(EDGE_LAYERS):  # (likewise)
             msg = torch.relu(self.edge(torch.cat([h[src], h[dst]], -1)))
             h = torch.tanh(h + torch.zeros_like(h).index_add(0, dst, msg))
         return self.out(h.mean(0)), h
