@@ -2619,6 +2619,20 @@ def _special_one_hot(func, args, kwargs):
 TABLE["one_hot"].special = _special_one_hot
 
 
+def one_hot_rule(node, xs, n):
+    """``F.one_hot`` of the whole batch in one call (it maps every entry alike). Not
+    torch.vmap's rule, whose one_hot checks no value: a class out of range made a row of
+    zeros where eager raises; this call raises eager's error, and the executor names the
+    instance (executor._explain_failure)."""
+    classes = _bind_kw(node.args, node.kwargs or {}, 1, "num_classes", -1)
+    if not _is_lazy(node.args[0]) or type(classes) is not int:
+        return vmap_rule(node, xs, n)
+    return (F.one_hot(xs[0], classes),)
+
+
+TABLE["one_hot"].rule = one_hot_rule
+
+
 def _special_norm_stats(func, args, kwargs):
     """``F.batch_norm`` in training mode (``F.instance_norm`` with input statistics)
     given running statistics updates them in place, instance after instance in the eager

@@ -33,7 +33,8 @@ decided per op of the program once, when the family forms (:func:`_action`):
   dim only where its last part alone is ragged; indexing takes a ragged dim whole, from
   an index >= 0 (``x[k:]``, ``x[:k]``, ``x[k]``), or alone at ``-k`` (each row's own
   ``n - k``);
-* an embedding of ragged indices reads its pads as index 0; scaled_dot_product_attention
+* an embedding of ragged indices reads its pads as index 0 (``one_hot`` makes class 0 of
+  them); scaled_dot_product_attention
   and multi-head attention over ragged keys get a mask of the real keys; a sequence module
   over ragged sequences packs them by their true lengths;
 * any other op given a ragged operand keeps the trace out of a family (its calls batch
@@ -1077,6 +1078,10 @@ def _action(inner, f_in: list, x_in: list, f_out: list, x_out: list) -> Action |
         if j != 0 or type(w) is LazyTensor:
             raise Decline("embedding of a per-instance table")
         return Action((0,), "zero")  # (a pad's index may be anything: read row 0)
+    if name == "one_hot":  # (each entry's row of classes; num_classes is given)
+        if j != 0:
+            raise Decline("one_hot")
+        return Action((0,), "zero")  # (a pad's class may be anything: class 0)
     if name == "layer_norm":
         shape = _arg(inner, 1, "normalized_shape")
         k = 1 if type(shape) is int else len(shape)

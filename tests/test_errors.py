@@ -198,6 +198,31 @@ def test_batched_runtime_failure_names_instance():
         f.map(idx)
 
 
+def one_hot_twice(t):  # a straight-line function: an automatic block
+    return torch.nn.functional.one_hot(t, 5).float() * 2
+
+
+def one_hot_read(t):  # a value read after it: the op recorded alone
+    y = torch.nn.functional.one_hot(t, 5)
+    return y * 2 if int(t[0]) > 0 else y
+
+
+@pytest.mark.parametrize("bad, why", [(5, "smaller than num_classes"), (-1, "non-negative")])
+@pytest.mark.parametrize("f", [one_hot_twice, one_hot_read])
+def test_one_hot_class_out_of_range_names_instance(bad, why, f):
+    """torch.vmap's one_hot checks no value (a class out of range was a row of zeros, where
+    eager raises): the batch is one F.one_hot call, which raises eager's error."""
+    xs = [torch.tensor([1, 2]), torch.tensor([4, bad]), torch.tensor([0, 3])]
+    with pytest.raises(RuntimeError, match=why):
+        f(xs[1])
+    g = acrobat.autobatch(f)
+    with pytest.raises(acrobat.AcrobatError, match=f"instance 1: Class values must be {why}"):
+        g.map(xs)
+    stats = check_map(g, [xs[0], xs[2], torch.tensor([4, 0, 1])])
+    blocks = [op for op in stats.by_op if op.startswith("block:")]
+    assert bool(blocks) == (f is one_hot_twice), stats.by_op
+
+
 def test_take_out_of_range_is_caught_at_record_time():
     table = torch.randn(5, 3)
 

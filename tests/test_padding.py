@@ -1093,6 +1093,25 @@ def test_a_gold_path_score_pads():
     check_padded(GoldPath(), tokens(19, (3, 7, 5, 5, 2, 6, 4)))
 
 
+class OneHot(nn.Module):
+    """One-hot rows of the tokens, a layer over them: the char-RNN tutorial's input. The
+    tokens are 1 and up and shifted down (a pad's 0 - 1 is no class): the pads' classes
+    are set to 0 first."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(23)
+        self.proj = nn.Linear(WORDS, DIM)
+
+    def forward(self, tokens):
+        x = F.one_hot(tokens - 1, WORDS).float()
+        return torch.tanh(self.proj(x)).sum(0)
+
+
+def test_one_hot_rows_pad():
+    check_padded(OneHot(), [t.clamp(min=1) for t in tokens(24, (3, 7, 5, 5, 2, 6, 4))])
+
+
 # ---- loops whose carried state is ragged (a graph's node states, layer after layer) -------
 
 
