@@ -116,7 +116,16 @@ def vmap_rule(node, xs, n):
         return func(*substitute(args, it), **{k: substitute(v, it) for k, v in kwargs.items()})
 
     generic = node.op.extra.get("generic", False)
-    if not (generic and torch.is_grad_enabled() and _records_grad(xs, args, kwargs)):
+    # (a generic op given per-instance integers runs instance by instance: torch.vmap's
+    # batching rules may check no index value, x.index_fill(0, i, v) with i out of range
+    # was a silent no-op where eager raises; a known op with indices has its own rule)
+    if not (
+        generic
+        and (
+            (torch.is_grad_enabled() and _records_grad(xs, args, kwargs))
+            or any(_integer_values(x) for x in xs)
+        )
+    ):
         try:
             out = torch.vmap(one, in_dims=0, randomness="different")(*xs)
             return (out,) if isinstance(out, Tensor) else tuple(out)
@@ -127,6 +136,12 @@ def vmap_rule(node, xs, n):
     if isinstance(rows[0], Tensor):
         return (torch.stack(rows),)
     return tuple(torch.stack(parts) for parts in zip(*rows))
+
+
+def _integer_values(x) -> bool:
+    return isinstance(x, Tensor) and not (
+        x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool
+    )
 
 
 def _records_grad(xs, args, kwargs) -> bool:

@@ -223,6 +223,45 @@ def test_one_hot_class_out_of_range_names_instance(bad, why, f):
     assert bool(blocks) == (f is one_hot_twice), stats.by_op
 
 
+INDEXED = {  # (x: 6 numbers, i: 2 per-instance indices into them)
+    "gather": lambda x, i: x.gather(0, i),
+    "index_select": lambda x, i: x.index_select(0, i),
+    "take": lambda x, i: torch.take(x, i),
+    "getitem": lambda x, i: x[i] * 2,
+    "getitem_2d": lambda x, i: x.reshape(2, 3)[0, i % 4],
+    "embedding": lambda x, i: torch.nn.functional.embedding(i, W.T.repeat(2, 1)[:6]) * x[0],
+    "scatter": lambda x, i: torch.zeros(6).scatter(0, i, x[:2]),
+    "scatter_add": lambda x, i: torch.zeros(6).scatter_add(0, i, x[:2]),
+    "index_add": lambda x, i: torch.zeros(6).index_add(0, i, x[:2]),
+    "index_put": lambda x, i: torch.zeros(6).index_put((i,), x[:2]),
+    "index_copy": lambda x, i: torch.zeros(6).index_copy(0, i, x[:2]),
+    "index_fill": lambda x, i: x.index_fill(0, i, 0.0),
+    "cross_entropy": lambda x, i: torch.nn.functional.cross_entropy(x.reshape(2, 3), i % 4),
+    "one_hot": lambda x, i: torch.nn.functional.one_hot(i, 6) * x[0],
+}
+
+
+@pytest.mark.parametrize("bad", [7, -9])
+@pytest.mark.parametrize("name", sorted(INDEXED))
+def test_indices_out_of_range_raise_as_eager(name, bad):
+    """A per-instance index out of range raises in the map where the eager call raises,
+    naming the instance (none reads another instance's rows or is silently dropped: the
+    batched rules lay the rows end to end, and torch.vmap's index_fill and one_hot check
+    no value); in range, the map equals the eager loop."""
+    fn = INDEXED[name]
+    g = torch.Generator().manual_seed(bad)
+    xs = [torch.randn(6, generator=g) for _ in range(3)]
+    good = [torch.tensor([0, 1]), torch.tensor([2, 1]), torch.tensor([1, 0])]
+    with pytest.raises((IndexError, RuntimeError)):
+        fn(xs[1], torch.tensor([1, bad]))
+    f = acrobat.autobatch(lambda x, i: fn(x, i))
+    with pytest.raises((IndexError, RuntimeError), match="instance 1"):
+        f.map(xs, [good[0], torch.tensor([1, bad]), good[2]])
+    got = f.map(xs, good)
+    for x, i, y in zip(xs, good, got):
+        torch.testing.assert_close(y, fn(x, i))
+
+
 def test_take_out_of_range_is_caught_at_record_time():
     table = torch.randn(5, 3)
 
