@@ -2606,8 +2606,9 @@ class _Rewriter:
         of the loop: ``for _ in range(8): h = torch.tanh(w(x) + u(h))`` at width 512 took
         1.6 ms a map of 8 as a scan, 3.7 written out, as w's weights were read 8 times). The
         same Python: a ``for`` over a range runs its body once per number in order; the
-        counter keeps its last value after the loop where anything reads it there."""
-        if not isinstance(stmt, ast.For) or stmt.orelse or not isinstance(stmt.target, ast.Name):
+        counter keeps its last value after the loop where anything reads it there; an
+        ``else:`` runs after (nothing in such a body can break)."""
+        if not isinstance(stmt, ast.For) or not isinstance(stmt.target, ast.Name):
             return None
         it: Any = stmt.iter
         if not self._builtin_call(it, "range") or len(it.args) > 3:
@@ -2647,7 +2648,7 @@ class _Rewriter:
         if self.root is not None and _loads_outside_loops_over(self.root, name):
             last = ast.Assign(targets=[ast.Name(name, ast.Store())], value=ast.Constant(trips[-1]))
             out.append(_located(last, stmt))  # (at the loop's lines: it ends where it did)
-        return out
+        return out + stmt.orelse  # (a body of assignments never breaks: else always runs)
 
     def _block(self, stmts: list, inherited: frozenset) -> list:
         out: list = []

@@ -6,7 +6,7 @@ nodes per graph, and two of the batches padded apart. Written out, the loop join
 straight-line code around it and the whole function is one block: one node per graph.
 These tests hold the written-out loops to the eager results, values and gradients, for
 the forms the counter takes (unread, an index into a ModuleList, a number, read after
-the loop, nested loops, negative steps), and check that the loops that must stay loops
+the loop, nested loops, negative steps, an ``else:``), and check that the loops that must stay loops
 do."""
 
 from __future__ import annotations
@@ -77,6 +77,14 @@ def nested(x, m):
     for k in range(2, 0, -1):
         h = h + torch.sigmoid(m.layers[2](h)) / k
     return h.sum(0)
+
+
+def loop_else(x, m):
+    for _ in range(2):
+        x = torch.tanh(m.layers[0](x))
+    else:  # (nothing in the body can break: runs after the copies)
+        x = x * 3
+    return x.sum(0)
 
 
 def adjacency_graphs(sizes: list[int], seed: int) -> list:
@@ -154,6 +162,15 @@ def test_counter_as_index_number_and_last_value(sizes, seed):
 @given(SIZES, st.integers(0, 2**16))
 def test_nested_loops_and_negative_steps(sizes, seed):
     f = acrobat.autobatch(nested)
+    with torch.no_grad():
+        stats = check_map(f, rows(sizes, seed), m=MODEL)
+    one_block(stats, len(sizes))
+
+
+@settings(deadline=None)
+@given(SIZES, st.integers(0, 2**16))
+def test_a_loop_with_else(sizes, seed):
+    f = acrobat.autobatch(loop_else)
     with torch.no_grad():
         stats = check_map(f, rows(sizes, seed), m=MODEL)
     one_block(stats, len(sizes))
