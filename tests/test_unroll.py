@@ -21,6 +21,7 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis
+from bench.patterns import edge_gnn, message_passing  # (loops of range(3) / range(2))
 from tests.helpers import check_grads, check_map, outlined_with
 
 DIM = 6
@@ -40,25 +41,6 @@ class GNN(nn.Module):
 
 torch.manual_seed(0)
 MODEL = GNN()
-
-
-def message_passing(graph, m):
-    adj, ids = graph
-    h = m.emb(ids)
-    deg = adj.sum(1, keepdim=True) + 1
-    for _ in range(3):
-        h = torch.tanh(m.own(h) + m.msg(adj @ h) / deg)
-    return m.head(h.mean(0))
-
-
-def edge_gnn(graph, m):
-    ids, edges = graph
-    h = m.emb(ids)
-    src, dst = edges[0], edges[1]
-    for _ in range(2):
-        msg = torch.relu(m.edge(torch.cat([h[src], h[dst]], -1)))
-        h = torch.tanh(h + torch.zeros_like(h).index_add(0, dst, msg))
-    return m.head(h.mean(0))
 
 
 def layered(x, m):
@@ -160,17 +142,9 @@ def test_counter_as_index_number_and_last_value(sizes, seed):
 
 @settings(deadline=None)
 @given(SIZES, st.integers(0, 2**16))
-def test_nested_loops_and_negative_steps(sizes, seed):
-    f = acrobat.autobatch(nested)
-    with torch.no_grad():
-        stats = check_map(f, rows(sizes, seed), m=MODEL)
-    one_block(stats, len(sizes))
-
-
-@settings(deadline=None)
-@given(SIZES, st.integers(0, 2**16))
-def test_a_loop_with_else(sizes, seed):
-    f = acrobat.autobatch(loop_else)
+@pytest.mark.parametrize("fn", [nested, loop_else])
+def test_nested_loops_negative_steps_and_else(fn, sizes, seed):
+    f = acrobat.autobatch(fn)
     with torch.no_grad():
         stats = check_map(f, rows(sizes, seed), m=MODEL)
     one_block(stats, len(sizes))
