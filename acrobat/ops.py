@@ -2640,7 +2640,7 @@ def one_hot_rule(node, xs, n):
     zeros where eager raises; this call raises eager's error, and the executor names the
     instance (executor._explain_failure)."""
     classes = _bind_kw(node.args, node.kwargs or {}, 1, "num_classes", -1)
-    if not _is_lazy(node.args[0]) or type(classes) is not int:
+    if not _is_lazy(_arg(node, 0, "input")) or type(classes) is not int:
         return vmap_rule(node, xs, n)
     return (F.one_hot(xs[0], classes),)
 
