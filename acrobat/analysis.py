@@ -159,7 +159,15 @@ _FORBIDDEN = (
 )
 _CONSTANT_TYPES = (int, float, bool, str, type(None), complex)
 
-_VERDICTS: dict[types.CodeType, bool] = {}
+_VERDICTS: dict[tuple, bool] = {}
+
+
+def _code_key(fn: types.FunctionType) -> tuple:
+    """A cache key of what analysing ``fn`` found: its code and its globals' identity.
+    Code objects compare by value, not by file: the same function pasted into two
+    modules had one entry, and the second ran the first's outlined regions and blocks,
+    which read the first module's globals (its weights, silently)."""
+    return fn.__code__, id(fn.__globals__)
 
 
 def _is_torch_object(obj) -> bool:
@@ -194,14 +202,15 @@ def straight_line(fn, _seen: set | None = None) -> bool:
     if not isinstance(fn, types.FunctionType) or fn.__closure__ or fn.__name__ == "<lambda>":
         return False
     code = fn.__code__
-    verdict = _VERDICTS.get(code)
+    key = _code_key(fn)
+    verdict = _VERDICTS.get(key)
     if verdict is None:
         seen = _seen if _seen is not None else set()
         if code in seen:
             return False  # recursion is control flow
         seen.add(code)
         verdict = _check(fn, seen)
-        _VERDICTS[code] = verdict
+        _VERDICTS[key] = verdict
     return verdict
 
 
@@ -722,7 +731,7 @@ def _trampoline_code(fn: types.FunctionType, dispatcher) -> types.CodeType:
     )
 
 
-_DISPATCHERS: dict[types.CodeType, AutoBlock] = {}
+_DISPATCHERS: dict[tuple, AutoBlock] = {}  # _code_key(fn) -> its dispatcher
 
 
 def _value_params(fn: types.FunctionType, dispatcher: AutoBlock) -> None:
@@ -798,9 +807,9 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
             candidates, control = [], []
         for fn in candidates:
             original = fn.__code__
-            dispatcher = _DISPATCHERS.get(original)
+            dispatcher = _DISPATCHERS.get(_code_key(fn))
             if dispatcher is None:
-                dispatcher = _DISPATCHERS[original] = AutoBlock(fn)
+                dispatcher = _DISPATCHERS[_code_key(fn)] = AutoBlock(fn)
                 dispatcher.trampoline = _trampoline_code(fn, dispatcher)
                 STANDS_FOR[dispatcher.trampoline] = dispatcher.impl
                 _value_params(fn, dispatcher)
@@ -948,22 +957,22 @@ class Outlined:
         self.regions = regions  # RegionBlock per outlined run, in source order
 
 
-_OUTLINED: dict[types.CodeType, Outlined | None] = {}
+_OUTLINED: dict[tuple, Outlined | None] = {}  # _code_key(fn) -> its outline
 
 
 def outline(fn) -> Outlined | None:
     """``fn``'s code with straight-line runs outlined (cached per code object); None if
     it has none or cannot be rewritten safely."""
-    code = fn.__code__
-    if code in _OUTLINED:
-        return _OUTLINED[code]
+    key = _code_key(fn)
+    if key in _OUTLINED:
+        return _OUTLINED[key]
     try:
         result = _outline(fn)
     except Exception:  # an optimisation: anything unexpected leaves the function alone
         if config.VERIFY:
             raise
         result = None
-    _OUTLINED[code] = result
+    _OUTLINED[key] = result
     return result
 
 

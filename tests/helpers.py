@@ -97,12 +97,12 @@ def outlined_with(fn, **flags):
     does with a rewrite off."""
     from acrobat import analysis
 
-    code = getattr(fn, "fn", fn).__code__
-    analysis._OUTLINED.pop(code, None)
+    key = analysis._code_key(getattr(fn, "fn", fn))
+    analysis._OUTLINED.pop(key, None)
     try:
         with pytest.MonkeyPatch.context() as mp:
             for name, value in flags.items():
                 mp.setattr(analysis, name, value)
             yield
     finally:
-        analysis._OUTLINED.pop(code, None)
+        analysis._OUTLINED.pop(key, None)

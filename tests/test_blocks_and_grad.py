@@ -978,7 +978,7 @@ def test_a_view_of_a_parameter_hoisted_without_autograd_is_not_retraced():
     data = [torch.randn(n, 4) for n in (2, 3, 3, 5)]
     with torch.no_grad():
         f.map(data)
-        block = analysis._DISPATCHERS[_Prefixed.forward.__code__].block
+        block = analysis._DISPATCHERS[analysis._code_key(_Prefixed.forward)].block
         first = {k: id(t) for k, t in block.cache.items()}
         f.map(data)
         assert {k: id(t) for k, t in block.cache.items()} == first

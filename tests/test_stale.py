@@ -237,7 +237,7 @@ def _blocks_of(fn) -> list:
     """The acrobat.block objects standing for the automatic block of ``fn``."""
     from acrobat import analysis
 
-    found = analysis._DISPATCHERS.get(fn.__code__)
+    found = analysis._DISPATCHERS.get(analysis._code_key(fn))
     return [found.block] if found is not None else []
 
 
@@ -293,3 +293,47 @@ def test_module_state_tells_every_kind_of_change(monkeypatch, native):
     m.a, m.b = shared, shared  # one module under two names: read once, like modules()
     assert len([x for x in m.modules() if x is shared]) == 1
     assert state(m) != first
+
+
+TWIN_SOURCE = '''
+import torch
+
+W = torch.full((3,), {value})
+
+
+def cell(x):  # straight-line: an automatic block
+    return torch.tanh(x * W) + torch.sigmoid(x)
+
+
+def step(x):  # control flow: its runs outlined into regions
+    h = torch.tanh(x * W) + torch.sigmoid(x)
+    if h.sum() > 100:
+        return h
+    return cell(h) * W + h
+'''
+
+
+def test_one_function_in_two_modules_reads_each_modules_globals(tmp_path, monkeypatch):
+    """The same source in two files compiles to code objects that compare equal (code
+    compares by value, not by file): analysis cached one outline and one block for both,
+    and the second module's calls ran the first's, reading the first module's ``W``."""
+    import importlib.util
+    import sys
+
+    modules = []
+    for k in (1, 2):
+        path = tmp_path / f"twin_{k}.py"
+        path.write_text(TWIN_SOURCE.format(value=float(k)))
+        spec = importlib.util.spec_from_file_location(f"twin_{k}", path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, f"twin_{k}", module)
+        spec.loader.exec_module(module)
+        modules.append(module)
+    assert modules[0].step.__code__ == modules[1].step.__code__  # (what made them one)
+    xs = [torch.randn(3) for _ in range(3)]
+    for module in modules:
+        for fn in (module.cell, module.step):
+            got, stats = acrobat.autobatch(fn).map(xs, stats=True)
+            assert any(op.startswith("block:") for op in stats.by_op), stats.by_op
+            for a, x in zip(got, xs):
+                torch.testing.assert_close(a, fn(x))
