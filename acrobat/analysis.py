@@ -1398,6 +1398,8 @@ def _outline(fn) -> Outlined | None:
         lines = f"line {r.first}" if r.first == r.last else f"lines {r.first}-{r.last}"
         where = f"{fn.__name__} ({code.co_filename.rsplit('/', 1)[-1]}, {lines})"
         region_code = _dispatched(codes[r.name], dispatchers)  # (its writes' put_item)
+        # (named as the function its lines are in: errors and tracebacks say ``in f``)
+        region_code = region_code.replace(co_name=code.co_name)
         region_fn = types.FunctionType(region_code, fn.__globals__, where)
         region_fn.__qualname__ = where  # names the block op: errors and stats say where
         dispatcher: object
