@@ -941,6 +941,13 @@ _ITEM_UPDATED_PLACEHOLDER = -_REGION_BASE * 13  # an owned x[mask] += v: ops.ite
 # written (read when outlining, with TYPE_CHECKS)
 PRINTS = True
 _PRINT_PLACEHOLDER = -_REGION_BASE * 14
+# for layer in self.layers: <assignments that could join a run> -> the loop joins the run
+# around it, the region running it as written (its trace writes it out, keyed by the
+# module, whose state a trace checks: an appended layer retraces), behind a check that the
+# container is a module (all_modules; else the code as before: the loop a scan or a region
+# per trip). Read when outlining: ``_Rewriter._loop_ops``
+LOOP_RUNS = True
+_MODULES_PLACEHOLDER = -_REGION_BASE * 15
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
 _WRITE_PLACEHOLDERS = (
@@ -961,7 +968,7 @@ _OUTLINED: dict[tuple, Outlined | None] = {}  # _code_key(fn) -> its outline
 
 
 def outline(fn) -> Outlined | None:
-    """``fn``'s code with straight-line runs outlined (cached per code object); None if
+    """``fn``'s code with straight-line runs outlined (cached per _code_key); None if
     it has none or cannot be rewritten safely."""
     key = _code_key(fn)
     if key in _OUTLINED:
@@ -1392,6 +1399,7 @@ def _outline(fn) -> Outlined | None:
         _IS_LAZY_PLACEHOLDER: is_lazy,
         _ITEM_UPDATED_PLACEHOLDER: item_updated,
         _PRINT_PLACEHOLDER: lazy_print,
+        _MODULES_PLACEHOLDER: all_modules,
     }
     regions = []
     for r in rewriter.regions:
@@ -2343,6 +2351,14 @@ def lazy_print(check, *args, **kwargs):
     return check(*args, **kwargs)
 
 
+def all_modules(*containers) -> bool:
+    """Whether every one of ``containers`` (the sequences a run's loops go over) is a
+    torch module (a ModuleList, a Sequential, a ParameterList...): the run then takes the
+    loop (LOOP_RUNS), its trace keyed by the module, whose layers and parameters a trace's
+    validity check covers."""
+    return all(isinstance(c, torch.nn.Module) for c in containers)
+
+
 def lazy_is_tensor(check, obj) -> bool:
     """``check(obj)``, where ``check`` is ``torch.is_tensor``: True for a LazyTensor too."""
     if type(obj) is graph.LazyTensor and check is _IS_TENSOR:
@@ -2545,6 +2561,7 @@ class _Rewriter:
         self.after_reads: dict[int, set] = {}  # id(split-off part) -> its statement's reads
         self.loop_spans: list[tuple] = []  # (start, end) positions of each loop statement
         self.ranges: set[str] = set()  # locals bound to range(...) by _rewrite_row_writes
+        self.plain_loops: set[int] = set()  # ids of loops kept out of runs (a guard's else)
 
     def rewrite(self, node, bound: frozenset = frozenset()) -> None:
         """Rewrite the statement lists under ``node``; ``bound``: local names certainly
@@ -2667,7 +2684,10 @@ class _Rewriter:
         ops = 0
         bound = set(inherited)
         stmts = self._split_demands(stmts)
+        start = frozenset(bound)  # the names bound where the run starts
         for stmt in stmts + [None]:
+            if not run:
+                start = frozenset(bound)
             if isinstance(stmt, ast.Return) and (run or LONE_RETURNS):
                 stmt, k = self._split_return(stmt, run)  # its tensor work may end the run
                 ops += k
@@ -2675,14 +2695,21 @@ class _Rewriter:
             k = self._ops(stmt) if stmt is not None and mapped is None else -1
             if k >= 0 and self._reads_container(stmt.value):
                 k = -1  # a run given a list runs as written: leave the statement out of it
+            if k < 0 and LOOP_RUNS and isinstance(stmt, ast.For):
+                k = self._loop_ops(stmt, bound, run)
             if k >= 0:
                 run.append(stmt)
                 ops += k
-                bound |= _assigned_names(stmt)
+                if not isinstance(stmt, ast.For):  # (a loop's names: maybe never bound)
+                    bound |= _assigned_names(stmt)
                 continue
             if run:
-                lookups = LOOKUP_CALLS and all(_is_lookup(s.value) for s in run)
-                out.extend(self._close(run) if ops >= MIN_REGION_OPS and not lookups else run)
+                loops = any(isinstance(s, ast.For) for s in run)
+                lookups = LOOKUP_CALLS and not loops and all(_is_lookup(s.value) for s in run)
+                if loops or (ops >= MIN_REGION_OPS and not lookups):  # (a loop counts >= 2)
+                    out.extend(self._close(run, start))
+                else:
+                    out.extend(run)
             run, ops = [], 0
             if stmt is None:
                 continue
@@ -2707,6 +2734,76 @@ class _Rewriter:
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 bound |= _assigned_names(stmt)
         return out
+
+    def _loop_ops(self, stmt, bound: set, run: list, outer: frozenset = frozenset()) -> int:
+        """Tensor calls (counted twice: a loop makes them once per element) of ``for x in
+        <container>: <body>`` that may join a run (LOOP_RUNS), or -1. The container is an
+        attribute chain of a local (``self.layers``, ``self.enc.blocks[1:]``, or such
+        chains under zip, enumerate or reversed), checked to be a module when the run is
+        called (:meth:`_close`'s guard; a loop nested in the body goes over a chain of its
+        loop's element, ``block.layers``); the body is assignments that could join a run
+        and such loops; no ``else``. The chains are read when the run is called: they read
+        nothing the run assigns before the loop. A name the loop assigns that is not bound
+        before it and is read after it is left unbound by a loop of no elements, where the
+        region's return would fail: such a loop stays out."""
+        if id(stmt) in self.plain_loops or stmt.orelse or not isinstance(stmt, ast.For):
+            return -1
+        targets = _target_names(stmt.target)
+        chains = self._loop_chains(stmt.iter, outer)
+        if targets is None or chains is None:
+            return -1
+        ops = 0
+        assigned = set(targets)
+        sub: Any
+        for sub in stmt.body:
+            if isinstance(sub, ast.For):
+                k = self._loop_ops(sub, bound, run, outer | targets)
+                names = _loop_assigned(sub)
+            else:
+                k = self._ops(sub)
+                if k >= 0 and self._reads_container(sub.value):
+                    k = -1
+                names = _assigned_names(sub) if k >= 0 else set()
+            if k < 0 or not targets.isdisjoint(names):
+                return -1  # (the body rebinding the loop's variable: kept simple)
+            ops += k
+            assigned |= names
+        if ops == 0 or not assigned.isdisjoint(_names(stmt.iter)):
+            return -1
+        if outer:
+            return 2 * ops
+        before = set().union(*(_loop_assigned(s) for s in run))
+        if not before.isdisjoint(_names(stmt.iter)):
+            return -1  # the guard reads the chains at the run's call, before it assigns
+        if any(self._live(name, [stmt], []) for name in assigned - bound):
+            return -1
+        return 2 * ops
+
+    def _loop_chains(self, expr, outer: frozenset) -> list | None:
+        """The attribute chains a loop's iterable reads (see :meth:`_loop_ops`), or None:
+        ``a.b...`` (a local's attribute; with ``outer`` non-empty, one of those names or
+        its attribute),
+        optionally sliced by names and constants, alone or as the arguments of zip, or of
+        enumerate or reversed with one argument."""
+        parts = [expr]
+        one = self._builtin_call(expr, "enumerate") or self._builtin_call(expr, "reversed")
+        if (self._builtin_call(expr, "zip") and expr.args) or (one and len(expr.args) == 1):
+            parts = expr.args
+        for part in parts:
+            chain = part
+            if isinstance(chain, ast.Subscript) and isinstance(chain.slice, ast.Slice):
+                if not all(isinstance(sub, _SLICE_PARTS) for sub in ast.walk(chain.slice)):
+                    return None
+                chain = chain.value
+            if not isinstance(chain, ast.Attribute) and not (
+                outer and isinstance(chain, ast.Name)  # (``for layer in block``)
+            ):
+                return None  # (a bare name: ``for x in xs`` goes over tensors, a scan)
+            while isinstance(chain, ast.Attribute):
+                chain = chain.value
+            if not isinstance(chain, ast.Name) or chain.id not in (outer or self.local):
+                return None
+        return parts
 
     def _reads_container(self, expr) -> bool:
         """Whether ``expr`` reads one of the function's container locals (SPLIT_CONTAINERS)."""
@@ -3205,23 +3302,40 @@ class _Rewriter:
         calls = self._scan_call(region, loop, set(bound) | {lst})
         return [_located(start, stmt), *calls, _located(done, stmt)]
 
-    def _close(self, run: list) -> list:
+    def _close(self, run: list, start: frozenset) -> list:
+        """The region call replacing ``run`` (``start``: the names bound before it). A run
+        holding loops (LOOP_RUNS) is called where the loops' containers are modules
+        (all_modules), and otherwise runs as the statements would have been rewritten
+        with the loops left out of runs (a scan, a region per trip)."""
         params: list = []
         assigned: list = []
         hoisted: list = []  # (parameter, expression evaluated at the call)
         objects = _object_roots(run, self.local) if REGION_ATTRIBUTES else set()
-        for stmt in run:
-            bound = _comprehension_names(stmt.value)
-            keep = set(assigned) | bound  # names the call site cannot evaluate
-            stmt.value = _FactoryHoister(self.fn, keep, hoisted).visit(stmt.value)
+        loops = [stmt for stmt in run if isinstance(stmt, ast.For)]
+        if loops:
+            memo: dict = {}
+            plain = copy.deepcopy(run, memo)  # (before the hoisting below edits the run)
+            for stmt in run:
+                if id(stmt) in self.after_reads:
+                    self.after_reads[id(memo[id(stmt)])] = self.after_reads[id(stmt)]
+            found = [self._loop_chains(loop.iter, frozenset()) or [] for loop in loops]
+            chains = [copy.deepcopy(c) for parts in found for c in parts]
+
+        def take(expr, inside: set):
+            """``expr`` with its parts read at the call hoisted, its parameters noted;
+            ``inside``: the names of the loops around it (assigned there)."""
+            bound = _comprehension_names(expr)
+            keep = set(assigned) | bound | inside  # names the call site cannot evaluate
+            if not inside:  # (in a loop: a new tensor per element, as written)
+                expr = _FactoryHoister(self.fn, keep, hoisted).visit(expr)
             if REGION_SUBSCRIPTS:  # (first: ``obj.w[i]`` is read whole at the call)
-                stmt.value = _SubscriptHoister(self.local - keep, hoisted).visit(stmt.value)
+                expr = _SubscriptHoister(self.local - keep, hoisted).visit(expr)
             roots = objects - keep
             if MODULE_ATTRIBUTES:
-                roots |= _module_roots(self.fn, stmt.value, self.local)
+                roots |= _module_roots(self.fn, expr, self.local)
             if roots:
-                stmt.value = _AttributeHoister(roots, hoisted).visit(stmt.value)
-            for sub in ast.walk(stmt.value):
+                expr = _AttributeHoister(roots, hoisted).visit(expr)
+            for sub in ast.walk(expr):
                 if (
                     isinstance(sub, ast.Name)
                     and sub.id in self.local
@@ -3230,11 +3344,25 @@ class _Rewriter:
                     and sub.id not in params
                 ):
                     params.append(sub.id)
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            return expr
+
+        def visit(stmt, inside: set) -> None:
+            if isinstance(stmt, ast.For):
+                stmt.iter = take(stmt.iter, inside)
+                inside = inside | _loop_assigned(stmt)
+                targets = [stmt.target]
+            else:
+                stmt.value = take(stmt.value, inside)
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for target in targets:
                 for sub in ast.walk(target):
                     if isinstance(sub, ast.Name) and sub.id not in assigned:
                         assigned.append(sub.id)
+            for sub in stmt.body if isinstance(stmt, ast.For) else ():
+                visit(sub, inside)
+
+        for stmt in run:
+            visit(stmt, set())
         names = [p for p, _ in hoisted] + params
         # torch.tensor(x) moved out of the run: the call passes x, and the dispatcher
         # makes the tensor (inside a map, a data node without torch's dispatch)
@@ -3249,7 +3377,12 @@ class _Rewriter:
         region.index_args = _index_only(run, names)
         region.state_args = _written(run, names)
         self.regions.append(region)
-        return [region.call]
+        if not loops:
+            return [region.call]
+        self.plain_loops.update(id(stmt) for stmt in plain if isinstance(stmt, ast.For))
+        check = ast.Call(ast.Constant(_MODULES_PLACEHOLDER), chains, [])
+        guard = ast.If(test=check, body=[region.call], orelse=self._block(plain, start))
+        return [_located(guard, run[0], run[-1])]
 
     def _live(self, name: str, run: list, params: list) -> bool:
         """Whether ``name``, assigned in ``run``, may be read after it: a read of it later
@@ -3499,6 +3632,29 @@ def _assigned_names(stmt) -> set:
     """The names a plain assignment binds."""
     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
     return {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
+
+
+_SLICE_PARTS = (ast.Name, ast.Constant, ast.Slice, ast.Load, ast.UnaryOp, ast.USub)
+
+
+def _loop_assigned(stmt) -> set:
+    """The names a statement of a run binds: an assignment's, or a loop's (LOOP_RUNS: its
+    variables and its body's, nested loops' included)."""
+    if not isinstance(stmt, ast.For):
+        return _assigned_names(stmt)
+    names = {sub.id for sub in ast.walk(stmt.target) if isinstance(sub, ast.Name)}
+    return names.union(*(_loop_assigned(sub) for sub in stmt.body))
+
+
+def _target_names(target) -> frozenset | None:
+    """The names a loop's target binds, if it is a name or a flat tuple of distinct names."""
+    if isinstance(target, ast.Name):
+        return frozenset([target.id])
+    if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+        names = [e.id for e in target.elts if isinstance(e, ast.Name)]
+        if names and len(set(names)) == len(names):
+            return frozenset(names)
+    return None
 
 
 def _loads_outside_loops_over(root, name: str) -> int:
@@ -3882,9 +4038,9 @@ def _object_roots(run: list, local: set) -> set:
     (REGION_ATTRIBUTES); given the object itself, the region would run as written."""
     roots: set = set()
     other: set = set()
-    for stmt in run:
+    for value in _run_values(run):
         attributes = set()
-        for sub in ast.walk(stmt.value):
+        for sub in ast.walk(value):
             if isinstance(sub, ast.Attribute):
                 attributes.add(id(sub.value))
                 root = sub.value
@@ -3907,10 +4063,21 @@ def _object_roots(run: list, local: set) -> set:
                     func = func.value
                 if isinstance(func, ast.Name):
                     other.add(func.id)  # a call through it: a module, a method
-        for sub in ast.walk(stmt.value):  # read bare: passed on as it is
+        for sub in ast.walk(value):  # read bare: passed on as it is
             if isinstance(sub, ast.Name) and id(sub) not in attributes:
                 other.add(sub.id)
     return roots - other
+
+
+def _run_values(run: list) -> Iterator:
+    """The expressions of a run's statements: the assignments' values, and of a loop
+    (LOOP_RUNS) its iterable and its body's."""
+    for stmt in run:
+        if isinstance(stmt, ast.For):
+            yield stmt.iter
+            yield from _run_values(stmt.body)
+        else:
+            yield stmt.value
 
 
 def _module_roots(fn, expr, local: set) -> set:

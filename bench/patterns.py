@@ -12,7 +12,8 @@ with its states appended and stacked, the PyTorch seq2seq tutorial's training st
 (teacher forcing, ``loss += ...`` from ``loss = 0``), the char-RNN classification
 tutorial's forward (its output read after the loop), a state decayed and weights masked
 by in-place methods (``h.mul_``, ``w.masked_fill_``), a pointer network masking what it
-chose.
+chose, a stack of residual layers looped over as ModuleLists (``for layer, norm in
+zip(m.stack, m.norms)``).
 Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
 nodes) in rounds that alternate the systems (the order shuffled each round), and
@@ -73,6 +74,8 @@ class Model(nn.Module):
         self.cell = nn.GRUCell(HIDDEN, HIDDEN)
         self.enc_cell = nn.GRUCell(HIDDEN, HIDDEN)  # (last: the layers above keep their init)
         self.char_rnn = TutorialRNN(VOCAB, HIDDEN, 5)
+        self.stack = nn.ModuleList(nn.Linear(HIDDEN, HIDDEN) for _ in range(4))
+        self.norms = nn.ModuleList(nn.LayerNorm(HIDDEN) for _ in range(4))
 
 
 class TutorialRNN(nn.Module):
@@ -273,6 +276,15 @@ def crf_nll(tokens, m):
     return torch.logsumexp(alpha, 0) - gold
 
 
+def residual_stack(tokens, m):
+    # a deep model's ``for layer in self.layers``: every token through each residual
+    # layer of two ModuleLists, then mean-pooled
+    h = m.emb(tokens)
+    for layer, norm in zip(m.stack, m.norms):
+        h = norm(h + torch.relu(layer(h)))
+    return m.head(h.mean(0))
+
+
 @dataclass
 class Pattern:
     fn: Callable
@@ -298,6 +310,7 @@ PATTERNS = {
     "char_rnn_tutorial": Pattern(char_rnn_tutorial, "tokens", False),
     "decayed_state": Pattern(decayed_state, "tokens", False),
     "pointer": Pattern(pointer, "tokens", False),
+    "residual_stack": Pattern(residual_stack, "tokens", True),
 }
 
 

@@ -1,0 +1,295 @@
+"""Loops over a module's layers join the runs around them (analysis.LOOP_RUNS).
+
+``for layer in self.layers: h = torch.relu(layer(h)) + h`` could be neither written out
+(the AST does not know how many layers there are) nor a scan (its elements are modules,
+not per-instance tensors): each trip was a region node of its own, and a lone op before
+the loop ran op by op, a batch per length. Now the loop is part of the run: the region
+runs it as written, so its trace writes it out for the layers the module has (the trace
+is keyed by the module, whose layers a trace's validity check covers: appending or
+replacing a layer traces again). A guard at the call checks that the containers are
+modules; anything else (a list, an object's tensors) runs as it did before (a scan, a
+region per trip). These tests hold the forms to the eager results, values and
+gradients, and check the loops that must stay out of runs do."""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from bench.patterns import Model, make_data, residual_stack
+from tests.helpers import check_grads, check_map, outlined_with
+
+DIM = 6
+
+
+class Branchy(nn.Module):
+    """A layer that reads a value (control flow): a region's trace cannot hold it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(DIM, DIM)
+
+    def forward(self, h):
+        y = self.lin(h)
+        if y.sum() > 0:
+            return torch.tanh(y)
+        return y * 2
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(3))
+        self.norms = nn.ModuleList(nn.LayerNorm(DIM) for _ in range(3))
+        self.seq = nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh(), nn.Linear(DIM, DIM))
+        self.ws = nn.ParameterList(nn.Parameter(torch.randn(DIM, DIM) * 0.3) for _ in range(2))
+        self.blocks = nn.ModuleList(
+            nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(2)) for _ in range(2)
+        )
+        self.empty = nn.ModuleList()
+        self.branchy = nn.ModuleList(Branchy() for _ in range(2))
+        self.plain = [nn.Linear(DIM, DIM) for _ in range(2)]  # (a list: not a module)
+
+    def forward(self, x):
+        h = torch.tanh(x)
+        for layer in self.layers:
+            h = torch.relu(layer(h)) + h
+        return h.sum(0)
+
+
+torch.manual_seed(0)
+NET = Net()
+
+
+def zipped(x, m):
+    h = torch.tanh(x)
+    for layer, norm in zip(m.layers, m.norms):
+        h = norm(h + torch.relu(layer(h)))
+    return h.sum(0)
+
+
+def enumerated(x, m):
+    h = torch.tanh(x)
+    for i, layer in enumerate(m.layers):
+        h = layer(h) * (i + 1)
+    return h.sum(0)
+
+
+def reverse_slice(x, m):
+    h = x * 2
+    for layer in reversed(m.layers[1:]):
+        h = torch.sigmoid(layer(h))
+    return h.sum(0)
+
+
+def sequential(x, m):
+    h = torch.tanh(x)
+    for layer in m.seq:
+        h = layer(h)
+    return h.sum(0)
+
+
+def parameters(x, m):
+    h = torch.tanh(x)
+    for w in m.ws:
+        h = torch.tanh(h @ w)
+    return h.sum(0)
+
+
+def nested(x, m):
+    h = torch.tanh(x)
+    for block in m.blocks:
+        for layer in block:
+            h = h + layer(h)
+    return h.sum(0)
+
+
+LOOPS = [zipped, enumerated, reverse_slice, sequential, parameters, nested]
+
+
+def rows(sizes: list[int], seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, DIM, generator=g) for n in sizes]
+
+
+def one_block(stats, instances: int) -> None:
+    """The map recorded one block op, once per instance, and nothing else but inputs."""
+    assert set(stats.by_op) <= {"input"} | {op for op in stats.by_op if op.startswith("block:")}
+    blocks = [op for op in stats.by_op if op.startswith("block:")]
+    assert len(blocks) == 1 and stats.by_op[blocks[0]][1] == instances, stats.by_op
+
+
+SIZES = st.lists(st.integers(1, 9), min_size=1, max_size=7)
+
+
+@settings(deadline=None, max_examples=15)
+@given(SIZES, st.integers(0, 2**16))
+@pytest.mark.parametrize("fn", LOOPS, ids=lambda fn: fn.__name__)
+def test_loops_over_modules_are_one_block(fn, sizes, seed):
+    f = acrobat.autobatch(fn)
+    with torch.no_grad():
+        stats = check_map(f, rows(sizes, seed), m=NET)
+    one_block(stats, len(sizes))
+
+
+@settings(deadline=None, max_examples=15)
+@given(SIZES, st.integers(0, 2**16))
+def test_a_modules_own_forward(sizes, seed):
+    f = acrobat.autobatch(NET)
+    with torch.no_grad():
+        stats = check_map(f, rows(sizes, seed))
+    one_block(stats, len(sizes))
+    lines, first = inspect.getsourcelines(Net.forward)
+    name = next(op for op in stats.by_op if op.startswith("block:"))
+    assert f"lines {first + 1}-{first + len(lines) - 1}" in name, name  # the whole body
+
+
+@pytest.mark.parametrize("fn", LOOPS, ids=lambda fn: fn.__name__)
+def test_gradients(fn):
+    stats = check_grads(acrobat.autobatch(fn), rows([2, 4, 1, 4], 3), NET, m=NET)
+    one_block(stats, 4)
+
+
+def test_the_pattern_is_one_block_and_fewer_nodes_than_the_loop():
+    """bench/patterns.py's residual_stack: with LOOP_RUNS off, a node per layer."""
+    m = Model().eval()
+    data = make_data("tokens", 6)
+    with torch.no_grad():
+        on = check_map(acrobat.autobatch(residual_stack), data, m=m)
+        with outlined_with(residual_stack, LOOP_RUNS=False):
+            off = check_map(acrobat.autobatch(residual_stack), data, m=m)
+    one_block(on, 6)
+    assert on.nodes < off.nodes, (on, off)
+
+
+def test_layers_added_or_replaced_between_maps():
+    net = Net()
+    f = acrobat.autobatch(net)
+    data = rows([3, 1, 4], 7)
+    with torch.no_grad():
+        for _ in range(2):
+            one_block(check_map(f, data), 3)
+            net.layers.append(nn.Linear(DIM, DIM))
+        net.layers[0] = nn.Linear(DIM, DIM)
+        one_block(check_map(f, data), 3)
+        net.layers = nn.ModuleList()
+        check_map(f, data)
+
+
+def empty(x, m):
+    h = torch.tanh(x)
+    for layer in m.empty:
+        h = torch.relu(layer(h)) + h
+    return h.sum(0)
+
+
+def value_reading_layers(x, m):
+    h = torch.tanh(x)
+    for layer in m.branchy:
+        h = torch.relu(layer(h)) + h
+    return h
+
+
+@pytest.mark.parametrize("fn", [empty, value_reading_layers], ids=lambda fn: fn.__name__)
+def test_no_layers_and_layers_that_read_values(fn):
+    data = [torch.randn(DIM), torch.randn(DIM), -torch.ones(DIM)]
+    with torch.no_grad():
+        check_map(acrobat.autobatch(fn), data, m=NET)
+    if fn is value_reading_layers:  # (no layers: no parameters to take gradients of)
+        check_grads(acrobat.autobatch(fn), data, NET, m=NET)
+
+
+def variable_read_after(x, m):
+    h = torch.tanh(x)
+    for layer in m.layers:
+        h = torch.relu(layer(h)) + h
+    return layer(h)  # (unbound after a loop over no layers: the loop stays out)
+
+
+def bound_in_the_loop_only(x, m):
+    for layer in m.layers:
+        y = torch.relu(layer(x)) + x
+    return y
+
+
+def a_plain_list(x, m):
+    h = torch.tanh(x)
+    for layer in m.plain:  # (the guard's other branch: as before)
+        h = torch.relu(layer(h)) + h
+    return h
+
+
+def bare_name(x, m):
+    layers = m.layers
+    h = torch.tanh(x)
+    for layer in layers:  # (a bare name: most often tensors, a scan's loop)
+        h = torch.relu(layer(h)) + h
+    return h
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [variable_read_after, bound_in_the_loop_only, a_plain_list, bare_name],
+    ids=lambda fn: fn.__name__,
+)
+def test_loops_that_stay_out_of_runs(fn):
+    """Names the loop alone binds that are read after it, a container that is no module
+    (the guard at the call), a loop over a bare name: the map records what it records with
+    the rewrite off, with eager's results."""
+    data = rows([2, 3, 1], 5)
+    with torch.no_grad():
+        on = check_map(acrobat.autobatch(fn), data, m=NET)
+        with outlined_with(fn, LOOP_RUNS=False):
+            off = check_map(acrobat.autobatch(fn), data, m=NET)
+    assert on.by_op == off.by_op
+
+
+class Sentence(NamedTuple):
+    tokens: list
+    start: torch.Tensor
+
+
+CELL = nn.GRUCell(DIM, DIM)
+
+
+def over_an_instances_tensors(s, m):
+    h = torch.tanh(m.layers[0](s.start))
+    for t in s.tokens:  # (an attribute chain of tensors: the guard fails, a scan as before)
+        h = CELL(t, h)
+    return h
+
+
+def test_tensors_under_an_attribute_stay_a_scan():
+    g = torch.Generator().manual_seed(2)
+    data = [
+        Sentence(list(torch.randn(n, DIM, generator=g)), torch.randn(DIM, generator=g))
+        for n in (3, 2, 4)
+    ]
+    with torch.no_grad():
+        stats = check_map(acrobat.autobatch(over_an_instances_tensors), data, m=NET)
+    assert [op for op in stats.by_op if op.startswith("scan:")], stats.by_op
+
+
+def test_error_names_the_line_in_the_loop():
+    def bad(x, m):
+        h = torch.tanh(x[:, :DIM])
+        for layer in m.layers:
+            h = torch.relu(layer(h)) + x
+        return h
+
+    f = acrobat.autobatch(bad)
+    xs = [torch.randn(2, DIM), torch.randn(3, DIM + 1)]
+    with pytest.raises(RuntimeError, match="must match the size"):
+        bad(xs[1], NET)
+    line = inspect.getsourcelines(bad)[1] + 3
+    with pytest.raises(
+        acrobat.ShapeError, match=rf"instance 1, at .*test_loop_runs.py:{line} in bad:"
+    ):
+        f.map(xs, m=NET)
