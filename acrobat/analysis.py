@@ -299,7 +299,16 @@ def _global_ok(fn, name: str, seen: set) -> bool:
         return straight_line(value, seen)
     if isinstance(value, type):
         return False  # constructing objects: not a tensor op
+    if isinstance(value, torch.nn.Module):
+        # a model held in a global (``net = Net()`` in a script or notebook): read as a
+        # module argument is; a trace that reads it checks its state (block._dependencies)
+        return GLOBAL_MODULES
     return _immutable_constant(value)
+
+
+# a global holding a user's nn.Module instance may be read by straight-line code (blocks,
+# runs) as torch's own modules are (read when analysing; tests/test_analysis.py)
+GLOBAL_MODULES = True
 
 
 def _call_ok(func, local: set) -> bool:
@@ -2801,7 +2810,14 @@ class _Rewriter:
                 return None  # (a bare name: ``for x in xs`` goes over tensors, a scan)
             while isinstance(chain, ast.Attribute):
                 chain = chain.value
-            if not isinstance(chain, ast.Name) or chain.id not in (outer or self.local):
+            if not isinstance(chain, ast.Name):
+                return None
+            if outer:
+                if chain.id not in outer:
+                    return None
+            elif chain.id not in self.local and not (
+                GLOBAL_MODULES and isinstance(self.fn.__globals__.get(chain.id), torch.nn.Module)
+            ):
                 return None
         return parts
 
@@ -3501,6 +3517,8 @@ class _Rewriter:
         if root.id in self.local:
             return 1
         value = self.fn.__globals__.get(root.id)
+        if GLOBAL_MODULES and isinstance(value, torch.nn.Module):
+            return 1  # (a global model's layer, ``net.inp(x)``)
         return int(isinstance(value, types.ModuleType) and value.__name__.split(".")[0] == "torch")
 
 

@@ -1,0 +1,115 @@
+"""A model held in a global (analysis.GLOBAL_MODULES).
+
+Script and notebook code often makes the model once at the top (``net = Net()``) and
+reads it from plain functions. The analysis took a global it could not prove constant
+(anything but torch's own objects, functions and immutable constants) as a reason to
+leave a statement alone, so every statement reading ``net`` ran op by op: no automatic
+block, no region, a node per op per instance. A global holding an ``nn.Module`` is now
+read as a module argument is: a trace that reads it records the module's state and is
+traced again when a layer is replaced or appended, a parameter swapped, the mode
+changed, or the global rebound (tests below, against the eager loop)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import acrobat
+from tests.helpers import check_grads, check_map, outlined_with
+
+DIM = 6
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(DIM, DIM)
+        self.mid = nn.Linear(DIM, DIM)
+        self.drop = nn.Dropout(0.5)
+        self.layers = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(2))
+        self.out = nn.Linear(DIM, 3)
+
+
+torch.manual_seed(0)
+net = Net().eval()
+
+
+def cell(h):  # straight-line, reading the global model: an automatic block
+    return torch.relu(net.mid(h)) + h
+
+
+def encode(x):
+    h = torch.tanh(net.inp(x))
+    if x.shape[0] > 2:  # control flow: the runs around it are regions
+        h = cell(h)
+    for layer in net.layers:  # (a loop over the global's layers joins its run)
+        h = torch.sigmoid(layer(h)) * h
+    return net.out(net.drop(h).mean(0))
+
+
+def rows(sizes: list[int], seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, DIM, generator=g) for n in sizes]
+
+
+@settings(deadline=None, max_examples=15)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=7), st.integers(0, 2**16))
+def test_a_global_model_is_read_by_blocks_and_regions(sizes, seed):
+    with torch.no_grad():
+        stats = check_map(acrobat.autobatch(encode), rows(sizes, seed))
+    assert set(stats.by_op) <= {"input"} | {op for op in stats.by_op if "block:" in op}, (
+        stats.by_op
+    )
+
+
+def test_fewer_nodes_than_with_the_global_left_alone(monkeypatch):
+    data = rows([3, 1, 4, 2], 1)
+    with torch.no_grad():
+        on = check_map(acrobat.autobatch(encode), data)
+        monkeypatch.setattr(acrobat.analysis, "_VERDICTS", {})
+        with outlined_with(encode, GLOBAL_MODULES=False):
+            off = check_map(acrobat.autobatch(encode), data)
+    assert "linear" in off.by_op and "linear" not in on.by_op, (on.by_op, off.by_op)
+    assert on.nodes < off.nodes
+
+
+def test_gradients():
+    check_grads(acrobat.autobatch(encode), rows([3, 1, 4, 2], 2), net)
+
+
+def test_changes_to_the_global_between_maps():
+    """Each change makes the next map trace again (its results equal eager's)."""
+    global net
+    saved = net
+    f = acrobat.autobatch(encode)
+    data = rows([3, 1, 4], 3)
+    changes = [
+        lambda: setattr(net, "mid", nn.Linear(DIM, DIM)),  # a layer replaced
+        lambda: net.layers.append(nn.Linear(DIM, DIM)),  # a layer appended
+        lambda: setattr(net.out, "weight", nn.Parameter(torch.randn(3, DIM))),
+        lambda: net.train(),  # dropout on: compared with the seed fixed below
+    ]
+    try:
+        with torch.no_grad():
+            for change in [lambda: None, *changes]:
+                change()
+                if net.training:
+                    torch.manual_seed(5)
+                    got = f.map(data)
+                    assert all(not torch.equal(a, b) for a, b in zip(got, f.map(data)))
+                    net.eval()
+                check_map(f, data)
+            net = Net().eval()  # the global rebound
+            check_map(f, data)
+    finally:
+        net = saved
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_straight_line_verdict_follows_the_flag(monkeypatch, flag):
+    monkeypatch.setattr(acrobat.analysis, "GLOBAL_MODULES", flag)
+    monkeypatch.setattr(acrobat.analysis, "_VERDICTS", {})
+    assert acrobat.analysis.straight_line(cell) is flag
