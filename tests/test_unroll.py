@@ -241,5 +241,6 @@ def test_error_names_the_line_in_the_loop():
     with pytest.raises(RuntimeError, match="must match the size"):
         bad(xs[1], MODEL)
     line = inspect.getsourcelines(bad)[1] + 3
-    with pytest.raises(acrobat.ShapeError, match=rf"instance 1, at .*test_unroll.py:{line} in bad:"):
+    where = rf"instance 1, at .*test_unroll.py:{line} in bad:"
+    with pytest.raises(acrobat.ShapeError, match=where):
         f.map(xs, m=MODEL)
