@@ -956,6 +956,10 @@ _PRINT_PLACEHOLDER = -_REGION_BASE * 14
 # container is a module (all_modules; else the code as before: the loop a scan or a region
 # per trip). Read when outlining: ``_Rewriter._loop_ops``
 LOOP_RUNS = True
+# ... and so do loops over a bare name (``for layer in layers``, a module passed in): most
+# such loops go over tensors (``for x in xs``), where the guard fails and the loop is a
+# scan as before, at the cost of the guard's call
+LOOP_NAMES = True
 _MODULES_PLACEHOLDER = -_REGION_BASE * 15
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
@@ -2746,12 +2750,12 @@ class _Rewriter:
 
     def _loop_ops(self, stmt, bound: set, run: list, outer: frozenset = frozenset()) -> int:
         """Tensor calls (counted twice: a loop makes them once per element) of ``for x in
-        <container>: <body>`` that may join a run (LOOP_RUNS), or -1. The container is an
-        attribute chain of a local (``self.layers``, ``self.enc.blocks[1:]``, or such
-        chains under zip, enumerate or reversed), checked to be a module when the run is
-        called (:meth:`_close`'s guard; a loop nested in the body goes over a chain of its
-        loop's element, ``block.layers``); the body is assignments that could join a run
-        and such loops; no ``else``. The chains are read when the run is called: they read
+        <container>: <body>`` that may join a run (LOOP_RUNS), or -1. The container is a
+        local or its attribute chain (``self.layers``, ``self.enc.blocks[1:]``, or such
+        chains under zip, enumerate or reversed; :meth:`_loop_chains`), checked to be a
+        module when the run is called (:meth:`_close`'s guard; a loop nested in the body
+        goes over a chain of its loop's element, ``block.layers``); the body is
+        assignments that could join a run and such loops; no ``else``. The chains are read when the run is called: they read
         nothing the run assigns before the loop. A name the loop assigns that is not bound
         before it and is read after it is left unbound by a loop of no elements, where the
         region's return would fail: such a loop stays out."""
@@ -2789,9 +2793,9 @@ class _Rewriter:
         return 2 * ops
 
     def _loop_chains(self, expr, outer: frozenset) -> list | None:
-        """The attribute chains a loop's iterable reads (see :meth:`_loop_ops`), or None:
-        ``a.b...`` (a local's attribute; with ``outer`` non-empty, one of those names or
-        its attribute),
+        """The containers a loop's iterable reads (see :meth:`_loop_ops`), or None: a
+        local or a global model (``layers``, LOOP_NAMES) or its attribute chain
+        (``self.layers``; with ``outer`` non-empty, one of those names or its attribute),
         optionally sliced by names and constants, alone or as the arguments of zip, or of
         enumerate or reversed with one argument."""
         parts = [expr]
@@ -2805,9 +2809,9 @@ class _Rewriter:
                     return None
                 chain = chain.value
             if not isinstance(chain, ast.Attribute) and not (
-                outer and isinstance(chain, ast.Name)  # (``for layer in block``)
+                (outer or LOOP_NAMES) and isinstance(chain, ast.Name)  # (``for l in layers``)
             ):
-                return None  # (a bare name: ``for x in xs`` goes over tensors, a scan)
+                return None
             while isinstance(chain, ast.Attribute):
                 chain = chain.value
             if not isinstance(chain, ast.Name):

@@ -157,6 +157,21 @@ def test_gradients(fn):
     one_block(stats, 4)
 
 
+def passed_in(x, layers):
+    h = torch.tanh(x)
+    for layer in layers:  # (a bare name, LOOP_NAMES: a module here)
+        h = torch.relu(layer(h)) + h
+    return h.sum(0)
+
+
+def test_a_module_passed_in():
+    data = rows([3, 1, 2], 4)
+    with torch.no_grad():
+        one_block(check_map(acrobat.autobatch(passed_in), data, layers=NET.layers), 3)
+        # a list of layers: the guard fails, the loop runs as it did before
+        check_map(acrobat.autobatch(passed_in), data, layers=NET.plain)
+
+
 def test_the_pattern_is_one_block_and_fewer_nodes_than_the_loop():
     """bench/patterns.py's residual_stack: with LOOP_RUNS off, a node per layer."""
     m = Model().eval()
@@ -226,17 +241,17 @@ def a_plain_list(x, m):
     return h
 
 
-def bare_name(x, m):
+def container_assigned_in_the_run(x, m):
     layers = m.layers
     h = torch.tanh(x)
-    for layer in layers:  # (a bare name: most often tensors, a scan's loop)
+    for layer in layers:  # (the guard would read ``layers`` before the run assigns it)
         h = torch.relu(layer(h)) + h
     return h
 
 
 @pytest.mark.parametrize(
     "fn",
-    [variable_read_after, bound_in_the_loop_only, a_plain_list, bare_name],
+    [variable_read_after, bound_in_the_loop_only, a_plain_list, container_assigned_in_the_run],
     ids=lambda fn: fn.__name__,
 )
 def test_loops_that_stay_out_of_runs(fn):
