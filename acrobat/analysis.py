@@ -960,6 +960,14 @@ LOOP_RUNS = True
 # such loops go over tensors (``for x in xs``), where the guard fails and the loop is a
 # scan as before, at the cost of the guard's call
 LOOP_NAMES = True
+# ... and so do loops whose bodies hold ifs on what a trace may fix (``if i < len(self.
+# layers) - 1: x = torch.relu(x)``, ``if self.residual:``; ``_Rewriter._static_test``)
+LOOP_BRANCHES = True
+_STATIC_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device"})
+_TEST_FORBIDDEN = (
+    ast.Lambda, ast.Yield, ast.YieldFrom, ast.Await, ast.NamedExpr,
+    ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp,
+)  # fmt: skip
 _MODULES_PLACEHOLDER = -_REGION_BASE * 15
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
@@ -2748,40 +2756,37 @@ class _Rewriter:
                 bound |= _assigned_names(stmt)
         return out
 
-    def _loop_ops(self, stmt, bound: set, run: list, outer: frozenset = frozenset()) -> int:
+    def _loop_ops(
+        self, stmt, bound: set, run: list, outer: frozenset = frozenset(), varying=None
+    ) -> int:
         """Tensor calls (counted twice: a loop makes them once per element) of ``for x in
         <container>: <body>`` that may join a run (LOOP_RUNS), or -1. The container is a
         local or its attribute chain (``self.layers``, ``self.enc.blocks[1:]``, or such
         chains under zip, enumerate or reversed; :meth:`_loop_chains`), checked to be a
         module when the run is called (:meth:`_close`'s guard; a loop nested in the body
         goes over a chain of its loop's element, ``block.layers``); the body is
-        assignments that could join a run and such loops; no ``else``. The chains are read when the run is called: they read
-        nothing the run assigns before the loop. A name the loop assigns that is not bound
-        before it and is read after it is left unbound by a loop of no elements, where the
-        region's return would fail: such a loop stays out."""
+        assignments that could join a run, such loops, and ifs on what the trace may fix
+        (:meth:`_static_test`, LOOP_BRANCHES); no ``else``. The chains are read when the
+        run is called: they read nothing the run assigns before the loop. A name the loop
+        assigns that is not bound before it and is read after it is left unbound by a loop
+        of no elements, where the region's return would fail: such a loop stays out.
+        ``varying``: the names the run and the outermost loop assign (an if's test must
+        not read them)."""
         if id(stmt) in self.plain_loops or stmt.orelse or not isinstance(stmt, ast.For):
             return -1
         targets = _target_names(stmt.target)
         chains = self._loop_chains(stmt.iter, outer)
         if targets is None or chains is None:
             return -1
-        ops = 0
-        assigned = set(targets)
-        sub: Any
-        for sub in stmt.body:
-            if isinstance(sub, ast.For):
-                k = self._loop_ops(sub, bound, run, outer | targets)
-                names = _loop_assigned(sub)
-            else:
-                k = self._ops(sub)
-                if k >= 0 and self._reads_container(sub.value):
-                    k = -1
-                names = _assigned_names(sub) if k >= 0 else set()
-            if k < 0 or not targets.isdisjoint(names):
-                return -1  # (the body rebinding the loop's variable: kept simple)
-            ops += k
-            assigned |= names
-        if ops == 0 or not assigned.isdisjoint(_names(stmt.iter)):
+        if varying is None:  # (the outermost loop)
+            varying = set().union(*(_loop_assigned(s) for s in run), _loop_assigned(stmt))
+        inner = outer | targets
+        body = set().union(*(_loop_assigned(sub) for sub in stmt.body))
+        if not targets.isdisjoint(body):
+            return -1  # (the body rebinding the loop's variable: kept simple)
+        ops = self._body_ops(stmt.body, inner, varying - inner, bound, run)
+        assigned = body | targets
+        if ops <= 0 or not assigned.isdisjoint(_names(stmt.iter)):
             return -1
         if outer:
             return 2 * ops
@@ -2791,6 +2796,54 @@ class _Rewriter:
         if any(self._live(name, [stmt], []) for name in assigned - bound):
             return -1
         return 2 * ops
+
+    def _body_ops(self, stmts: list, names: frozenset, varying: set, bound: set, run: list) -> int:
+        """Tensor calls of a loop's body (see :meth:`_loop_ops`; ``names``: the variables
+        of the loops around it), or -1. An if counts its larger branch."""
+        ops = 0
+        sub: Any
+        for sub in stmts:
+            if isinstance(sub, ast.For):
+                k = self._loop_ops(sub, bound, run, names, varying)
+            elif isinstance(sub, ast.If) and LOOP_BRANCHES:
+                if not self._static_test(sub.test, varying):
+                    return -1
+                a = self._body_ops(sub.body, names, varying, bound, run)
+                b = self._body_ops(sub.orelse, names, varying, bound, run)
+                k = -1 if a < 0 or b < 0 else max(a, b)
+            else:
+                k = self._ops(sub)
+                if k >= 0 and self._reads_container(sub.value):
+                    k = -1
+            if k < 0:
+                return -1
+            ops += k
+        return ops
+
+    def _static_test(self, test, varying: set) -> bool:
+        """Whether an if's test in a loop body (LOOP_BRANCHES) reads only what a trace
+        may fix: the loops' variables (``i < len(self.layers) - 1``), names the run does
+        not assign (a flag argument), attributes (``self.residual``: a module's plain
+        attribute, covered by its state), a tensor's shape (``h.shape[0] > 3``: the
+        trace is keyed by shapes), constants and ``len``; no other call (a tensor's
+        value would end the trace: correct, the region running as written, but slow)."""
+        shapes = {
+            id(sub.value)
+            for sub in ast.walk(test)
+            if isinstance(sub, ast.Attribute) and sub.attr in _STATIC_ATTRIBUTES
+        }
+        for sub in ast.walk(test):
+            if isinstance(sub, _TEST_FORBIDDEN):
+                return False
+            if isinstance(sub, ast.Call):
+                if not self._builtin_call(sub, "len"):
+                    return False
+            elif isinstance(sub, ast.Name) and id(sub) not in shapes:
+                if sub.id in varying:
+                    return False
+                if sub.id not in self.local and not _global_ok(self.fn, sub.id, self.seen):
+                    return False
+        return True
 
     def _loop_chains(self, expr, outer: frozenset) -> list | None:
         """The containers a loop's iterable reads (see :meth:`_loop_ops`), or None: a
@@ -3367,6 +3420,11 @@ class _Rewriter:
             return expr
 
         def visit(stmt, inside: set) -> None:
+            if isinstance(stmt, ast.If):  # (in a loop's body: LOOP_BRANCHES)
+                stmt.test = take(stmt.test, inside)
+                for branch in stmt.body + stmt.orelse:
+                    visit(branch, inside)
+                return
             if isinstance(stmt, ast.For):
                 stmt.iter = take(stmt.iter, inside)
                 inside = inside | _loop_assigned(stmt)
@@ -3661,9 +3719,13 @@ _SLICE_PARTS = (ast.Name, ast.Constant, ast.Slice, ast.Load, ast.UnaryOp, ast.US
 
 def _loop_assigned(stmt) -> set:
     """The names a statement of a run binds: an assignment's, or a loop's (LOOP_RUNS: its
-    variables and its body's, nested loops' included)."""
-    if not isinstance(stmt, ast.For):
+    variables and its body's, nested loops' and ifs' included)."""
+    if isinstance(stmt, ast.If):
+        return set().union(*(_loop_assigned(sub) for sub in stmt.body + stmt.orelse))
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
         return _assigned_names(stmt)
+    if not isinstance(stmt, ast.For):
+        return set()  # (any other statement keeps its loop out of runs: _body_ops)
     names = {sub.id for sub in ast.walk(stmt.target) if isinstance(sub, ast.Name)}
     return names.union(*(_loop_assigned(sub) for sub in stmt.body))
 
@@ -4098,6 +4160,9 @@ def _run_values(run: list) -> Iterator:
         if isinstance(stmt, ast.For):
             yield stmt.iter
             yield from _run_values(stmt.body)
+        elif isinstance(stmt, ast.If):
+            yield stmt.test
+            yield from _run_values(stmt.body + stmt.orelse)
         else:
             yield stmt.value
 

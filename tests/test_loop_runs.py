@@ -249,9 +249,24 @@ def container_assigned_in_the_run(x, m):
     return h
 
 
+def appends(x, m):
+    h = torch.tanh(x)
+    outs = []
+    for layer in m.layers:  # (a statement no run takes: the loop stays out)
+        h = torch.relu(layer(h)) + h
+        outs.append(h.sum(0))
+    return torch.stack(outs)
+
+
 @pytest.mark.parametrize(
     "fn",
-    [variable_read_after, bound_in_the_loop_only, a_plain_list, container_assigned_in_the_run],
+    [
+        variable_read_after,
+        bound_in_the_loop_only,
+        a_plain_list,
+        container_assigned_in_the_run,
+        appends,
+    ],
     ids=lambda fn: fn.__name__,
 )
 def test_loops_that_stay_out_of_runs(fn):
@@ -308,3 +323,104 @@ def test_error_names_the_line_in_the_loop():
         acrobat.ShapeError, match=rf"instance 1, at .*test_loop_runs.py:{line} in bad:"
     ):
         f.map(xs, m=NET)
+
+
+class Layers(nn.Module):
+    """Loop bodies with ifs on what a trace may fix (LOOP_BRANCHES)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(3))
+        self.norms = nn.ModuleList(nn.LayerNorm(DIM) for _ in range(3))
+        self.residual = True
+        self.mode = "tanh"
+
+
+def mlp(x, m):
+    for i, layer in enumerate(m.layers):  # the idiom: no activation after the last layer
+        x = layer(x)
+        if i < len(m.layers) - 1:
+            x = torch.relu(x)
+    return x.sum(0)
+
+
+def flags(x, m):
+    h = torch.tanh(x)
+    for layer, norm in zip(m.layers, m.norms):
+        y = torch.relu(layer(h))
+        if m.residual and m.mode == "tanh":
+            y = y + h
+        elif m.mode == "sigmoid":
+            y = torch.sigmoid(y) + h
+        else:
+            y = y * 2
+        h = norm(y)
+    return h.sum(0)
+
+
+def by_shape(x, m):
+    h = x
+    for layer in m.layers:
+        if h.shape[0] > 3:  # (the trace is keyed by shapes)
+            h = torch.relu(layer(h))
+        else:
+            h = torch.tanh(layer(h))
+    return h.sum(0)
+
+
+BRANCHES = [mlp, flags, by_shape]
+LAYERS = Layers()
+
+
+@settings(deadline=None, max_examples=15)
+@given(SIZES, st.integers(0, 2**16))
+@pytest.mark.parametrize("fn", BRANCHES, ids=lambda fn: fn.__name__)
+def test_branches_in_loops_are_one_block(fn, sizes, seed):
+    with torch.no_grad():
+        stats = check_map(acrobat.autobatch(fn), rows(sizes, seed), m=LAYERS)
+    assert set(stats.by_op) <= {"input"} | {op for op in stats.by_op if "block:" in op}
+    assert sum(n for op, (_, n) in stats.by_op.items() if op != "input") <= 2 * len(sizes)
+
+
+@pytest.mark.parametrize("fn", BRANCHES, ids=lambda fn: fn.__name__)
+def test_branches_gradients(fn):
+    check_grads(acrobat.autobatch(fn), rows([2, 4, 1, 5], 6), LAYERS, m=LAYERS)
+
+
+def test_flags_changed_between_maps():
+    """A module's plain attribute the branch reads is part of its state: a new trace."""
+    m = Layers()
+    f = acrobat.autobatch(flags)
+    data = rows([2, 4, 1], 8)
+    with torch.no_grad():
+        for residual, mode in [(True, "tanh"), (False, "tanh"), (False, "sigmoid"), (True, "x")]:
+            m.residual, m.mode = residual, mode
+            one_block(check_map(f, data, m=m), 3)
+
+
+def value_branch(x, m):
+    h = x
+    for layer in m.layers:
+        h = layer(h)
+        if bool(h.sum() > 0):  # (a value read: the loop stays out of runs)
+            h = torch.relu(h)
+    return h.sum(0)
+
+
+def assigned_flag(x, m):
+    h = x
+    for layer in m.layers:
+        big = h.sum() > 0  # (the test reads a name the loop assigns: stays out)
+        if big:
+            h = torch.relu(layer(h))
+    return h.sum(0)
+
+
+@pytest.mark.parametrize("fn", [value_branch, assigned_flag], ids=lambda fn: fn.__name__)
+def test_branches_that_stay_out_of_runs(fn):
+    data = rows([2, 3, 1], 5)
+    with torch.no_grad():
+        on = check_map(acrobat.autobatch(fn), data, m=LAYERS)
+        with outlined_with(fn, LOOP_BRANCHES=False):
+            off = check_map(acrobat.autobatch(fn), data, m=LAYERS)
+    assert on.by_op == off.by_op
