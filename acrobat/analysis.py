@@ -1379,8 +1379,10 @@ def _outline(fn) -> Outlined | None:
     if context is None:
         return None  # the source is not what runs (edited since import)
     imports, flags = context
-    owned = _owned_tensors(node, set(code.co_varnames)) if ITEM_WRITES else set()
-    local = set(code.co_varnames)
+    # (with the names a comprehension captures: on 3.11 those are cells, not varnames, and
+    # a statement reading ``h`` beside ``[f(h) for f in fs]`` was kept out of every run)
+    local = set(code.co_varnames) | set(code.co_cellvars)
+    owned = _owned_tensors(node, local) if ITEM_WRITES else set()
     accumulators = _accumulators(node, local) if AUGMENTED else set()
     # (first: a loop's acc += v is then an assignment the row writes' checks allow)
     augmented = _rewrite_augmented(node, accumulators) if accumulators else 0
@@ -2712,10 +2714,15 @@ class _Rewriter:
             if isinstance(stmt, ast.Return) and (run or LONE_RETURNS):
                 stmt, k = self._split_return(stmt, run)  # its tensor work may end the run
                 ops += k
-            mapped = self._comprehension(stmt, bound) if stmt is not None else None
+            comp = self._comprehension_ops(stmt, run) if stmt is not None else -1
+            mapped = self._comprehension(stmt, bound) if stmt is not None and comp < 0 else None
             k = self._ops(stmt) if stmt is not None and mapped is None else -1
-            if k >= 0 and self._reads_container(stmt.value):
+            lists = set().union(
+                *(_assigned_names(s) for s in run if isinstance(s, ast.Assign) and self._guarded(s))
+            )  # (the lists the run's comprehensions over layers make: read inside it)
+            if k >= 0 and comp < 0 and self._reads_container(stmt.value, lists):
                 k = -1  # a run given a list runs as written: leave the statement out of it
+            k = comp if comp >= 0 else k
             if k < 0 and LOOP_RUNS and isinstance(stmt, ast.For):
                 k = self._loop_ops(stmt, bound, run)
             if k >= 0:
@@ -2725,7 +2732,7 @@ class _Rewriter:
                     bound |= _assigned_names(stmt)
                 continue
             if run:
-                loops = any(isinstance(s, ast.For) for s in run)
+                loops = any(self._guarded(s) for s in run)
                 lookups = LOOKUP_CALLS and not loops and all(_is_lookup(s.value) for s in run)
                 if loops or (ops >= MIN_REGION_OPS and not lookups):  # (a loop counts >= 2)
                     out.extend(self._close(run, start))
@@ -2878,9 +2885,56 @@ class _Rewriter:
                 return None
         return parts
 
-    def _reads_container(self, expr) -> bool:
-        """Whether ``expr`` reads one of the function's container locals (SPLIT_CONTAINERS)."""
-        return bool(self.containers) and not self.containers.isdisjoint(_loads(self.fn, expr))
+    def _reads_container(self, expr, made: set | frozenset = frozenset()) -> bool:
+        """Whether ``expr`` reads one of the function's container locals (SPLIT_CONTAINERS)
+        other than ``made`` (lists the run makes itself: a comprehension over a module's
+        layers, LOOP_RUNS)."""
+        if not self.containers:
+            return False
+        return not (self.containers - made).isdisjoint(_loads(self.fn, expr))
+
+    def _comprehension_ops(self, stmt, run: list) -> int:
+        """Tensor calls (twice, as a loop's) of ``y = [<value> for x in <container>]`` over a
+        module's layers (``[head(h) for head in self.heads]``; the container as a loop's,
+        :meth:`_loop_chains`) that may join a run guarded like a loop (LOOP_RUNS), or -1;
+        where the guard fails, the comprehension is mapped as before (a scan)."""
+        if not (
+            LOOP_RUNS
+            and id(stmt) not in self.plain_loops
+            and isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.ListComp)
+            and len(stmt.value.generators) == 1
+        ):
+            return -1
+        gen = stmt.value.generators[0]
+        if gen.ifs or gen.is_async or _target_names(gen.target) is None:
+            return -1
+        parts = self._loop_chains(gen.iter, frozenset())
+        if parts is None or any(
+            isinstance(p.value if isinstance(p, ast.Subscript) else p, ast.Name) for p in parts
+        ):  # (not over a bare name: ``[emb(w) for w in words]`` is a scan's, as it was)
+            return -1
+        before = set().union(*(_loop_assigned(s) for s in run))
+        if not before.isdisjoint(_names(gen.iter)):
+            return -1  # (the guard reads the container at the run's call)
+        k = self._ops(stmt)
+        if k <= 0 or self._reads_container(stmt.value):
+            return -1
+        return 2 * k
+
+    def _guarded(self, stmt) -> bool:
+        """Whether a statement of a run goes over containers its guard checks: a loop, or a
+        comprehension :meth:`_comprehension_ops` took."""
+        if isinstance(stmt, ast.For):
+            return True
+        return (
+            isinstance(stmt, ast.Assign)
+            and isinstance(stmt.value, ast.ListComp)
+            and id(stmt) not in self.plain_loops
+            and self._comprehension_ops(stmt, []) >= 0
+        )
 
     def _split_return(self, stmt: ast.Return, run: list) -> tuple[ast.Return, int]:
         """``return <expr>`` after a run, where ``<expr>`` is an outlinable right-hand side
@@ -3384,14 +3438,21 @@ class _Rewriter:
         assigned: list = []
         hoisted: list = []  # (parameter, expression evaluated at the call)
         objects = _object_roots(run, self.local) if REGION_ATTRIBUTES else set()
-        loops = [stmt for stmt in run if isinstance(stmt, ast.For)]
+        loops = [stmt for stmt in run if self._guarded(stmt)]
         if loops:
             memo: dict = {}
             plain = copy.deepcopy(run, memo)  # (before the hoisting below edits the run)
             for stmt in run:
                 if id(stmt) in self.after_reads:
                     self.after_reads[id(memo[id(stmt)])] = self.after_reads[id(stmt)]
-            found = [self._loop_chains(loop.iter, frozenset()) or [] for loop in loops]
+            found = [
+                self._loop_chains(
+                    loop.iter if isinstance(loop, ast.For) else loop.value.generators[0].iter,
+                    frozenset(),
+                )
+                or []
+                for loop in loops
+            ]
             chains = [copy.deepcopy(c) for parts in found for c in parts]
 
         def take(expr, inside: set):
@@ -3457,7 +3518,7 @@ class _Rewriter:
         self.regions.append(region)
         if not loops:
             return [region.call]
-        self.plain_loops.update(id(stmt) for stmt in plain if isinstance(stmt, ast.For))
+        self.plain_loops.update(id(memo[id(stmt)]) for stmt in loops)
         check = ast.Call(ast.Constant(_MODULES_PLACEHOLDER), chains, [])
         guard = ast.If(test=check, body=[region.call], orelse=self._block(plain, start))
         return [_located(guard, run[0], run[-1])]
