@@ -964,10 +964,6 @@ LOOP_NAMES = True
 # layers) - 1: x = torch.relu(x)``, ``if self.residual:``; ``_Rewriter._static_test``)
 LOOP_BRANCHES = True
 _STATIC_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device"})
-_TEST_FORBIDDEN = (
-    ast.Lambda, ast.Yield, ast.YieldFrom, ast.Await, ast.NamedExpr,
-    ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp,
-)  # fmt: skip
 _MODULES_PLACEHOLDER = -_REGION_BASE * 15
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
@@ -2708,23 +2704,28 @@ class _Rewriter:
         bound = set(inherited)
         stmts = self._split_demands(stmts)
         start = frozenset(bound)  # the names bound where the run starts
+        guarded: list = []  # the run's loops and comprehensions over layers (LOOP_RUNS)
+        lists: set = set()  # the lists those comprehensions make (read inside the run)
         for stmt in stmts + [None]:
             if not run:
                 start = frozenset(bound)
             if isinstance(stmt, ast.Return) and (run or LONE_RETURNS):
                 stmt, k = self._split_return(stmt, run)  # its tensor work may end the run
                 ops += k
-            comp = self._comprehension_ops(stmt, run) if stmt is not None else -1
-            mapped = self._comprehension(stmt, bound) if stmt is not None and comp < 0 else None
-            k = self._ops(stmt) if stmt is not None and mapped is None else -1
-            lists = set().union(
-                *(_assigned_names(s) for s in run if isinstance(s, ast.Assign) and self._guarded(s))
-            )  # (the lists the run's comprehensions over layers make: read inside it)
-            if k >= 0 and comp < 0 and self._reads_container(stmt.value, lists):
-                k = -1  # a run given a list runs as written: leave the statement out of it
-            k = comp if comp >= 0 else k
-            if k < 0 and LOOP_RUNS and isinstance(stmt, ast.For):
-                k = self._loop_ops(stmt, bound, run)
+            mapped = None
+            k = self._comprehension_ops(stmt, run) if stmt is not None else -1
+            if k >= 0:
+                guarded.append(stmt)
+                lists |= _assigned_names(stmt)
+            elif stmt is not None:
+                mapped = self._comprehension(stmt, bound)
+                k = self._ops(stmt) if mapped is None else -1
+                if k >= 0 and self._reads_container(stmt.value, lists):
+                    k = -1  # a run given a list runs as written: leave the statement out
+                if k < 0 and LOOP_RUNS and isinstance(stmt, ast.For):
+                    k = self._loop_ops(stmt, bound, run)
+                    if k >= 0:
+                        guarded.append(stmt)
             if k >= 0:
                 run.append(stmt)
                 ops += k
@@ -2732,13 +2733,12 @@ class _Rewriter:
                     bound |= _assigned_names(stmt)
                 continue
             if run:
-                loops = any(self._guarded(s) for s in run)
-                lookups = LOOKUP_CALLS and not loops and all(_is_lookup(s.value) for s in run)
-                if loops or (ops >= MIN_REGION_OPS and not lookups):  # (a loop counts >= 2)
-                    out.extend(self._close(run, start))
+                lookups = LOOKUP_CALLS and not guarded and all(_is_lookup(s.value) for s in run)
+                if guarded or (ops >= MIN_REGION_OPS and not lookups):  # (a loop counts >= 2)
+                    out.extend(self._close(run, start, guarded))
                 else:
                     out.extend(run)
-            run, ops = [], 0
+            run, ops, guarded, lists = [], 0, [], set()
             if stmt is None:
                 continue
             if mapped is not None:
@@ -2786,7 +2786,7 @@ class _Rewriter:
         if targets is None or chains is None:
             return -1
         if varying is None:  # (the outermost loop)
-            varying = set().union(*(_loop_assigned(s) for s in run), _loop_assigned(stmt))
+            varying = _run_assigned(run) | _loop_assigned(stmt)
         inner = outer | targets
         body = set().union(*(_loop_assigned(sub) for sub in stmt.body))
         if not targets.isdisjoint(body):
@@ -2797,8 +2797,7 @@ class _Rewriter:
             return -1
         if outer:
             return 2 * ops
-        before = set().union(*(_loop_assigned(s) for s in run))
-        if not before.isdisjoint(_names(stmt.iter)):
+        if not _run_assigned(run).isdisjoint(_names(stmt.iter)):
             return -1  # the guard reads the chains at the run's call, before it assigns
         if any(self._live(name, [stmt], []) for name in assigned - bound):
             return -1
@@ -2916,25 +2915,12 @@ class _Rewriter:
             isinstance(p.value if isinstance(p, ast.Subscript) else p, ast.Name) for p in parts
         ):  # (not over a bare name: ``[emb(w) for w in words]`` is a scan's, as it was)
             return -1
-        before = set().union(*(_loop_assigned(s) for s in run))
-        if not before.isdisjoint(_names(gen.iter)):
+        if not _run_assigned(run).isdisjoint(_names(gen.iter)):
             return -1  # (the guard reads the container at the run's call)
         k = self._ops(stmt)
         if k <= 0 or self._reads_container(stmt.value):
             return -1
         return 2 * k
-
-    def _guarded(self, stmt) -> bool:
-        """Whether a statement of a run goes over containers its guard checks: a loop, or a
-        comprehension :meth:`_comprehension_ops` took."""
-        if isinstance(stmt, ast.For):
-            return True
-        return (
-            isinstance(stmt, ast.Assign)
-            and isinstance(stmt.value, ast.ListComp)
-            and id(stmt) not in self.plain_loops
-            and self._comprehension_ops(stmt, []) >= 0
-        )
 
     def _split_return(self, stmt: ast.Return, run: list) -> tuple[ast.Return, int]:
         """``return <expr>`` after a run, where ``<expr>`` is an outlinable right-hand side
@@ -3429,16 +3415,16 @@ class _Rewriter:
         calls = self._scan_call(region, loop, set(bound) | {lst})
         return [_located(start, stmt), *calls, _located(done, stmt)]
 
-    def _close(self, run: list, start: frozenset) -> list:
+    def _close(self, run: list, start: frozenset, loops: list) -> list:
         """The region call replacing ``run`` (``start``: the names bound before it). A run
-        holding loops (LOOP_RUNS) is called where the loops' containers are modules
+        holding loops (``loops``: those and its comprehensions over layers, LOOP_RUNS)
+        is called where their containers are modules
         (all_modules), and otherwise runs as the statements would have been rewritten
         with the loops left out of runs (a scan, a region per trip)."""
         params: list = []
         assigned: list = []
         hoisted: list = []  # (parameter, expression evaluated at the call)
         objects = _object_roots(run, self.local) if REGION_ATTRIBUTES else set()
-        loops = [stmt for stmt in run if self._guarded(stmt)]
         if loops:
             memo: dict = {}
             plain = copy.deepcopy(run, memo)  # (before the hoisting below edits the run)
@@ -3778,6 +3764,11 @@ def _assigned_names(stmt) -> set:
 _SLICE_PARTS = (ast.Name, ast.Constant, ast.Slice, ast.Load, ast.UnaryOp, ast.USub)
 
 
+def _run_assigned(run: list) -> set:
+    """The names the statements of ``run`` bind (:func:`_loop_assigned`)."""
+    return set().union(*(_loop_assigned(stmt) for stmt in run))
+
+
 def _loop_assigned(stmt) -> set:
     """The names a statement of a run binds: an assignment's, or a loop's (LOOP_RUNS: its
     variables and its body's, nested loops' and ifs' included)."""
@@ -3827,6 +3818,8 @@ def _loads_outside_loops_over(root, name: str) -> int:
 
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+# what an if's test in a loop body may not hold (_Rewriter._static_test)
+_TEST_FORBIDDEN = (ast.Lambda, ast.Yield, ast.YieldFrom, ast.Await, ast.NamedExpr, *_COMPREHENSIONS)
 
 
 _FRAME_READERS = frozenset({"locals", "vars", "eval", "exec", "dir"})
