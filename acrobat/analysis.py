@@ -46,7 +46,7 @@ import torch
 
 from acrobat import config, executor, graph
 from acrobat.block import STANDS_FOR, Block, is_namedtuple
-from acrobat.errors import LazyValueError
+from acrobat.errors import LazyValueError, NoInstanceWork
 from acrobat.ops import (
     SCALAR_DTYPES,
     TENSOR,
@@ -610,6 +610,12 @@ def _user_object(obj) -> bool:
 _PLACEHOLDER = 0.123456789e-300  # a constant replaced by the dispatcher in the code object
 
 
+# calls of an automatic block for which its trace computes nothing per-instance (each then
+# runs as written) before a block that has no other trace runs as written for good
+# (AutoBlock._idle)
+IDLE_CALLS = 32
+
+
 class AutoBlock(_native.AutoBase if _native is not None else object):  # type: ignore[misc]
     """Dispatcher behind a trampolined function: the block inside f.map, else the code.
     With the C extension, its base's call slot takes a positional call of an enabled
@@ -636,6 +642,7 @@ class AutoBlock(_native.AutoBase if _native is not None else object):  # type: i
         self.values: tuple[int, ...] = ()
         self.value_block: Block | None = None
         self.failed_kinds: set[tuple] = set()  # the values' types the value block failed
+        self.idle_calls = 0  # calls whose trace computed nothing per-instance (_idle)
 
     def _call(self, *args, **kwargs):
         rt = graph.RT
@@ -679,13 +686,27 @@ class AutoBlock(_native.AutoBase if _native is not None else object):  # type: i
                 self.failed_kinds.add(kinds)
         return self._block_call(args, {})
 
+    def _idle(self) -> bool:
+        """Whether a call whose trace computes nothing per-instance leaves the block on:
+        not once the block has had IDLE_CALLS such calls and no trace that computes
+        something, or more than BLOCK_CACHE_SIZE // 4 such signatures."""
+        self.idle_calls += 1
+        if self.idle_calls > IDLE_CALLS and not self.block.cache:
+            return False
+        return len(self.block.idle_keys) <= config.BLOCK_CACHE_SIZE // 4
+
     def _block_call(self, args, kwargs):
         rt = graph.RT
         try:
             return self.block(*args, **kwargs)
-        except LazyValueError:
+        except LazyValueError as exc:
             if rt.tracer is not None:  # pragma: no cover - the tracer resets itself
                 raise
+            if type(exc) is NoInstanceWork and self._idle():
+                # nothing per-instance for these arguments alone (an if's branch not
+                # taken leaves the lazy inputs unread, a state still a constant at the
+                # first step): as written for calls like this one (Block.idle_keys)
+                return self.impl(*args, **kwargs)
             # reads a value, or computes nothing per-instance: as written from now on,
             # its straight-line runs outlined as regions (``k = int(<tensor work>)``: the
             # work before the read one node)
@@ -964,6 +985,18 @@ LOOP_NAMES = True
 # layers) - 1: x = torch.relu(x)``, ``if self.residual:``; ``_Rewriter._static_test``)
 LOOP_BRANCHES = True
 _STATIC_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device"})
+# an if between the statements of a run joins it (``h = self.fc1(x); if self.use_norm:
+# h = self.norm(h); return self.fc2(torch.relu(h))``: one region, not three nodes) where
+# its branches are assignments that could join a run (and such ifs) and its test either
+# reads nothing the run assigns (then it is evaluated at the region's call, as written,
+# and passed as a bool: the trace is keyed by the branch taken) or reads what a trace may
+# fix (``h.shape[0] > 1``, ``h is None``, a module's flag); ``_Rewriter._if_ops``. Read
+# when outlining
+RUN_BRANCHES = True
+# tensor methods an if's test may call: what they return is fixed by a trace's shapes
+_META_METHODS = frozenset({"dim", "size", "numel", "ndimension", "is_floating_point", "is_complex"})
+# builtins an if's test evaluated at a region's call may call (no side effects)
+_TEST_BUILTINS = ("len", "isinstance", "hasattr", "getattr", "callable")
 _MODULES_PLACEHOLDER = -_REGION_BASE * 15
 # calls a run may hold that are no tensor op of their own (a write or an augmented
 # assignment counts as one: _ops)
@@ -1063,6 +1096,8 @@ class RegionBlock(*_REGION_BASES):  # type: ignore[misc]
                 # a list of per-instance tensors the run only stacks: a trace per
                 # length, padded into one batch (padding.View's packed list)
                 lazy = True
+            elif t is list and id(a) in stacked and not a:
+                continue  # (empty: stacked in a branch not taken, RUN_BRANCHES)
             else:
                 lazy = False  # a container or object: its structure would key the trace
                 break
@@ -2581,6 +2616,7 @@ class _Rewriter:
         self.loop_spans: list[tuple] = []  # (start, end) positions of each loop statement
         self.ranges: set[str] = set()  # locals bound to range(...) by _rewrite_row_writes
         self.plain_loops: set[int] = set()  # ids of loops kept out of runs (a guard's else)
+        self.callers: set[str] | None = None  # names called through (_called_through)
 
     def rewrite(self, node, bound: frozenset = frozenset()) -> None:
         """Rewrite the statement lists under ``node``; ``bound``: local names certainly
@@ -2726,14 +2762,22 @@ class _Rewriter:
                     k = self._loop_ops(stmt, bound, run)
                     if k >= 0:
                         guarded.append(stmt)
+                if k < 0 and RUN_BRANCHES and isinstance(stmt, ast.If):
+                    k = self._if_ops(stmt, bound, run)
             if k >= 0:
                 run.append(stmt)
                 ops += k
-                if not isinstance(stmt, ast.For):  # (a loop's names: maybe never bound)
+                if isinstance(stmt, ast.If):
+                    bound |= _sure_assigned([stmt])
+                elif not isinstance(stmt, ast.For):  # (a loop's names: maybe never bound)
                     bound |= _assigned_names(stmt)
                 continue
             if run:
-                lookups = LOOKUP_CALLS and not guarded and all(_is_lookup(s.value) for s in run)
+                lookups = (
+                    LOOKUP_CALLS
+                    and not guarded
+                    and all(not isinstance(s, ast.If) and _is_lookup(s.value) for s in run)
+                )
                 if guarded or (ops >= MIN_REGION_OPS and not lookups):  # (a loop counts >= 2)
                     out.extend(self._close(run, start, guarded))
                 else:
@@ -2817,6 +2861,11 @@ class _Rewriter:
                 a = self._body_ops(sub.body, names, varying, bound, run)
                 b = self._body_ops(sub.orelse, names, varying, bound, run)
                 k = -1 if a < 0 or b < 0 else max(a, b)
+                if k >= 0 and (
+                    _object_roots(_branch_values([sub]), self.local) - self._called_through()
+                    or _maybe_read(sub.body + sub.orelse, bound | varying | names, self.local)
+                ):
+                    k = -1  # (see _if_ops)
             else:
                 k = self._ops(sub)
                 if k >= 0 and self._reads_container(sub.value):
@@ -2850,6 +2899,152 @@ class _Rewriter:
                 if sub.id not in self.local and not _global_ok(self.fn, sub.id, self.seen):
                     return False
         return True
+
+    def _if_ops(self, stmt, bound: set, run: list) -> int:
+        """Tensor calls (its larger branch's) of an if that may join the run before it
+        (RUN_BRANCHES), or -1. Its test either reads nothing the run assigns
+        (:meth:`_call_test`: evaluated at the region's call) or only what a trace may fix
+        (:meth:`_fixed_test`); its branches are assignments that could join a run and such
+        ifs (:meth:`_branch_ops`), reading no attribute of the user's objects (those a
+        region reads at its call, where a branch not taken must not read them). A name
+        only some branches bind, unbound before, must not be read after it (the region
+        could not return it)."""
+        if self.dynamic:  # (the frame's names are read as such: keep them as written)
+            return -1
+        varying = _run_assigned(run)
+        if not (self._call_test(stmt.test, varying) or self._fixed_test(stmt.test, varying)):
+            return -1
+        assigned = _loop_assigned(stmt)
+        a = self._branch_ops(stmt.body, varying | assigned)
+        b = self._branch_ops(stmt.orelse, varying | assigned)
+        if a < 0 or b < 0:
+            return -1
+        if _object_roots(_branch_values([stmt]), self.local) - self._called_through():
+            return -1  # (given the object, the region's trace would be keyed by it)
+        maybe = assigned - _sure_assigned([stmt]) - bound
+        if maybe == assigned or any(self._live(name, [stmt], []) for name in maybe):
+            return -1
+        if _maybe_read(stmt.body + stmt.orelse, bound, self.local):
+            return -1
+        return max(a, b)
+
+    def _branch_ops(self, stmts: list, varying: set) -> int:
+        """Tensor calls of a branch of an if joining a run (:meth:`_if_ops`), or -1: its
+        statements are assignments that could join a run and ifs on what a trace may fix
+        (:meth:`_fixed_test`; ``varying``: the names the run may have assigned before)."""
+        ops = 0
+        for sub in stmts:
+            if isinstance(sub, ast.If):
+                if not self._fixed_test(sub.test, varying):
+                    return -1
+                a = self._branch_ops(sub.body, varying)
+                b = self._branch_ops(sub.orelse, varying)
+                k = -1 if a < 0 or b < 0 else max(a, b)
+            else:
+                k = self._ops(sub)
+                if k >= 0 and self._reads_container(sub.value):
+                    k = -1
+            if k < 0:
+                return -1
+            ops += k
+        return ops
+
+    def _call_test(self, test, varying: set) -> bool:
+        """Whether an if's test can be evaluated at the call of the region that holds the
+        if (RUN_BRANCHES), as written (``and``/``or`` too): it reads no name the run
+        assigns before it, and what it reads is the same for every instance or keys a
+        trace anyway (:meth:`_test_reads`); besides a tensor's shape methods it calls only
+        ``len``, ``isinstance``, ``hasattr``, ``getattr``, ``callable``. The region is
+        given its truth value: its trace is keyed by the branch taken."""
+        parts = self._test_reads(test, True)
+        return parts is not None and self._test_names(test, parts, varying, True)
+
+    def _fixed_test(self, test, varying: set) -> bool:
+        """Whether an if's test inside a region (RUN_BRANCHES) reads only what its trace
+        fixes (:meth:`_test_reads`; names the run assigns, ``varying``, only as a
+        tensor's metadata or compared with None). No ``and``/``or`` (a region may read an
+        attribute at its call that a short circuit would skip), and besides a tensor's
+        shape methods no call but ``len`` of an attribute chain."""
+        parts = self._test_reads(test, False)
+        return parts is not None and self._test_names(test, parts, varying, False)
+
+    def _test_reads(self, test, at_call: bool) -> tuple | None:
+        """(ids of the names an if's test reads as a tensor's metadata, ``h.shape``,
+        ``h.dim()``, or compares with None; ids of the names at the root of an attribute
+        chain or given to ``hasattr``/``getattr``), or None if the test holds what no
+        test joining a run may (``at_call``: evaluated at the region's call)."""
+        meta: set = set()
+        chains: set = set()
+        for sub in ast.walk(test):
+            if isinstance(sub, _TEST_FORBIDDEN):
+                return None
+            if not at_call and isinstance(sub, (ast.BoolOp, ast.IfExp)):
+                return None
+            if isinstance(sub, ast.Attribute):
+                if isinstance(sub.value, ast.Name):
+                    (meta if sub.attr in _STATIC_ATTRIBUTES else chains).add(id(sub.value))
+            elif isinstance(sub, ast.Call):
+                func = sub.func
+                first = sub.args[0] if sub.args else None
+                if isinstance(func, ast.Attribute) and func.attr in _META_METHODS:
+                    if isinstance(func.value, ast.Name):
+                        meta.add(id(func.value))
+                elif self._builtin_call(sub, "len") and isinstance(first, ast.Attribute):
+                    continue  # (``len(self.layers)``)
+                elif not at_call:
+                    return None
+                elif self._builtin_call(sub, "isinstance") or (
+                    isinstance(func, ast.Constant)
+                    and func.value in (_ISINSTANCE_PLACEHOLDER, _IS_TENSOR_PLACEHOLDER)
+                ):
+                    if isinstance(first, ast.Name):
+                        meta.add(id(first))  # (a type: the same for every instance)
+                elif any(self._builtin_call(sub, b) for b in ("hasattr", "getattr")):
+                    if isinstance(first, ast.Name):
+                        chains.add(id(first))
+                elif not self._builtin_call(sub, "callable"):
+                    return None
+            elif isinstance(sub, ast.Compare) and _none_test(sub):
+                meta.add(id(sub.left))
+        return meta, chains
+
+    def _test_names(self, test, parts: tuple, varying: set, at_call: bool) -> bool:
+        """Whether the names an if's test reads (``parts``: :meth:`_test_reads`) are what
+        a test joining a run may read: names the run assigns (``varying``) only as
+        metadata and only inside the trace; others as metadata, or as the root of an
+        attribute chain if they are locals the function calls through (a module's flag,
+        the same for every instance: not a tree node's, which would split the run's
+        batches by branch) or globals; no other local (``if flag:``, an int: a value per
+        instance)."""
+        meta, chains = parts
+        for sub in ast.walk(test):
+            if not isinstance(sub, ast.Name):
+                continue
+            if sub.id in varying and (at_call or id(sub) not in meta):
+                return False
+            if id(sub) in meta:
+                continue
+            if sub.id in self.local:
+                if id(sub) not in chains or sub.id not in self._called_through():
+                    return False
+            elif not at_call and not _global_ok(self.fn, sub.id, self.seen):
+                return False
+        return True
+
+    def _called_through(self) -> set:
+        """The function's locals it calls through somewhere (``m.fc(x)``, ``layer(h)``):
+        modules and other objects with methods, not records of per-instance data (whose
+        attributes a region reads at its call: REGION_ATTRIBUTES)."""
+        if self.callers is None:
+            self.callers = set()
+            for sub in ast.walk(self.root) if self.root is not None else ():
+                if isinstance(sub, ast.Call):
+                    func = sub.func
+                    while isinstance(func, (ast.Attribute, ast.Subscript)):
+                        func = func.value
+                    if isinstance(func, ast.Name) and func.id in self.local:
+                        self.callers.add(func.id)
+        return self.callers
 
     def _loop_chains(self, expr, outer: frozenset) -> list | None:
         """The containers a loop's iterable reads (see :meth:`_loop_ops`), or None: a
@@ -3441,16 +3636,18 @@ class _Rewriter:
             ]
             chains = [copy.deepcopy(c) for parts in found for c in parts]
 
-        def take(expr, inside: set):
+        def take(expr, inside: set, branch: bool = False):
             """``expr`` with its parts read at the call hoisted, its parameters noted;
-            ``inside``: the names of the loops around it (assigned there)."""
+            ``inside``: the names of the loops around it (assigned there); ``branch``: in
+            an if's branch or test (RUN_BRANCHES), where nothing that could fail or
+            make a tensor is read at the call (the branch may not be taken)."""
             bound = _comprehension_names(expr)
             keep = set(assigned) | bound | inside  # names the call site cannot evaluate
-            if not inside:  # (in a loop: a new tensor per element, as written)
+            if not inside and not branch:  # (in a loop: a new tensor per element, as written)
                 expr = _FactoryHoister(self.fn, keep, hoisted).visit(expr)
-            if REGION_SUBSCRIPTS:  # (first: ``obj.w[i]`` is read whole at the call)
+            if REGION_SUBSCRIPTS and not branch:  # (first: ``obj.w[i]`` is read whole at the call)
                 expr = _SubscriptHoister(self.local - keep, hoisted).visit(expr)
-            roots = objects - keep
+            roots = set() if branch else objects - keep
             if MODULE_ATTRIBUTES:
                 roots |= _module_roots(self.fn, expr, self.local)
             if roots:
@@ -3466,34 +3663,50 @@ class _Rewriter:
                     params.append(sub.id)
             return expr
 
-        def visit(stmt, inside: set) -> None:
+        def visit(stmt, inside: set, branch: bool = False, top: bool = False) -> None:
+            if isinstance(stmt, ast.If) and not inside:  # (RUN_BRANCHES)
+                if top and self._call_test(stmt.test, set(assigned)):
+                    # evaluated at the call, as written; the region is given its truth
+                    test = ast.UnaryOp(ast.Not(), ast.UnaryOp(ast.Not(), stmt.test))
+                    stmt.test = _parameter_for(_located(test, stmt.test), hoisted)
+                else:
+                    stmt.test = take(stmt.test, inside, True)
+                for name in sorted(_loop_assigned(stmt) - _sure_assigned([stmt])):
+                    if name in start and name not in assigned and name not in params:
+                        params.append(name)  # (a branch not taken leaves it as it was)
+                for part in stmt.body + stmt.orelse:
+                    visit(part, inside, True)
+                return
             if isinstance(stmt, ast.If):  # (in a loop's body: LOOP_BRANCHES)
                 stmt.test = take(stmt.test, inside)
-                for branch in stmt.body + stmt.orelse:
-                    visit(branch, inside)
+                for part in stmt.body + stmt.orelse:
+                    visit(part, inside, True)
                 return
             if isinstance(stmt, ast.For):
-                stmt.iter = take(stmt.iter, inside)
+                stmt.iter = take(stmt.iter, inside, branch)
                 inside = inside | _loop_assigned(stmt)
                 targets = [stmt.target]
             else:
-                stmt.value = take(stmt.value, inside)
+                stmt.value = take(stmt.value, inside, branch)
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for target in targets:
                 for sub in ast.walk(target):
                     if isinstance(sub, ast.Name) and sub.id not in assigned:
                         assigned.append(sub.id)
             for sub in stmt.body if isinstance(stmt, ast.For) else ():
-                visit(sub, inside)
+                visit(sub, inside, branch)
 
         for stmt in run:
-            visit(stmt, set())
+            visit(stmt, set(), top=True)
         names = [p for p, _ in hoisted] + params
         # torch.tensor(x) moved out of the run: the call passes x, and the dispatcher
         # makes the tensor (inside a map, a data node without torch's dispatch)
         made = tuple(i for i, (_, e) in enumerate(hoisted) if _plain_tensor_call(e))
         values = [e.args[0] if i in made else e for i, (_, e) in enumerate(hoisted)]
         values += [ast.Name(p, ast.Load()) for p in params]
+        maybe = _maybe_unbound(run, start)  # (an if's branch not taken: RUN_BRANCHES)
+        if maybe:
+            assigned = [a for a in assigned if a not in maybe]
         if LIVE_OUTPUTS and not self.dynamic:
             live = [a for a in assigned if self._live(a, run, params)]
             assigned = live or assigned[-1:]  # (a run nothing reads still runs: its errors)
@@ -3780,6 +3993,66 @@ def _loop_assigned(stmt) -> set:
         return set()  # (any other statement keeps its loop out of runs: _body_ops)
     names = {sub.id for sub in ast.walk(stmt.target) if isinstance(sub, ast.Name)}
     return names.union(*(_loop_assigned(sub) for sub in stmt.body))
+
+
+def _sure_assigned(stmts: list) -> set:
+    """The names every path through ``stmts`` (a run's assignments and ifs) binds (a
+    loop binds none for sure: it may run no trip)."""
+    names: set = set()
+    for stmt in stmts:
+        if isinstance(stmt, ast.If):
+            names |= _sure_assigned(stmt.body) & _sure_assigned(stmt.orelse)
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            names |= _assigned_names(stmt)
+    return names
+
+
+def _none_test(node) -> bool:
+    """Whether ``node`` is ``name is None`` / ``name is not None`` (chained alike)."""
+    return (
+        isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Name)
+        and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
+        and all(isinstance(c, ast.Constant) and c.value is None for c in node.comparators)
+    )
+
+
+def _maybe_read(stmts: list, bound: set | frozenset, local: set) -> bool:
+    """Whether ``stmts`` (an if's branches) read a local that may be unbound before them
+    (not in ``bound``) and that they do not bind themselves: a region would read it at
+    its call, where eager, not taking the branch, never reads it."""
+    own = _run_assigned(stmts)
+    for stmt in stmts:
+        for sub in ast.walk(stmt):
+            if isinstance(sub, _COMPREHENSIONS):
+                own = own | _comprehension_names(sub)
+    for stmt in stmts:
+        for sub in ast.walk(stmt):
+            if (
+                isinstance(sub, ast.Name)
+                and isinstance(sub.ctx, ast.Load)
+                and sub.id in local
+                and sub.id not in bound
+                and sub.id not in own
+            ):
+                return True
+    return False
+
+
+def _maybe_unbound(run: list, start: frozenset) -> set:
+    """The names only some branches of an if in ``run`` bind (RUN_BRANCHES), unbound
+    before it (``start``: the names bound where it starts) and not bound for sure after:
+    the region must not return them."""
+    have = set(start)
+    maybe: set = set()
+    for stmt in run:
+        if isinstance(stmt, ast.If):
+            sure = _sure_assigned([stmt])
+            maybe |= _loop_assigned(stmt) - sure - have
+            have |= sure
+        elif not isinstance(stmt, ast.For):
+            have |= _assigned_names(stmt)
+    return maybe - have
 
 
 def _target_names(target) -> frozenset | None:
@@ -4205,6 +4478,16 @@ def _object_roots(run: list, local: set) -> set:
             if isinstance(sub, ast.Name) and id(sub) not in attributes:
                 other.add(sub.id)
     return roots - other
+
+
+def _branch_values(ifs: list) -> list:
+    """The assignments of the branches of ``ifs`` and of the ifs inside them (their
+    tests left out), as a run for :func:`_object_roots`."""
+    out: list = []
+    for stmt in ifs:
+        for sub in stmt.body + stmt.orelse:
+            out.extend(_branch_values([sub]) if isinstance(sub, ast.If) else [sub])
+    return out
 
 
 def _run_values(run: list) -> Iterator:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from acrobat import codegen, config, fusion, graph, hoisting, padding
-from acrobat.errors import AcrobatError, LazyValueError, user_line
+from acrobat.errors import AcrobatError, LazyValueError, NoInstanceWork, user_line
 from acrobat.graph import (
     Info,
     LazyTensor,
@@ -649,6 +649,8 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         # two traces were one program up to two sizes that vary apart (padding.SizesApart)
         self.sizes_apart = False
         self.cuts: dict = {}  # (position, part) -> hoisting._Cuts of its traces' cuts
+        # keys whose trace computed nothing per-instance (NoInstanceWork), not traced again
+        self.idle_keys: dict = {}
         functools.update_wrapper(self, fn)
 
     def _call(self, *args, **kwargs):
@@ -697,7 +699,15 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
             return None, inputs
         trace = self.cache.get(key)
         if trace is None or (trace.run_id != rt.id and not trace.valid_for(rt)):
-            trace = self._trace(rt, args, kwargs or {}, inputs, _kept(args, kwargs))
+            if key in self.idle_keys:
+                name = _display_name(self.fn)
+                raise NoInstanceWork(f"block {name} computes no per-instance tensor")
+            try:
+                trace = self._trace(rt, args, kwargs or {}, inputs, _kept(args, kwargs))
+            except NoInstanceWork:
+                if len(self.idle_keys) < config.BLOCK_CACHE_SIZE:
+                    self.idle_keys[key] = None  # (keyed objects stay alive in the key)
+                raise
             if not kwargs:
                 _note_lift(self, trace, args, parts, made)
             if self.traces_run != rt.id:
@@ -747,7 +757,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
                 if isinstance(leaf, torch.Tensor):
                     graph.note_trace_factory(rt, leaf)
         if not out_lazies:
-            raise LazyValueError(
+            raise NoInstanceWork(
                 f"block {tracer.name} computes no per-instance tensor; call it without @block"
             )
         info = Info(tuple(metas), len(metas) == 1, None)

@@ -79,6 +79,11 @@ class LazyValueError(AcrobatError):
     block, or a demand that can never be satisfied)."""
 
 
+class NoInstanceWork(LazyValueError):
+    """A block's trace computes nothing from its per-instance inputs (for these arguments:
+    an automatic block may run its code as written for this call alone)."""
+
+
 def where(instance: int | None, line: str | None) -> str:
     parts = []
     if instance is not None:
