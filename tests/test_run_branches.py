@@ -329,3 +329,25 @@ def test_calls_that_compute_nothing_per_instance_leave_the_region_on():
             stats = check_map(acrobat.autobatch(restarted), data, m=NETS[0], steps=3)
             (counts,) = blocks(stats).values()
             assert counts[1] == 3 * 3  # (3 steps of the 3 instances of more than 2 rows)
+
+
+def pooled(x, hs, m):
+    h = torch.tanh(m.fc1(x))
+    if m.use_norm:  # (not taken: hs may be empty)
+        h = h + torch.stack(hs).sum(0)
+    return (h * 2).sum(0)
+
+
+def pooled_pair(pair, m):
+    return pooled(pair[0], pair[1], m)
+
+
+def test_a_list_stacked_in_a_branch_not_taken_may_be_empty():
+    """A list the run only stacks is given to the region (padded by length); an empty one
+    ran the region as written, op by op."""
+    data = rows([2, 3, 1], 4)
+    with torch.no_grad():
+        stats = check_map(acrobat.autobatch(pooled_pair), [(x, []) for x in data], m=Net(False))
+        one_block(stats, 3)
+        stacked = [(x, [torch.randn(DIM)] * k) for x, k in zip(data, [1, 2, 2])]
+        check_map(acrobat.autobatch(pooled_pair), stacked, m=Net(True))
