@@ -13,7 +13,8 @@ with its states appended and stacked, the PyTorch seq2seq tutorial's training st
 tutorial's forward (its output read after the loop), a state decayed and weights masked
 by in-place methods (``h.mul_``, ``w.masked_fill_``), a pointer network masking what it
 chose, a stack of residual layers looped over as ModuleLists (``for layer, norm in
-zip(m.stack, m.norms)``).
+zip(m.stack, m.norms)``), a layer written for several configurations (``if
+m.pre_norm:``, ``if m.proj is not None:``).
 Each is written once
 for one instance (no batching in it), run over ``--batch`` instances of 3-20 tokens (or
 nodes) in rounds that alternate the systems (the order shuffled each round), and
@@ -76,6 +77,7 @@ class Model(nn.Module):
         self.char_rnn = TutorialRNN(VOCAB, HIDDEN, 5)
         self.stack = nn.ModuleList(nn.Linear(HIDDEN, HIDDEN) for _ in range(4))
         self.norms = nn.ModuleList(nn.LayerNorm(HIDDEN) for _ in range(4))
+        self.pre_norm, self.residual, self.proj = True, True, None  # (configured_layer)
 
 
 class TutorialRNN(nn.Module):
@@ -285,6 +287,22 @@ def residual_stack(tokens, m):
     return m.head(h.mean(0))
 
 
+def configured_layer(tokens, m):
+    # a layer written for several configurations: ifs on the model's flags between its
+    # tensor ops (pre- or post-norm, a residual, an optional projection)
+    h = m.emb(tokens)
+    if m.pre_norm:
+        h = m.norms[0](h)
+    y = torch.relu(m.stack[0](h))
+    if m.residual:
+        y = y + h
+    if not m.pre_norm:
+        y = m.norms[0](y)
+    if m.proj is not None:
+        y = m.proj(y)
+    return m.head(y.mean(0))
+
+
 @dataclass
 class Pattern:
     fn: Callable
@@ -311,6 +329,7 @@ PATTERNS = {
     "decayed_state": Pattern(decayed_state, "tokens", False),
     "pointer": Pattern(pointer, "tokens", False),
     "residual_stack": Pattern(residual_stack, "tokens", True),
+    "configured_layer": Pattern(configured_layer, "tokens", True),
 }
 
 
