@@ -525,6 +525,17 @@ def _control_methods(fn) -> set[str]:
     return names
 
 
+def _control_method(module, name: str) -> bool:
+    """Whether the method ``name`` of ``module``'s class has control flow or calls one of
+    its class's methods that has (a ``forward`` calling ``self.encode(tree)``)."""
+    method = getattr(type(module), name, None)
+    if not isinstance(method, types.FunctionType) or not _user_object(method):
+        return False  # (torch's own modules: their checks are no control flow of ours)
+    return has_control_flow(method) or not _control_methods(method).isdisjoint(
+        _method_calls(method)
+    )
+
+
 def _takes_self(fn) -> bool:
     code = fn.__code__
     return code.co_argcount > 0 and code.co_varnames[0] == "self"
@@ -2847,21 +2858,26 @@ class _Rewriter:
             return -1
         return 2 * ops
 
-    def _body_ops(self, stmts: list, names: frozenset, varying: set, bound: set, run: list) -> int:
+    def _body_ops(
+        self, stmts: list, names: frozenset, varying: set, bound: set, run: list, branch=False
+    ) -> int:
         """Tensor calls of a loop's body (see :meth:`_loop_ops`; ``names``: the variables
-        of the loops around it), or -1. An if counts its larger branch."""
+        of the loops around it), or -1. An if counts its larger branch. ``branch``: the
+        body of an if's branch outside loops (:meth:`_if_ops`, RUN_BRANCHES): no loops,
+        the tests of its ifs read only what a trace fixes (:meth:`_fixed_test`)."""
         ops = 0
         sub: Any
         for sub in stmts:
-            if isinstance(sub, ast.For):
+            if isinstance(sub, ast.For) and not branch:
                 k = self._loop_ops(sub, bound, run, names, varying)
-            elif isinstance(sub, ast.If) and LOOP_BRANCHES:
-                if not self._static_test(sub.test, varying):
+            elif isinstance(sub, ast.If) and (branch or LOOP_BRANCHES):
+                test = self._fixed_test if branch else self._static_test
+                if not test(sub.test, varying):
                     return -1
-                a = self._body_ops(sub.body, names, varying, bound, run)
-                b = self._body_ops(sub.orelse, names, varying, bound, run)
+                a = self._body_ops(sub.body, names, varying, bound, run, branch)
+                b = self._body_ops(sub.orelse, names, varying, bound, run, branch)
                 k = -1 if a < 0 or b < 0 else max(a, b)
-                if k >= 0 and (
+                if k >= 0 and not branch and (  # (an if's branches: _if_ops checks them all)
                     _object_roots(_branch_values([sub]), self.local) - self._called_through()
                     or _maybe_read(sub.body + sub.orelse, bound | varying | names, self.local)
                 ):
@@ -2905,7 +2921,7 @@ class _Rewriter:
         (RUN_BRANCHES), or -1. Its test either reads nothing the run assigns
         (:meth:`_call_test`: evaluated at the region's call) or only what a trace may fix
         (:meth:`_fixed_test`); its branches are assignments that could join a run and such
-        ifs (:meth:`_branch_ops`), reading no attribute of the user's objects (those a
+        ifs (:meth:`_body_ops`), reading no attribute of the user's objects (those a
         region reads at its call, where a branch not taken must not read them). A name
         only some branches bind, unbound before, must not be read after it (the region
         could not return it)."""
@@ -2915,8 +2931,8 @@ class _Rewriter:
         if not (self._call_test(stmt.test, varying) or self._fixed_test(stmt.test, varying)):
             return -1
         assigned = _loop_assigned(stmt)
-        a = self._branch_ops(stmt.body, varying | assigned)
-        b = self._branch_ops(stmt.orelse, varying | assigned)
+        a = self._body_ops(stmt.body, frozenset(), varying | assigned, bound, run, True)
+        b = self._body_ops(stmt.orelse, frozenset(), varying | assigned, bound, run, True)
         if a < 0 or b < 0:
             return -1
         if _object_roots(_branch_values([stmt]), self.local) - self._called_through():
@@ -2927,27 +2943,6 @@ class _Rewriter:
         if _maybe_read(stmt.body + stmt.orelse, bound, self.local):
             return -1
         return max(a, b)
-
-    def _branch_ops(self, stmts: list, varying: set) -> int:
-        """Tensor calls of a branch of an if joining a run (:meth:`_if_ops`), or -1: its
-        statements are assignments that could join a run and ifs on what a trace may fix
-        (:meth:`_fixed_test`; ``varying``: the names the run may have assigned before)."""
-        ops = 0
-        for sub in stmts:
-            if isinstance(sub, ast.If):
-                if not self._fixed_test(sub.test, varying):
-                    return -1
-                a = self._branch_ops(sub.body, varying)
-                b = self._branch_ops(sub.orelse, varying)
-                k = -1 if a < 0 or b < 0 else max(a, b)
-            else:
-                k = self._ops(sub)
-                if k >= 0 and self._reads_container(sub.value):
-                    k = -1
-            if k < 0:
-                return -1
-            ops += k
-        return ops
 
     def _call_test(self, test, varying: set) -> bool:
         """Whether an if's test can be evaluated at the call of the region that holds the
@@ -3811,12 +3806,19 @@ class _Rewriter:
         if isinstance(f, ast.Name):
             if f.id not in self.local:
                 value = self.fn.__globals__.get(f.id)
+                if GLOBAL_MODULES and isinstance(value, torch.nn.Module):
+                    return _control_method(value, "forward")  # (``net(tree)``)
                 return isinstance(value, types.FunctionType) and has_control_flow(value)
             if f.id != "self" or not _takes_self(self.fn):
                 return False
             name = "forward"  # ``self(child)``: the module's own forward, recursing
         elif isinstance(f, ast.Attribute):
             name = f.attr
+            owner = f.value
+            if GLOBAL_MODULES and isinstance(owner, ast.Name) and owner.id not in self.local:
+                value = self.fn.__globals__.get(owner.id)
+                if isinstance(value, torch.nn.Module):  # (a global model's method)
+                    return _control_method(value, name)
         else:
             return False
         if self.control_methods is None:

@@ -113,3 +113,62 @@ def test_straight_line_verdict_follows_the_flag(monkeypatch, flag):
     monkeypatch.setattr(acrobat.analysis, "GLOBAL_MODULES", flag)
     monkeypatch.setattr(acrobat.analysis, "_VERDICTS", {})
     assert acrobat.analysis.straight_line(cell) is flag
+
+
+class Tree:
+    def __init__(self, word: int, kids: list):
+        self.word, self.kids = word, kids
+
+
+class TreeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, DIM)
+        self.cell = nn.Linear(2 * DIM, DIM)
+        self.out = nn.Linear(DIM, 3)
+
+    def encode(self, t):
+        if not t.kids:
+            return torch.tanh(self.emb(torch.tensor(t.word)))
+        left, right = self.encode(t.kids[0]), self.encode(t.kids[1])
+        return torch.tanh(self.cell(torch.cat([left, right])))
+
+    def forward(self, t):  # (straight-line, calling a method with control flow)
+        return self.encode(t)
+
+
+tree_net = TreeNet().eval()
+
+
+def global_method(t):
+    h = tree_net.encode(t)  # (control flow: not in the run after it)
+    return tree_net.out(h) * 2
+
+
+def global_forward(t):
+    h = tree_net(t)
+    return tree_net.out(h) * 2
+
+
+def trees(seed: int, count: int) -> list:
+    rng = torch.Generator().manual_seed(seed)
+
+    def grow(depth):
+        if depth == 0 or torch.rand((), generator=rng) < 0.3:
+            return Tree(int(torch.randint(10, (), generator=rng)), [])
+        return Tree(0, [grow(depth - 1), grow(depth - 1)])
+
+    return [grow(3) for _ in range(count)]
+
+
+@pytest.mark.parametrize("fn", [global_method, global_forward])
+def test_a_global_models_methods_with_control_flow_stay_out_of_runs(fn):
+    """``tree_net.encode(t)`` recurses over the tree: inside a region its trace would be
+    keyed by the tree (a trace per call, the region run as written, the head op by op).
+    Known as a control call, it stays out; the head after it is one region."""
+    data = trees(2, 6)
+    with torch.no_grad():
+        stats = check_map(acrobat.autobatch(fn), data)
+    heads = [v for op, v in stats.by_op.items() if op.startswith(f"block:{fn.__name__} ")]
+    assert heads == [[1, 6]], stats.by_op
+    assert "linear" not in stats.by_op and "mul" not in stats.by_op
