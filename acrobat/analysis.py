@@ -1357,9 +1357,9 @@ def _remember(known: dict, a) -> None:
 
 def _state_tuple(a) -> bool:
     """A namedtuple holding a lazy tensor, its other fields tensors or scalars (an LSTM's
-    State(h, c)); a plain tuple of tensors, one lazy (an instance given as (adjacency,
-    features), unpacked inside the run; not with numbers, which code may turn into
-    tensors that the run's trace would then hold)."""
+    State(h, c)); a plain tuple of tensors or Nones, one lazy (an instance given as
+    (adjacency, features), or (tokens, mask or None), unpacked inside the run; not with
+    numbers, which code may turn into tensors that the run's trace would then hold)."""
     plain = type(a) is tuple
     if not plain and not is_namedtuple(a):
         return False
@@ -1368,7 +1368,7 @@ def _state_tuple(a) -> bool:
         t = type(v)
         if t is graph.LazyTensor:
             lazy = True
-        elif not (isinstance(v, torch.Tensor) or (t in _REGION_ARGS and not plain)):
+        elif not (isinstance(v, torch.Tensor) or v is None or (t in _REGION_ARGS and not plain)):
             return False
     return lazy
 

@@ -351,3 +351,25 @@ def test_a_list_stacked_in_a_branch_not_taken_may_be_empty():
         one_block(stats, 3)
         stacked = [(x, [torch.randn(DIM)] * k) for x, k in zip(data, [1, 2, 2])]
         check_map(acrobat.autobatch(pooled_pair), stacked, m=Net(True))
+
+
+def masked_pair(pair, m):
+    x, mask = pair  # (a mask or None per instance)
+    h = m.fc1(x) * 2
+    if mask is not None:
+        h = h * mask
+    return torch.tanh(m.fc2(h)).sum(0)
+
+
+@settings(deadline=None, max_examples=10)
+@given(st.lists(st.tuples(st.integers(1, 4), st.booleans()), min_size=1, max_size=8))
+def test_instances_with_and_without_a_mask(cases):
+    """An instance given as ``(x, mask or None)``: a tuple holding a None was given to the
+    region as a container (run as written, op by op) where one of tensors was a block."""
+    g = torch.Generator().manual_seed(1)
+    data = [
+        (x, (torch.rand(DIM, generator=g) > 0.5).float() if masked else None)
+        for x, (_, masked) in zip(rows([n for n, _ in cases], 2), cases)
+    ]
+    with torch.no_grad():
+        one_block(check_map(acrobat.autobatch(masked_pair), data, m=NETS[0]), len(cases))
