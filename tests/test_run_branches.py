@@ -194,9 +194,11 @@ def test_a_test_reading_a_tensor_value():
 
 @pytest.mark.parametrize("fn", [both_branches, activation, kept_state])
 def test_gradients(fn):
+    torch.manual_seed(5)  # (the weights alike whatever ran before; float32 sums: atol 1e-5)
     net = Net(True, "tanh")
     kwargs = {"h": torch.randn(DIM)} if fn is kept_state else {}
-    stats = check_grads(acrobat.autobatch(fn), rows([2, 4, 1], 3), net, m=net, **kwargs)
+    f = acrobat.autobatch(fn)
+    stats = check_grads(f, rows([2, 4, 1], 3), net, atol=1e-5, m=net, **kwargs)
     one_block(stats, 3)
 
 
