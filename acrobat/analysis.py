@@ -2877,11 +2877,8 @@ class _Rewriter:
                 a = self._body_ops(sub.body, names, varying, bound, run, branch)
                 b = self._body_ops(sub.orelse, names, varying, bound, run, branch)
                 k = -1 if a < 0 or b < 0 else max(a, b)
-                if k >= 0 and not branch and (  # (an if's branches: _if_ops checks them all)
-                    _object_roots(_branch_values([sub]), self.local) - self._called_through()
-                    or _maybe_read(sub.body + sub.orelse, bound | varying | names, self.local)
-                ):
-                    k = -1  # (see _if_ops)
+                if k >= 0 and not branch and self._unsafe_branches(sub, bound | varying | names):
+                    k = -1  # (an if's branches: _if_ops checks them all at once)
             else:
                 k = self._ops(sub)
                 if k >= 0 and self._reads_container(sub.value):
@@ -2933,16 +2930,22 @@ class _Rewriter:
         assigned = _loop_assigned(stmt)
         a = self._body_ops(stmt.body, frozenset(), varying | assigned, bound, run, True)
         b = self._body_ops(stmt.orelse, frozenset(), varying | assigned, bound, run, True)
-        if a < 0 or b < 0:
+        if a < 0 or b < 0 or self._unsafe_branches(stmt, bound):
             return -1
-        if _object_roots(_branch_values([stmt]), self.local) - self._called_through():
-            return -1  # (given the object, the region's trace would be keyed by it)
         maybe = assigned - _sure_assigned([stmt]) - bound
         if maybe == assigned or any(self._live(name, [stmt], []) for name in maybe):
             return -1
-        if _maybe_read(stmt.body + stmt.orelse, bound, self.local):
-            return -1
         return max(a, b)
+
+    def _unsafe_branches(self, stmt, bound: set) -> bool:
+        """Whether the branches of the if ``stmt`` read what a region would read at its
+        call though eager reads it only where the branch is taken: an attribute of the
+        user's objects (not hoisted out of a branch, the region would be given the object
+        and keyed by it) or a local that may be unbound before the if (:func:`_maybe_read`;
+        ``bound``: the names bound there)."""
+        if _object_roots(_branch_values([stmt]), self.local) - self._called_through():
+            return True
+        return _maybe_read(stmt.body + stmt.orelse, bound, self.local)
 
     def _call_test(self, test, varying: set) -> bool:
         """Whether an if's test can be evaluated at the call of the region that holds the

@@ -650,6 +650,7 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
         self.sizes_apart = False
         self.cuts: dict = {}  # (position, part) -> hoisting._Cuts of its traces' cuts
         # keys whose trace computed nothing per-instance (NoInstanceWork), not traced again
+        # -> the objects the key names by identity
         self.idle_keys: dict = {}
         functools.update_wrapper(self, fn)
 
@@ -706,7 +707,9 @@ class Block(_CallBase):  # type: ignore[valid-type, misc]
                 trace = self._trace(rt, args, kwargs or {}, inputs, _kept(args, kwargs))
             except NoInstanceWork:
                 if len(self.idle_keys) < config.BLOCK_CACHE_SIZE:
-                    self.idle_keys[key] = None  # (keyed objects stay alive in the key)
+                    # (the objects the key names by id kept alive, as a trace keeps them:
+                    # an id is never recycled under an entry)
+                    self.idle_keys[key] = _kept(args, kwargs)
                 raise
             if not kwargs:
                 _note_lift(self, trace, args, parts, made)
