@@ -9,6 +9,12 @@ import pytest
 import torch
 
 
+def random_rows(sizes: list[int], seed: int, dim: int) -> list:
+    """One standard normal (n, dim) tensor per n of ``sizes``, from ``seed``: ragged rows."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, dim, generator=g) for n in sizes]
+
+
 def assert_close_tree(got, want, atol=1e-5, rtol=1e-5, path="out"):
     """Nested tuples/lists/dicts of tensors and Python values are equal up to tolerance."""
     if isinstance(want, torch.Tensor):

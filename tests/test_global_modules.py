@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import acrobat
-from tests.helpers import check_grads, check_map, outlined_with
+from tests.helpers import check_grads, check_map, outlined_with, random_rows
 
 DIM = 6
 
@@ -51,8 +51,7 @@ def encode(x):
 
 
 def rows(sizes: list[int], seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, DIM, generator=g) for n in sizes]
+    return random_rows(sizes, seed, DIM)
 
 
 @settings(deadline=None, max_examples=15)

@@ -24,7 +24,7 @@ from torch import nn
 
 import acrobat
 from bench.patterns import Model, make_data, residual_stack
-from tests.helpers import check_grads, check_map, outlined_with
+from tests.helpers import check_grads, check_map, outlined_with, random_rows
 
 DIM = 6
 
@@ -115,8 +115,7 @@ LOOPS = [zipped, enumerated, reverse_slice, sequential, parameters, nested]
 
 
 def rows(sizes: list[int], seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, DIM, generator=g) for n in sizes]
+    return random_rows(sizes, seed, DIM)
 
 
 def one_block(stats, instances: int) -> None:

@@ -22,7 +22,7 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis
-from tests.helpers import check_grads, check_map, outlined_with
+from tests.helpers import check_grads, check_map, outlined_with, random_rows
 
 DIM = 6
 
@@ -111,8 +111,7 @@ FORMS = [activation, both_branches, temporaries, on_shape, kept_state, optional_
 
 
 def rows(sizes: list[int], seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, DIM, generator=g) for n in sizes]
+    return random_rows(sizes, seed, DIM)
 
 
 def blocks(stats) -> dict:

@@ -22,7 +22,7 @@ from torch import nn
 import acrobat
 from acrobat import analysis
 from bench.patterns import edge_gnn, message_passing  # (loops of range(3) / range(2))
-from tests.helpers import check_grads, check_map, outlined_with
+from tests.helpers import check_grads, check_map, outlined_with, random_rows
 
 DIM = 6
 VOCAB = 11
@@ -87,8 +87,7 @@ def edge_graphs(sizes: list[tuple[int, int]], seed: int) -> list:
 
 
 def rows(sizes: list[int], seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, DIM, generator=g) for n in sizes]
+    return random_rows(sizes, seed, DIM)
 
 
 def one_block(stats, instances: int) -> str:
