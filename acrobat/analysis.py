@@ -445,13 +445,7 @@ def _demote_callers(found: dict, control: dict, classes: tuple) -> list:
     runs are outlined. Returns the demoted functions (their references are searched)."""
     if not found:
         return []
-    methods = {
-        id(v)
-        for cls in classes
-        for klass in cls.__mro__
-        if _user_object(klass)  # (not torch.nn.Module's hundreds of attributes)
-        for v in vars(klass).values()
-    }
+    methods = _class_functions(classes)
     demoted: list = []
     while True:
         flow = {fn.__name__ for fn in control.values() if id(fn) in methods}
@@ -462,6 +456,31 @@ def _demote_callers(found: dict, control: dict, classes: tuple) -> list:
             del found[id(fn)]
             control[id(fn)] = fn
         demoted.extend(moved)
+
+
+def _class_functions(classes: tuple) -> set[int]:
+    """The ids of what the user's own classes among ``classes`` (and their user bases)
+    define."""
+    return {
+        id(v)
+        for cls in classes
+        for klass in cls.__mro__
+        if _user_object(klass)  # (not torch.nn.Module's hundreds of attributes)
+        for v in vars(klass).values()
+    }
+
+
+def flow_names(classes: tuple, control: list) -> frozenset:
+    """The names under which ``classes`` have a method among ``control`` (the functions with
+    control flow :func:`_reachable` found, callers of such methods demoted into it
+    included): what ``name`` finds on the class, not a base's method it overrides."""
+    if not classes or not ARG_METHODS:
+        return _NONE
+    found = {id(fn) for fn in control}
+    names = {fn.__name__ for fn in control}
+    return frozenset(
+        name for cls in classes for name in names if id(getattr(cls, name, None)) in found
+    )
 
 
 _METHOD_CALLS: dict[types.CodeType, frozenset] = {}
@@ -833,6 +852,7 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
     """Route the straight-line functions reachable from ``root`` to blocks while inside
     (``shared``: the map's shared arguments, whose user modules' methods are reachable
     too)."""
+    global _MAP_FLOW
     if not config.AUTO_BLOCKS:
         yield []
         return
@@ -844,8 +864,10 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
                 root = root.__func__
             classes = module_classes(shared) if shared and config.AUTO_METHODS else ()
             candidates, control = _reachable(root, classes)
+            flow = flow_names(classes, control)
         except Exception:  # analysis is an optimisation: never let it break a map
-            candidates, control = [], []
+            candidates, control, flow = [], [], _NONE
+        _MAP_FLOW = flow
         for fn in candidates:
             original = fn.__code__
             dispatcher = _DISPATCHERS.get(_code_key(fn))
@@ -868,6 +890,7 @@ def auto_blocks(root, shared: dict | None = None) -> Iterator[list]:
                 fn.__code__ = outlined.code
         yield [fn for fn, _ in swapped]
     finally:
+        _MAP_FLOW = _NONE
         for fn, original in swapped:
             fn.__code__ = original
 
@@ -1029,19 +1052,38 @@ _OUTLINED: dict[tuple, Outlined | None] = {}  # _code_key(fn) -> its outline
 
 
 def outline(fn) -> Outlined | None:
-    """``fn``'s code with straight-line runs outlined (cached per _code_key); None if
-    it has none or cannot be rewritten safely."""
-    key = _code_key(fn)
+    """``fn``'s code with straight-line runs outlined (cached per _code_key, and per the
+    names of :data:`_MAP_FLOW` it calls as methods); None if it has none or cannot be
+    rewritten safely."""
+    global _OUTLINE_FLOW
+    flow = _NONE
+    if _MAP_FLOW and isinstance(fn, types.FunctionType):
+        flow = _MAP_FLOW & _method_calls(fn)
+    key = _code_key(fn) if not flow else (*_code_key(fn), flow)
     if key in _OUTLINED:
         return _OUTLINED[key]
+    _OUTLINE_FLOW = flow
     try:
         result = _outline(fn)
     except Exception:  # an optimisation: anything unexpected leaves the function alone
         if config.VERIFY:
             raise
         result = None
+    finally:
+        _OUTLINE_FLOW = _NONE
     _OUTLINED[key] = result
     return result
+
+
+_NONE: frozenset = frozenset()
+#: While a map's functions are outlined (auto_blocks): the names of the methods with control
+#: flow of the map's module classes (:func:`flow_names`). A call ``m.name(...)`` of one of
+#: them is a control call even where ``m`` is a local, unknown to the analysis (a model
+#: passed as an argument: ``h = net.encode(tree)``), as :func:`_demote_callers` takes such
+#: calls by name; a run would run the method's recursion inside its trace.
+_MAP_FLOW: frozenset = _NONE
+_OUTLINE_FLOW: frozenset = _NONE  # the names of it the function being outlined calls
+ARG_METHODS = True  # (read when outlining)
 
 
 _REGION_BASES: tuple = (AutoBlock,) if _native is None else (_native.RegionBase, AutoBlock)
@@ -3822,6 +3864,8 @@ class _Rewriter:
                 value = self.fn.__globals__.get(owner.id)
                 if isinstance(value, torch.nn.Module):  # (a global model's method)
                     return _control_method(value, name)
+            if name in _OUTLINE_FLOW:  # (a method of the map's models, by name: _MAP_FLOW)
+                return True
         else:
             return False
         if self.control_methods is None:

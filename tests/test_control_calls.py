@@ -17,7 +17,7 @@ from torch import nn
 
 import acrobat
 from acrobat import analysis
-from tests.helpers import check_grads, check_map
+from tests.helpers import check_grads, check_map, outlined_with
 
 DIM, WORDS = 8, 20
 
@@ -108,6 +108,60 @@ def test_a_recursive_encoder_called_from_straight_lines_batches_its_cells(forest
     # each tree's mix cell one node, the head's lines one node per tree
     cells = sum(map(_internal, forest)) + len(forest)
     check_cells(f, forest, model, cells, ("linear", "cat"))
+
+
+def head_of_argument(tree, model):
+    """The recursion called as a method of a model passed in (unknown to the analysis of
+    this function), then a head of tensor lines."""
+    h = model.encode(tree)
+    z = model.head(torch.relu(model.proj(h))) * 2
+    return torch.log_softmax(z, -1)
+
+
+class FlatEncoder(Encoder):
+    """The same method name, straight-line: ``encode`` is a tensor op here."""
+
+    def encode(self, x):
+        return torch.tanh(self.proj(x))
+
+
+@settings(max_examples=15, deadline=None)
+@given(forest=st.lists(trees(4), min_size=1, max_size=6))
+def test_a_method_with_control_flow_of_a_model_passed_in_stays_out_of_runs(forest):
+    """``h = model.encode(tree)`` with ``model`` an argument: the analysis of the function
+    does not know its class, so the call joined the head's run, whose trace recursed over
+    the tree (the run as written: the head op by op). The map's module classes name their
+    methods with control flow (analysis._MAP_FLOW): the call stays out, the head is one
+    region per tree; with that off, the head's ops are recorded one by one."""
+    torch.manual_seed(0)
+    model = Encoder()
+    f = acrobat.autobatch(head_of_argument)
+    cells = sum(map(_internal, forest)) + len(forest)
+    stats = check_cells(f, forest, model, cells, ("linear", "relu", "log_softmax"))
+    assert stats.by_op[next(k for k in stats.by_op if "head_of_argument" in k)][1] == len(forest)
+    with outlined_with(head_of_argument, ARG_METHODS=False), torch.no_grad():
+        off = check_map(acrobat.autobatch(head_of_argument), forest, model=model)
+    assert "log_softmax" in off.by_op and "linear" in off.by_op, off.by_op
+
+
+def test_a_straight_line_method_of_the_same_name_joins_the_run():
+    """The names come from the classes of the map's models: where ``encode`` is
+    straight-line (another model class, the same function), it joins the head's run, one
+    region per instance; the outline of each map is its own (keyed by the names it calls),
+    and the recursive model's map after it keeps its call out."""
+    torch.manual_seed(0)
+    flat = FlatEncoder()
+    xs = list(torch.randn(5, DIM).unbind(0))
+    f = acrobat.autobatch(head_of_argument)
+    with torch.no_grad():
+        stats = check_map(f, xs, model=flat)
+    blocks = {k: v for k, v in stats.by_op.items() if k != "input"}
+    assert [v for k, v in blocks.items() if "head_of_argument" in k] == [[1, 5]], stats.by_op
+    assert len(blocks) == 1, stats.by_op
+    forest = [Node(1, [Node(2), Node(3)]), Node(4)]
+    with torch.no_grad():
+        stats = check_map(f, forest, model=Encoder())
+    assert "linear" not in stats.by_op and "log_softmax" not in stats.by_op, stats.by_op
 
 
 class MeanOfKids(nn.Module):
