@@ -206,3 +206,89 @@ def test_rechecks_run_through_map_and_equal_eager(monkeypatch):
             loops.append(acrobat.stats().eager_loop)
     assert choice.choice is not None
     assert True in loops and False in loops  # both ran: trials, then re-checks of the other
+
+
+class _Tick(torch.autograd.Function):
+    """Identity whose backward advances the fake clock by ``cost``: a backward that takes
+    that long."""
+
+    @staticmethod
+    def forward(ctx, x, clock, cost):
+        ctx.clock, ctx.cost = clock, cost
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.clock["t"] += ctx.cost
+        return grad, None, None
+
+
+def drive_steps(choice: api._MapChoice, forward, backward, maps: int, monkeypatch) -> list:
+    """The variants ``choice`` runs over ``maps`` training steps (4 instances each): a run
+    of ``variant`` takes ``forward[variant]`` on the fake clock, then its results' backward
+    ``backward[variant]`` (None: no backward for that run)."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(api.time, "perf_counter", lambda: clock["t"])
+    w = torch.ones(3, requires_grad=True)
+    ran = []
+    for _ in range(maps):
+        choice.settle()
+        variant = choice.next()
+        ran.append(variant)
+        results = [_Tick.apply(w * k, clock, backward[variant] or 0.0) for k in range(4)]
+        choice.observe(variant, forward[variant] * 4, 4, results)
+        if backward[variant] is not None:
+            torch.stack(results).sum().backward()
+    return ran
+
+
+def test_a_training_step_is_judged_with_its_backward(monkeypatch):
+    """With gradients, a run is timed through the backward of its results: the eager
+    loop's forward 2x faster, its backward 3x slower than the map's whole step, the map
+    is kept (timed by forwards alone, the eager loop won); where the eager loop is also
+    faster through its backward, it is kept; a run whose backward never comes counts its
+    forward alone at the next map."""
+    ran = drive_steps(
+        api._MapChoice(), {"map": 1.0, "eager": 0.5}, {"map": 4.0, "eager": 12.0}, 12, monkeypatch
+    )
+    assert ran[:6] == ["map", "eager"] * 3 and ran[6:] == ["map"] * 6
+    ran = drive_steps(
+        api._MapChoice(), {"map": 1.0, "eager": 0.5}, {"map": 4.0, "eager": 2.0}, 12, monkeypatch
+    )
+    assert ran[6:] == ["eager"] * 6
+    choice = api._MapChoice()
+    none = {"map": None, "eager": None}
+    ran = drive_steps(choice, {"map": 1.0, "eager": 0.5}, none, 12, monkeypatch)
+    assert ran[6:] == ["eager"] * 6 and choice.runs["map"] == [1.0] * 3
+    # the kept variant's steps with gradients: one in SAMPLE timed (with its backward);
+    # the 6 after the verdict none (SAMPLE = 8), its recent times the trial's alone
+    assert choice.SAMPLE > 6 and choice.recent == [0.5]
+
+
+def test_a_map_with_gradients_is_noted_after_its_backward(monkeypatch):
+    """Through f.map: the run is noted when the backward through its results ends, its
+    forward and backward together; without gradients, at once."""
+    noted = []
+    real = api._MapChoice.note
+
+    def note(self, variant, seconds, instances):
+        noted.append((variant, seconds))
+        real(self, variant, seconds, instances)
+
+    monkeypatch.setattr(api._MapChoice, "note", note)
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    f = acrobat.autobatch(wide)
+    xs = [torch.randn(3, 8) for _ in range(4)]
+    got = f.map(xs, lin=lin)
+    assert noted == []  # waiting for the backward
+    torch.stack(got).sum().backward()
+    assert [v for v, _ in noted] == ["map"] and noted[0][1] > 0
+    assert_close_tree([g.detach() for g in got], [wide(x, lin).detach() for x in xs])
+    f.map(xs, lin=lin)  # the eager loop's trial, never backpropagated ...
+    assert len(noted) == 1
+    f.map(xs, lin=lin)  # ... noted by its forward at the next map
+    assert [v for v, _ in noted] == ["map", "eager"]
+    with torch.no_grad():
+        f.map(xs, lin=lin)
+    assert [v for v, _ in noted] == ["map", "eager", "map"]
