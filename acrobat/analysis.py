@@ -2809,7 +2809,7 @@ class _Rewriter:
             elif stmt is not None:
                 mapped = self._comprehension(stmt, bound)
                 k = self._ops(stmt) if mapped is None else -1
-                if k >= 0 and self._reads_container(stmt.value, lists):
+                if k >= 0 and self._reads_container(stmt.value, lists | _run_displays(run)):
                     k = -1  # a run given a list runs as written: leave the statement out
                 if k < 0 and LOOP_RUNS and isinstance(stmt, ast.For):
                     k = self._loop_ops(stmt, bound, run)
@@ -3170,7 +3170,9 @@ class _Rewriter:
         name = f"_acrobat_return_{self.returns}"
         assign = _located(ast.Assign(targets=[ast.Name(name, ast.Store())], value=stmt.value), stmt)
         k = self._ops(assign)
-        if k <= 0 or self._reads_container(assign.value):
+        # (``return u @ v`` after the run that made u and v: as an assignment of operators)
+        operators = k == 0 and run and RUN_OPERATORS and _operates_on(stmt.value, run)
+        if (k <= 0 and not operators) or self._reads_container(assign.value, _run_displays(run)):
             return stmt, 0
         if not run and (k < MIN_REGION_OPS or _has_lookup(stmt.value)):
             return stmt, 0
@@ -4174,6 +4176,44 @@ def _load_counts(stmts: list) -> dict[str, int]:
 
 
 _DISPLAYS = (ast.List, ast.ListComp, ast.Tuple, ast.Dict, ast.DictComp, ast.Set, ast.SetComp)
+
+
+#: ``return <operators>`` over what the run before it computed (``return u @ v``, ``return
+#: h * scale + bias``) joins that run as an assignment of operators does (read when
+#: outlining); alone, operators are as likely index arithmetic and a return of them stays.
+RUN_OPERATORS = True
+
+
+def _operates_on(expr, run: list) -> bool:
+    """Whether ``expr`` is an operator expression (``a @ b``, ``-h``, ``h * s + b``) that
+    reads a name the statements of ``run`` bind."""
+    if not isinstance(expr, (ast.BinOp, ast.UnaryOp)):
+        return False
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        return False
+    names = _run_assigned(run)
+    return any(isinstance(sub, ast.Name) and sub.id in names for sub in ast.walk(expr))
+
+
+#: A statement of a run may read a container the run itself made before it, ``hs =
+#: [m.a(x), m.b(x)]; h = torch.cat(hs)``: the trace builds that list from its own lazy
+#: tensors, no container comes in from outside (read when outlining).
+RUN_DISPLAYS = True
+_DISPLAY_VALUES = (ast.List, ast.Tuple, ast.Dict, ast.Set)
+
+
+def _run_displays(run: list) -> set[str]:
+    """The names the statements of ``run`` bind to a list, tuple, dict or set display
+    (RUN_DISPLAYS; not comprehensions: those are mapped or LOOP_RUNS' own)."""
+    if not RUN_DISPLAYS:
+        return set()
+    return {
+        t.id
+        for stmt in run
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, _DISPLAY_VALUES)
+        for t in stmt.targets
+        if isinstance(t, ast.Name)
+    }
 
 
 def _container_names(fn: ast.FunctionDef) -> set[str]:
