@@ -2734,8 +2734,9 @@ class _Rewriter:
             self._unroll(case)
 
     def _unrolled(self, stmt) -> list | None:
-        """``for i in range(<int literals>): <body>`` as the body written out once per
-        trip with ``i`` a constant (UNROLL_LOOPS), or None: the loop stays. Only a body of
+        """``for i in range(<int literals>): <body>`` (or over a tuple or list display of
+        constants, UNROLL_LITERALS) as the body written out once per trip with ``i`` a
+        constant (UNROLL_LOOPS), or None: the loop stays. Only a body of
         assignments that could all join a run (no value read, no call with control flow,
         no container), at most UNROLL_TRIPS trips and UNROLL_OPS tensor calls in all, and
         no tensor call that reads nothing the body assigns (its scan hoists such work out
@@ -2747,15 +2748,17 @@ class _Rewriter:
         if not isinstance(stmt, ast.For) or not isinstance(stmt.target, ast.Name):
             return None
         it: Any = stmt.iter
-        if not self._builtin_call(it, "range") or len(it.args) > 3:
-            return None
-        bounds: list[int] = []
-        for a in it.args:
-            value = _int_literal(a)
-            if value is None:
+        trips: Any = _literal_trips(it)  # (``for w in (0.5, 0.25):``, UNROLL_LITERALS)
+        if trips is None:
+            if not self._builtin_call(it, "range") or len(it.args) > 3:
                 return None
-            bounds.append(value)
-        trips = range(*bounds)
+            bounds: list[int] = []
+            for a in it.args:
+                value = _int_literal(a)
+                if value is None:
+                    return None
+                bounds.append(value)
+            trips = range(*bounds)
         if not 1 <= len(trips) <= UNROLL_TRIPS:
             return None
         name = stmt.target.id
@@ -4454,6 +4457,26 @@ def index_rows(seq: Any, indices, grown: tuple = (), offset: int = 0):
         rows = seq.unbind(0)
         return [rows[i] for i in positions]
     return [seq[i] for i in indices]
+
+
+#: UNROLL_LOOPS also writes out a loop over a tuple or list display of constants (``for w
+#: in (0.5, 0.25):``, ``for k in [1, 2, 4]:``) as it does one over ``range`` of literals.
+UNROLL_LITERALS = True
+_LITERAL_TYPES = (int, float, bool, str, complex, type(None))
+
+
+def _literal_trips(expr) -> list | None:
+    """The values of a tuple or list display of constants (numbers, strings, booleans,
+    None; ``-1`` included), in order, or None (UNROLL_LITERALS)."""
+    if not UNROLL_LITERALS or not isinstance(expr, (ast.Tuple, ast.List)):
+        return None
+    try:
+        values = ast.literal_eval(expr)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not all(type(v) in _LITERAL_TYPES for v in values):
+        return None
+    return list(values)
 
 
 def _int_literal(expr) -> int | None:

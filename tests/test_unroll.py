@@ -243,3 +243,57 @@ def test_error_names_the_line_in_the_loop():
     where = rf"instance 1, at .*test_unroll.py:{line} in bad:"
     with pytest.raises(acrobat.ShapeError, match=where):
         f.map(xs, m=MODEL)
+
+
+def literal_scales(x, m):
+    # a loop over a tuple of constants (UNROLL_LITERALS): the counter a number, then
+    # read after the loop (its last value)
+    h = m.layers[0](x)
+    for w in (0.5, -0.25, 2.0):
+        h = torch.tanh(m.layers[1](h) * w) + h
+    return m.head(h).sum(0) * w
+
+
+def literal_layers(x, m):
+    # over a list of ints (indices into a ModuleList) and strings (a module's attributes)
+    for k in [2, 0]:
+        x = torch.relu(m.layers[k](x))
+    for name in ("own", "msg"):
+        x = torch.tanh(getattr(m, name)(x))
+    return x.sum(0)
+
+
+@pytest.mark.parametrize("fn", [literal_scales, literal_layers])
+@settings(max_examples=10, deadline=None)
+@given(SIZES, st.integers(0, 2**16))
+def test_loops_over_literal_tuples_and_lists_are_written_out(fn, sizes, seed):
+    """A loop over a tuple or list display of constants is written out as a ``range``
+    loop of literals is: the whole function one block per instance, eager's values and
+    gradients; with UNROLL_LITERALS off it stays a loop (more nodes)."""
+    data = rows(sizes, seed)
+    with torch.no_grad():
+        on = check_map(acrobat.autobatch(fn), data, m=MODEL)
+        one_block(on, len(data))
+        with outlined_with(fn, UNROLL_LITERALS=False):
+            off = check_map(acrobat.autobatch(fn), data, m=MODEL)
+    assert on.nodes < off.nodes, (on.by_op, off.by_op)
+    check_grads(acrobat.autobatch(fn), data, MODEL, atol=1e-4, rtol=1e-4, m=MODEL)  # (float32 sums)
+
+
+def literal_loops_that_stay(x, m):
+    scales = (0.5, 0.25)
+    for w in scales:  # (a name, not a display)
+        x = torch.tanh(m.layers[0](x) * w)
+    for w in (0.5, m):  # (not all constants)
+        x = x + 1 if w is m else torch.tanh(m.layers[1](x))
+    return x
+
+
+def test_loops_over_names_or_non_constants_stay():
+    data = rows([2, 3, 1], 5)
+    fn = literal_loops_that_stay
+    with torch.no_grad():
+        on = check_map(acrobat.autobatch(fn), data, m=MODEL)
+        with outlined_with(fn, UNROLL_LITERALS=False):
+            off = check_map(acrobat.autobatch(fn), data, m=MODEL)
+    assert on.by_op == off.by_op
