@@ -2658,6 +2658,7 @@ class _Rewriter:
         self.loads: dict[str, int] = {}  # name -> loads of it in the whole function
         self.scannable = False  # no ``del`` anywhere: a bound name stays bound
         self.root: ast.FunctionDef | None = None
+        self.tensor_names: set | None = None  # (_tensor_operators: names tensor work binds)
         self.values = 0  # value reads split off their expressions (_split_demands)
         self.returns = 0  # returned expressions split off their return (_split_demands)
         self.containers: set[str] = set()  # locals only ever bound to list/tuple/dict/set
@@ -2771,6 +2772,8 @@ class _Rewriter:
                 return None
             ops += k
             varying |= _assigned_names(sub)
+        if ops == 0 and UNROLL_OPERATORS and self._tensor_operators(body):
+            ops = sum(_operator_count(sub.value) for sub in body)  # (``h = h * w + x``)
         if ops == 0 or ops * len(trips) > UNROLL_OPS:
             return None
         for sub in body:  # loop-invariant tensor work (``w(x)`` beside ``u(h)``): a
@@ -2788,6 +2791,26 @@ class _Rewriter:
             last = ast.Assign(targets=[ast.Name(name, ast.Store())], value=ast.Constant(trips[-1]))
             out.append(_located(last, stmt))  # (at the loop's lines: it ends where it did)
         return out + stmt.orelse  # (a body of assignments never breaks: else always runs)
+
+    def _tensor_operators(self, body: list) -> bool:
+        """Whether every statement of a loop's body assigns, by operators, a name that the
+        function binds elsewhere by tensor work (``h = h * w + x`` after ``h = m.a(x)``):
+        operators on tensors, not index arithmetic (UNROLL_OPERATORS)."""
+        if self.root is None:
+            return False
+        if self.tensor_names is None:
+            self.tensor_names = {
+                name
+                for sub in ast.walk(self.root)
+                if isinstance(sub, ast.Assign) and self._ops(sub) > 0
+                for name in _assigned_names(sub)
+            }
+        return all(
+            isinstance(sub, ast.Assign)
+            and _operator_count(sub.value) > 0
+            and _assigned_names(sub) <= self.tensor_names
+            for sub in body
+        )
 
     def _block(self, stmts: list, inherited: frozenset) -> list:
         out: list = []
@@ -4457,6 +4480,21 @@ def index_rows(seq: Any, indices, grown: tuple = (), offset: int = 0):
         rows = seq.unbind(0)
         return [rows[i] for i in positions]
     return [seq[i] for i in indices]
+
+
+#: UNROLL_LOOPS also writes out a loop whose body is operators alone on names the function
+#: binds by tensor work (``for w in (0.5, 0.25): h = h * w + x`` after ``h = m.a(x)``): the
+#: copies join the run around them as assignments of operators do.
+UNROLL_OPERATORS = True
+
+
+def _operator_count(expr) -> int:
+    """The arithmetic operators in ``expr`` (``not`` excluded)."""
+    return sum(
+        isinstance(sub, ast.BinOp)
+        or (isinstance(sub, ast.UnaryOp) and not isinstance(sub.op, ast.Not))
+        for sub in ast.walk(expr)
+    )
 
 
 #: UNROLL_LOOPS also writes out a loop over a tuple or list display of constants (``for w

@@ -297,3 +297,48 @@ def test_loops_over_names_or_non_constants_stay():
         with outlined_with(fn, UNROLL_LITERALS=False):
             off = check_map(acrobat.autobatch(fn), data, m=MODEL)
     assert on.by_op == off.by_op
+
+
+def operator_scales(x, m):
+    # a body of operators alone on a name tensor work binds (UNROLL_OPERATORS)
+    h = m.layers[0](x)
+    for w in (0.5, 0.25):
+        h = h * w + x
+    for _ in range(2):
+        h = -h / 2
+    return m.head(h).sum(0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(SIZES, st.integers(0, 2**16))
+def test_operator_bodies_on_tensors_are_written_out(sizes, seed):
+    data = rows(sizes, seed)
+    fn = operator_scales
+    with torch.no_grad():
+        on = check_map(acrobat.autobatch(fn), data, m=MODEL)
+        one_block(on, len(data))
+        with outlined_with(fn, UNROLL_OPERATORS=False):
+            off = check_map(acrobat.autobatch(fn), data, m=MODEL)
+    assert on.nodes < off.nodes, (on.by_op, off.by_op)
+    check_grads(acrobat.autobatch(fn), data, MODEL, atol=1e-4, rtol=1e-4, m=MODEL)
+
+
+def index_arithmetic(x, m):
+    n = 0
+    for k in range(3):  # (operators on a number: the loop stays)
+        n = n + k * 2
+    h = torch.tanh(m.layers[0](x)) * n
+    return h.sum(0)
+
+
+def test_operator_bodies_on_numbers_stay_loops():
+    """``n = n + k * 2`` on a number stays a loop: the run starts after it (written out,
+    its copies would join the run, which would begin at ``n = 0``)."""
+    data = rows([2, 3, 1], 5)
+    fn = index_arithmetic
+    with torch.no_grad():
+        on = check_map(acrobat.autobatch(fn), data, m=MODEL)
+    lines, first = inspect.getsourcelines(fn)
+    h_line = first + next(i for i, line in enumerate(lines) if "h = torch.tanh" in line)
+    (block,) = [op for op in on.by_op if op.startswith("block:")]
+    assert f"lines {h_line}-" in block, block
