@@ -213,13 +213,24 @@ def counter_assigned(x, m):
     return x * i
 
 
+def literal_loops_that_stay(x, m):
+    scales = (0.5, 0.25)
+    for w in scales:  # (a name, not a display)
+        x = torch.tanh(m.layers[0](x) * w)
+    for w in (0.5, m):  # (not all constants)
+        x = x + 1 if w is m else torch.tanh(m.layers[1](x))
+    return x
+
+
 @pytest.mark.parametrize(
-    "fn", [value_read, appends, many_trips, invariant_work, counter_assigned]
+    "fn",
+    [value_read, appends, many_trips, invariant_work, counter_assigned, literal_loops_that_stay],
 )
 def test_loops_that_stay(fn):
     """A body that reads a value, appends to a list, computes loop-invariant tensor work or
-    rebinds the counter, and trip counts that are no literal or above UNROLL_TRIPS stay
-    loops: the map records what it records with the rewrite off, with eager's results."""
+    rebinds the counter, trip counts that are no literal or above UNROLL_TRIPS, and loops
+    over a name or a display holding anything but constants stay loops: the map records
+    what it records with the rewrite off, with eager's results."""
     data = rows([2, 3, 1], 5)
     with torch.no_grad():
         on = check_map(acrobat.autobatch(fn), data, m=MODEL)
@@ -263,42 +274,6 @@ def literal_layers(x, m):
     return x.sum(0)
 
 
-@pytest.mark.parametrize("fn", [literal_scales, literal_layers])
-@settings(max_examples=10, deadline=None)
-@given(SIZES, st.integers(0, 2**16))
-def test_loops_over_literal_tuples_and_lists_are_written_out(fn, sizes, seed):
-    """A loop over a tuple or list display of constants is written out as a ``range``
-    loop of literals is: the whole function one block per instance, eager's values and
-    gradients; with UNROLL_LITERALS off it stays a loop (more nodes)."""
-    data = rows(sizes, seed)
-    with torch.no_grad():
-        on = check_map(acrobat.autobatch(fn), data, m=MODEL)
-        one_block(on, len(data))
-        with outlined_with(fn, UNROLL_LITERALS=False):
-            off = check_map(acrobat.autobatch(fn), data, m=MODEL)
-    assert on.nodes < off.nodes, (on.by_op, off.by_op)
-    check_grads(acrobat.autobatch(fn), data, MODEL, atol=1e-4, rtol=1e-4, m=MODEL)  # (float32 sums)
-
-
-def literal_loops_that_stay(x, m):
-    scales = (0.5, 0.25)
-    for w in scales:  # (a name, not a display)
-        x = torch.tanh(m.layers[0](x) * w)
-    for w in (0.5, m):  # (not all constants)
-        x = x + 1 if w is m else torch.tanh(m.layers[1](x))
-    return x
-
-
-def test_loops_over_names_or_non_constants_stay():
-    data = rows([2, 3, 1], 5)
-    fn = literal_loops_that_stay
-    with torch.no_grad():
-        on = check_map(acrobat.autobatch(fn), data, m=MODEL)
-        with outlined_with(fn, UNROLL_LITERALS=False):
-            off = check_map(acrobat.autobatch(fn), data, m=MODEL)
-    assert on.by_op == off.by_op
-
-
 def operator_scales(x, m):
     # a body of operators alone on a name tensor work binds (UNROLL_OPERATORS)
     h = m.layers[0](x)
@@ -309,18 +284,29 @@ def operator_scales(x, m):
     return m.head(h).sum(0)
 
 
+@pytest.mark.parametrize(
+    "fn, flag",
+    [
+        (literal_scales, "UNROLL_LITERALS"),
+        (literal_layers, "UNROLL_LITERALS"),
+        (operator_scales, "UNROLL_OPERATORS"),
+    ],
+)
 @settings(max_examples=10, deadline=None)
 @given(SIZES, st.integers(0, 2**16))
-def test_operator_bodies_on_tensors_are_written_out(sizes, seed):
+def test_loops_over_literal_tuples_and_operator_bodies_are_written_out(fn, flag, sizes, seed):
+    """A loop over a tuple or list display of constants, and a loop whose body is
+    operators alone on a name tensor work binds, are written out as a ``range`` loop of
+    literals is: the whole function one block per instance, eager's values and
+    gradients; with the flag off it stays a loop (more nodes)."""
     data = rows(sizes, seed)
-    fn = operator_scales
     with torch.no_grad():
         on = check_map(acrobat.autobatch(fn), data, m=MODEL)
         one_block(on, len(data))
-        with outlined_with(fn, UNROLL_OPERATORS=False):
+        with outlined_with(fn, **{flag: False}):
             off = check_map(acrobat.autobatch(fn), data, m=MODEL)
     assert on.nodes < off.nodes, (on.by_op, off.by_op)
-    check_grads(acrobat.autobatch(fn), data, MODEL, atol=1e-4, rtol=1e-4, m=MODEL)
+    check_grads(acrobat.autobatch(fn), data, MODEL, atol=1e-4, rtol=1e-4, m=MODEL)  # (float32 sums)
 
 
 def index_arithmetic(x, m):
