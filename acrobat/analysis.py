@@ -445,7 +445,13 @@ def _demote_callers(found: dict, control: dict, classes: tuple) -> list:
     runs are outlined. Returns the demoted functions (their references are searched)."""
     if not found:
         return []
-    methods = _class_functions(classes)
+    methods = {
+        id(v)
+        for cls in classes
+        for klass in cls.__mro__
+        if _user_object(klass)  # (not torch.nn.Module's hundreds of attributes)
+        for v in vars(klass).values()
+    }
     demoted: list = []
     while True:
         flow = {fn.__name__ for fn in control.values() if id(fn) in methods}
@@ -456,18 +462,6 @@ def _demote_callers(found: dict, control: dict, classes: tuple) -> list:
             del found[id(fn)]
             control[id(fn)] = fn
         demoted.extend(moved)
-
-
-def _class_functions(classes: tuple) -> set[int]:
-    """The ids of what the user's own classes among ``classes`` (and their user bases)
-    define."""
-    return {
-        id(v)
-        for cls in classes
-        for klass in cls.__mro__
-        if _user_object(klass)  # (not torch.nn.Module's hundreds of attributes)
-        for v in vars(klass).values()
-    }
 
 
 def flow_names(classes: tuple, control: list) -> frozenset:
@@ -1055,22 +1049,18 @@ def outline(fn) -> Outlined | None:
     """``fn``'s code with straight-line runs outlined (cached per _code_key, and per the
     names of :data:`_MAP_FLOW` it calls as methods); None if it has none or cannot be
     rewritten safely."""
-    global _OUTLINE_FLOW
-    flow = _NONE
+    flow = _NONE  # (what _Rewriter._control_call reads of _MAP_FLOW: fn's method names)
     if _MAP_FLOW and isinstance(fn, types.FunctionType):
         flow = _MAP_FLOW & _method_calls(fn)
     key = _code_key(fn) if not flow else (*_code_key(fn), flow)
     if key in _OUTLINED:
         return _OUTLINED[key]
-    _OUTLINE_FLOW = flow
     try:
         result = _outline(fn)
     except Exception:  # an optimisation: anything unexpected leaves the function alone
         if config.VERIFY:
             raise
         result = None
-    finally:
-        _OUTLINE_FLOW = _NONE
     _OUTLINED[key] = result
     return result
 
@@ -1082,7 +1072,6 @@ _NONE: frozenset = frozenset()
 #: passed as an argument: ``h = net.encode(tree)``), as :func:`_demote_callers` takes such
 #: calls by name; a run would run the method's recursion inside its trace.
 _MAP_FLOW: frozenset = _NONE
-_OUTLINE_FLOW: frozenset = _NONE  # the names of it the function being outlined calls
 ARG_METHODS = True  # (read when outlining)
 
 
@@ -2748,19 +2737,10 @@ class _Rewriter:
         ``else:`` runs after (nothing in such a body can break)."""
         if not isinstance(stmt, ast.For) or not isinstance(stmt.target, ast.Name):
             return None
-        it: Any = stmt.iter
-        trips: Any = _literal_trips(it)  # (``for w in (0.5, 0.25):``, UNROLL_LITERALS)
+        trips: Any = _literal_trips(stmt.iter)  # (``for w in (0.5, 0.25):``, UNROLL_LITERALS)
         if trips is None:
-            if not self._builtin_call(it, "range") or len(it.args) > 3:
-                return None
-            bounds: list[int] = []
-            for a in it.args:
-                value = _int_literal(a)
-                if value is None:
-                    return None
-                bounds.append(value)
-            trips = range(*bounds)
-        if not 1 <= len(trips) <= UNROLL_TRIPS:
+            trips = self._range_trips(stmt.iter)
+        if trips is None or not 1 <= len(trips) <= UNROLL_TRIPS:
             return None
         name = stmt.target.id
         ops = 0
@@ -2791,6 +2771,13 @@ class _Rewriter:
             last = ast.Assign(targets=[ast.Name(name, ast.Store())], value=ast.Constant(trips[-1]))
             out.append(_located(last, stmt))  # (at the loop's lines: it ends where it did)
         return out + stmt.orelse  # (a body of assignments never breaks: else always runs)
+
+    def _range_trips(self, it) -> range | None:
+        """The numbers of ``range(<int literals>)``, or None."""
+        if not self._builtin_call(it, "range") or len(it.args) > 3:
+            return None
+        bounds = [_int_literal(a) for a in it.args]
+        return None if None in bounds else range(*bounds)  # type: ignore[arg-type]
 
     def _tensor_operators(self, body: list) -> bool:
         """Whether every statement of a loop's body assigns, by operators, a name that the
@@ -3852,11 +3839,7 @@ class _Rewriter:
                 if not _call_ok(f, self.local) or (CONTROL_CALLERS and self._control_call(f)):
                     return -1
                 ops += self._tensor_call(f)
-            elif isinstance(sub, ast.BinOp) or (
-                isinstance(sub, ast.UnaryOp)
-                and not isinstance(sub.op, ast.Not)
-                and not isinstance(sub.operand, ast.Constant)  # (-1: a number)
-            ):
+            elif _is_operator(sub):
                 operators += 1
             if (
                 isinstance(sub, ast.Name)
@@ -3892,7 +3875,7 @@ class _Rewriter:
                 value = self.fn.__globals__.get(owner.id)
                 if isinstance(value, torch.nn.Module):  # (a global model's method)
                     return _control_method(value, name)
-            if name in _OUTLINE_FLOW:  # (a method of the map's models, by name: _MAP_FLOW)
+            if name in _MAP_FLOW:  # (a method of the map's models, by name)
                 return True
         else:
             return False
@@ -4210,12 +4193,20 @@ _DISPLAYS = (ast.List, ast.ListComp, ast.Tuple, ast.Dict, ast.DictComp, ast.Set,
 RUN_OPERATORS = True
 
 
+def _is_operator(node) -> bool:
+    """Whether ``node`` is an arithmetic operator (``a @ b``, ``-h``; not ``not x``, not
+    the number ``-1``)."""
+    return isinstance(node, ast.BinOp) or (
+        isinstance(node, ast.UnaryOp)
+        and not isinstance(node.op, ast.Not)
+        and not isinstance(node.operand, ast.Constant)  # (-1: a number)
+    )
+
+
 def _operates_on(expr, run: list) -> bool:
     """Whether ``expr`` is an operator expression (``a @ b``, ``-h``, ``h * s + b``) that
     reads a name the statements of ``run`` bind."""
-    if not isinstance(expr, (ast.BinOp, ast.UnaryOp)):
-        return False
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+    if not _is_operator(expr):
         return False
     names = _run_assigned(run)
     return any(isinstance(sub, ast.Name) and sub.id in names for sub in ast.walk(expr))
@@ -4489,12 +4480,8 @@ UNROLL_OPERATORS = True
 
 
 def _operator_count(expr) -> int:
-    """The arithmetic operators in ``expr`` (``not`` excluded)."""
-    return sum(
-        isinstance(sub, ast.BinOp)
-        or (isinstance(sub, ast.UnaryOp) and not isinstance(sub.op, ast.Not))
-        for sub in ast.walk(expr)
-    )
+    """The arithmetic operators in ``expr`` (:func:`_is_operator`)."""
+    return sum(map(_is_operator, ast.walk(expr)))
 
 
 #: UNROLL_LOOPS also writes out a loop over a tuple or list display of constants (``for w
