@@ -2977,12 +2977,12 @@ done:
  * source that a byte copy cannot read (None) makes the answer False, nothing copied. */
 /* The address of each row ``slots`` names (see copy_rows) into ``src``: 1, or 0 where a
  * source cannot be read by address, or -1 with an exception set. */
-static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject *shape,
-                        PyObject *dtype, Py_ssize_t nbytes, char **src) {
-    Py_ssize_t m = PyList_GET_SIZE(slots);
+static int row_pointers_at(PyObject *slots, PyObject *bases, PyObject *ts, PyObject *shape,
+                           PyObject *dtype, Py_ssize_t nbytes, char **src, Py_ssize_t start,
+                           Py_ssize_t count) {
     long long last_key = -1;
     char *last_base = NULL;
-    for (Py_ssize_t i = 0; i < m; i++) {
+    for (Py_ssize_t i = start; i < start + count; i++) {
         long long slot = slot_value(PyList_GET_ITEM(slots, i));
         if (slot == -1 && PyErr_Occurred()) return -1;
         long long key = slot >> 24;
@@ -3010,6 +3010,13 @@ static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject
         src[i] = last_base + (slot & 0xFFFFFF) * nbytes;
     }
     return 1;
+}
+
+/* row_pointers_at over all of ``slots`` */
+static int row_pointers(PyObject *slots, PyObject *bases, PyObject *ts, PyObject *shape,
+                        PyObject *dtype, Py_ssize_t nbytes, char **src) {
+    return row_pointers_at(slots, bases, ts, shape, dtype, nbytes, src, 0,
+                           PyList_GET_SIZE(slots));
 }
 
 /* copy_rows's and row_addresses's arguments: 1 if
@@ -3096,6 +3103,112 @@ static PyObject *pad_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     PyMem_Free(src);
     if (found < 0) return NULL;
     return PyBool_FromLong(found);
+}
+
+/* The ints of list ``a`` (``m`` of them) into ``out``: 1, or 0 with an exception set. */
+static int ssize_list(PyObject *a, Py_ssize_t m, Py_ssize_t *out) {
+    for (Py_ssize_t p = 0; p < m; p++) {
+        out[p] = PyLong_AsSsize_t(PyList_GET_ITEM(a, p));
+        if (out[p] == -1 && PyErr_Occurred()) return 0;
+    }
+    return 1;
+}
+
+/* pad_parts(dst, stride, slots, bases, ts, dtype, counts, shapes, nbytes): one ragged
+ * argument of a padded batch written in one call (executor._pad_parts): the members of
+ * part p (the next ``counts[p]`` of ``slots``, each of ``shapes[p]``, ``nbytes[p]`` bytes)
+ * copied by address to the start of their rows, member i at ``dst + i * stride``. True,
+ * False (a source that cannot be read by address; nothing copied), or NULL with an
+ * exception set. */
+static PyObject *pad_parts(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 9 || !PyList_Check(a[2]) || !PyDict_Check(a[3]) || !PyList_Check(a[4]) ||
+        !PyList_Check(a[6]) || !PyList_Check(a[7]) || !PyList_Check(a[8]) ||
+        PyList_GET_SIZE(a[4]) != PyList_GET_SIZE(a[2]) ||
+        PyList_GET_SIZE(a[7]) != PyList_GET_SIZE(a[6]) ||
+        PyList_GET_SIZE(a[8]) != PyList_GET_SIZE(a[6])) {
+        PyErr_SetString(PyExc_TypeError, "pad_parts(dst, stride, slots: list, bases: dict, "
+                                         "ts: list, dtype, counts: list, shapes: list, "
+                                         "nbytes: list)");
+        return NULL;
+    }
+    char *dst = (char *)PyLong_AsVoidPtr(a[0]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t stride = PyLong_AsSsize_t(a[1]);
+    if (stride == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(a[2]), parts = PyList_GET_SIZE(a[6]);
+    char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
+    Py_ssize_t *sizes = PyMem_Malloc((size_t)(2 * parts + 1) * sizeof(Py_ssize_t));
+    if (src == NULL || sizes == NULL) {
+        PyMem_Free(src);
+        PyMem_Free(sizes);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t *counts = sizes, *nbytes = sizes + parts;
+    int found = ssize_list(a[6], parts, counts) && ssize_list(a[8], parts, nbytes) ? 1 : -1;
+    Py_ssize_t start = 0;
+    for (Py_ssize_t p = 0; found == 1 && p < parts; p++) {
+        if (counts[p] < 0 || start + counts[p] > m) {
+            PyErr_SetString(PyExc_ValueError, "pad_parts: counts must sum to len(slots)");
+            found = -1;
+            break;
+        }
+        found = row_pointers_at(a[2], a[3], a[4], PyList_GET_ITEM(a[7], p), a[5], nbytes[p],
+                                src, start, counts[p]);
+        start += counts[p];
+    }
+    if (found == 1 && start != m) {
+        PyErr_SetString(PyExc_ValueError, "pad_parts: counts must sum to len(slots)");
+        found = -1;
+    }
+    if (found == 1) {
+        Py_ssize_t i = 0;
+        for (Py_ssize_t p = 0; p < parts; p++)
+            for (Py_ssize_t j = 0; j < counts[p]; j++, i++)
+                memcpy(dst + i * stride, src[i], (size_t)nbytes[p]);
+    }
+    PyMem_Free(src);
+    PyMem_Free(sizes);
+    if (found < 0) return NULL;
+    return PyBool_FromLong(found);
+}
+
+/* unpad_parts(src, stride, dst, counts, nbytes): a padded batch's ragged output cut back
+ * to its members' sizes (executor._cut_parts): row i (at ``src + i * stride``), a member
+ * of part p (the next ``counts[p]`` rows), gives its first ``nbytes[p]`` bytes, written
+ * back to back from ``dst``. */
+static PyObject *unpad_parts(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 5 || !PyList_Check(a[3]) || !PyList_Check(a[4]) ||
+        PyList_GET_SIZE(a[3]) != PyList_GET_SIZE(a[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "unpad_parts(src, stride, dst, counts: list, nbytes: list)");
+        return NULL;
+    }
+    char *src = (char *)PyLong_AsVoidPtr(a[0]);
+    if (src == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t stride = PyLong_AsSsize_t(a[1]);
+    if (stride == -1 && PyErr_Occurred()) return NULL;
+    char *dst = (char *)PyLong_AsVoidPtr(a[2]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t parts = PyList_GET_SIZE(a[3]);
+    Py_ssize_t *sizes = PyMem_Malloc((size_t)(2 * parts + 1) * sizeof(Py_ssize_t));
+    if (sizes == NULL) return PyErr_NoMemory();
+    Py_ssize_t *counts = sizes, *nbytes = sizes + parts;
+    int ok = ssize_list(a[3], parts, counts) && ssize_list(a[4], parts, nbytes);
+    for (Py_ssize_t p = 0; ok && p < parts; p++) {
+        if (counts[p] < 0 || nbytes[p] < 0 || nbytes[p] > stride) {
+            PyErr_SetString(PyExc_ValueError, "unpad_parts: a part's rows longer than stride");
+            ok = 0;
+        }
+    }
+    for (Py_ssize_t p = 0; ok && p < parts; p++)
+        for (Py_ssize_t j = 0; j < counts[p]; j++) {
+            memcpy(dst, src, (size_t)nbytes[p]);
+            dst += nbytes[p];
+            src += stride;
+        }
+    PyMem_Free(sizes);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
 }
 
 /* join_into(dst, stride, nodes, group, bases): executor._join's copies without its
@@ -3441,6 +3554,12 @@ static PyMethodDef methods[] = {
      "that cannot be read by address; nothing copied)"},
     {"pad_rows", (PyCFunction)(void (*)(void))pad_rows, METH_FASTCALL,
      "pad_rows(dst, stride, rows, slots, bases, nbytes, ts, shape, dtype[, parts, inner]): rows copied by address to dst + row * stride"},
+    {"pad_parts", (PyCFunction)(void (*)(void))pad_parts, METH_FASTCALL,
+     "pad_parts(dst, stride, slots, bases, ts, dtype, counts, shapes, nbytes) -> True, or "
+     "False (a ragged argument's parts by address to the start of their rows)"},
+    {"unpad_parts", (PyCFunction)(void (*)(void))unpad_parts, METH_FASTCALL,
+     "unpad_parts(src, stride, dst, counts, nbytes): each padded row's first nbytes of its "
+     "part, back to back at dst"},
     {"join_into", (PyCFunction)(void (*)(void))join_into, METH_FASTCALL,
      "join_into(dst, stride, nodes, group, bases) -> True, or False (executor._join's "
      "copies: operand j of every node for each j of group, side by side in each row)"},

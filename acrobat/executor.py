@@ -559,9 +559,16 @@ def _pad_run(fam, parts: list, stats) -> None:
             xs.append(gather([nd.inputs[view.args[v]] for view, part in zip(views, parts)
                               for nd in part], n, stats))  # fmt: skip
             continue
+        direct = _direct_pad(flags, nodes[0])
+        if direct and not any(flags[1:]) and all(view.args[v] >= 0 for view in views):
+            column = [nd.inputs[view.args[v]] for view, part in zip(views, parts)
+                      for nd in part]  # fmt: skip
+            out = _pad_parts(column, [len(part) for part in parts], stats)
+            if out is not None:
+                xs.append(out)
+                continue
         out = None
         r = 0
-        direct = _direct_pad(flags, nodes[0])
         for part, size, view in zip(parts, ns, views):
             i = view.args[v]
             if i >= 0:
@@ -585,22 +592,95 @@ def _pad_run(fam, parts: list, stats) -> None:
         assert out is not None
         xs.append(out)
     device = xs[0].device
-    lens = torch.tensor([size for part, size in zip(parts, ns) for _ in part], device=device)
+    lens = _lens(ns, [len(part) for part in parts], device)
     t1 = time.perf_counter()
     outs = fam.run(trace, xs, lens, n)
     if not fam.ragged_out:
         _finish_batch(nodes, outs, n, stats, t0, t1)
         return
     _account(nodes, n, stats, t0, t1)
+    counts = [len(part) for part in parts]
+    cut = [
+        _cut_parts(o, flags, counts, ns) if any(flags) and _direct_pad(flags, nodes[0]) else None
+        for o, flags in zip(outs, fam.out_flags)
+    ]
     r = 0
-    for part, size in zip(parts, ns):  # each size its own rows, ragged outputs cut to size
-        rows = slice(r, r + len(part))
+    for p, (part, size) in enumerate(zip(parts, ns)):  # each size its own rows, ragged
+        rows = slice(r, r + len(part))  # outputs cut to size
         mine = tuple(
-            o[(rows, *padding.cut(flags, size))].contiguous() if any(flags) else o[rows]
-            for o, flags in zip(outs, fam.out_flags)
+            (
+                (o[(rows, *padding.cut(flags, size))].contiguous() if c is None else c[p])
+                if any(flags)
+                else o[rows]
+            )
+            for o, flags, c in zip(outs, fam.out_flags, cut)
         )
         _give(part, mine)
         r += len(part)
+
+
+def _lens(ns: list, counts: list, device: torch.device) -> torch.Tensor:
+    """The true size of each row of a padded batch (its part's ``ns`` entry, ``counts`` rows
+    of each part): from a buffer where the sizes are ints (torch.tensor of a list of
+    ints costs ~10 us)."""
+    if type(ns[0]) is int:
+        sizes = array("q")
+        for size, c in zip(ns, counts):
+            sizes.extend([size] * c)
+        lens = torch.frombuffer(sizes, dtype=torch.int64)
+        return lens if device.type == "cpu" else lens.to(device)
+    return torch.tensor([size for size, c in zip(ns, counts) for _ in range(c)], device=device)
+
+
+def _pad_parts(column: list, counts: list, stats) -> torch.Tensor | None:
+    """A padded batch's argument ragged along its first dim alone: ``column`` holds the
+    members of each part in turn (``counts``), the largest part first; all written by
+    address to the start of their rows in one C call (_native.pad_parts), their pads left
+    as :func:`padding.blank_as` fills them. None, nothing written, where a source cannot
+    be read by address."""
+    t0 = column[0]
+    out = padding.blank_as(t0, (len(column), *t0.shape))
+    item = t0.dtype.itemsize
+    shapes, nbytes = [], []
+    k = 0
+    for c in counts:
+        shape = column[k].shape
+        shapes.append(shape)
+        nbytes.append(shape.numel() * item)
+        k += c
+    stride = out.stride(0) * out.element_size()
+    slots = _slots(column)
+    if not _native.pad_parts(
+        out.data_ptr(), stride, slots, _bases, column, t0.dtype, counts, shapes, nbytes
+    ):
+        return None
+    stats.gathers += 1
+    stats.gather_bytes += sum(c * b for c, b in zip(counts, nbytes))
+    return out
+
+
+def _cut_parts(o: torch.Tensor, flags: tuple, counts: list, ns: list) -> list | None:
+    """A padded batch's output ragged along its first dim alone (``flags``) cut back to
+    each part's size (``ns``; ``counts`` rows each): one C copy of every row's real entries
+    into one buffer (_native.unpad_parts), each part a contiguous view of it (``o`` made
+    contiguous first where it is not: one copy, not one a part). None where ``o`` is not on
+    the CPU (the caller cuts it part by part)."""
+    if any(flags[1:]) or o.device.type != "cpu":
+        return None
+    o = o.contiguous()
+    f = flags[0]
+    rest = o.shape[2:]
+    inner = rest.numel()
+    lengths = [(size[f.sym] if type(size) is tuple else size) + f.offset for size in ns]
+    numels = [c * length * inner for c, length in zip(counts, lengths)]
+    flat = torch.empty(sum(numels), dtype=o.dtype)
+    item = o.element_size()
+    nbytes = [length * inner * item for length in lengths]
+    _native.unpad_parts(o.data_ptr(), o.stride(0) * item, flat.data_ptr(), counts, nbytes)
+    return [
+        piece.view(c, length, *rest)
+        for piece, c, length in zip(flat.split(numels), counts, lengths)
+    ]
 
 
 def _direct_pad(flags: tuple, node) -> bool:
