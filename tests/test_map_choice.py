@@ -141,6 +141,10 @@ def test_a_clear_verdict_is_taken_without_the_remaining_trials():
     # the batched map 4x faster than the eager loop's timed run: decided after one of each
     ran = drive(api._MapChoice(), lambda v, k: 1.0 if v == "map" else (2.0 if k == 1 else 4.0), 20)
     assert ran[:4] == ["map", "eager", "map", "eager"] and ran[4:] == ["map"] * 16
+    # the eager loop's untimed first run 5x the map's (one-time costs of its own), its
+    # timed runs 15% faster than the map: every trial runs, then the eager loop
+    ran = drive(api._MapChoice(), lambda v, k: 1.0 if v == "map" else (5.0 if k == 1 else 0.85), 20)
+    assert ran[:6] == ["map", "eager"] * 3 and ran[6:] == ["eager"] * 14
     # the eager loop 4x faster: never early (the map may still be tracing), all trials
     ran = drive(api._MapChoice(), lambda v, k: 4.0 if v == "map" else 1.0, 20)
     assert ran[:6] == ["map", "eager"] * 3 and ran[6:] == ["eager"] * 14
