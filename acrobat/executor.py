@@ -552,6 +552,7 @@ def _pad_run(fam, parts: list, stats) -> None:
     nodes = [nd for part in parts for nd in part]
     n = len(nodes)
     ns = [part[0].op.extra["padded"][1] for part in parts]
+    counts = [len(part) for part in parts]
     views = [padding.view(part[0].op.rule.__self__) for part in parts]
     xs = []
     for v, flags in enumerate(fam.arg_flags):
@@ -563,7 +564,7 @@ def _pad_run(fam, parts: list, stats) -> None:
         if direct and not any(flags[1:]) and all(view.args[v] >= 0 for view in views):
             column = [nd.inputs[view.args[v]] for view, part in zip(views, parts)
                       for nd in part]  # fmt: skip
-            out = _pad_parts(column, [len(part) for part in parts], stats)
+            out = _pad_parts(column, counts, stats)
             if out is not None:
                 xs.append(out)
                 continue
@@ -592,14 +593,13 @@ def _pad_run(fam, parts: list, stats) -> None:
         assert out is not None
         xs.append(out)
     device = xs[0].device
-    lens = _lens(ns, [len(part) for part in parts], device)
+    lens = _lens(ns, counts, device)
     t1 = time.perf_counter()
     outs = fam.run(trace, xs, lens, n)
     if not fam.ragged_out:
         _finish_batch(nodes, outs, n, stats, t0, t1)
         return
     _account(nodes, n, stats, t0, t1)
-    counts = [len(part) for part in parts]
     cut = [
         _cut_parts(o, flags, counts, ns) if any(flags) and _direct_pad(flags, nodes[0]) else None
         for o, flags in zip(outs, fam.out_flags)
