@@ -3172,6 +3172,56 @@ static PyObject *pad_parts(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     return PyBool_FromLong(found);
 }
 
+/* pick_rows(dst, rowbytes, slots, bases, ts, dtype, shapes, nbytes, offsets): ``x[i]`` of
+ * values of any leading sizes, one row each (executor._native_picks): value k (``ts[k]``,
+ * of ``shapes[k]``, ``nbytes[k]`` bytes, found by its slot as copy_rows finds rows) gives
+ * the ``rowbytes`` bytes at ``offsets[k]`` into it, written at ``dst + k * rowbytes``. True,
+ * False (a source that cannot be read by address; nothing copied), or NULL with an
+ * exception set. */
+static PyObject *pick_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 9 || !PyList_Check(a[2]) || !PyDict_Check(a[3]) || !PyList_Check(a[4]) ||
+        !PyList_Check(a[6]) || !PyList_Check(a[7]) || !PyList_Check(a[8]) ||
+        PyList_GET_SIZE(a[4]) != PyList_GET_SIZE(a[2]) ||
+        PyList_GET_SIZE(a[6]) != PyList_GET_SIZE(a[2]) ||
+        PyList_GET_SIZE(a[7]) != PyList_GET_SIZE(a[2]) ||
+        PyList_GET_SIZE(a[8]) != PyList_GET_SIZE(a[2])) {
+        PyErr_SetString(PyExc_TypeError, "pick_rows(dst, rowbytes, slots: list, bases: dict, "
+                                         "ts: list, dtype, shapes: list, nbytes: list, "
+                                         "offsets: list)");
+        return NULL;
+    }
+    char *dst = (char *)PyLong_AsVoidPtr(a[0]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t rowbytes = PyLong_AsSsize_t(a[1]);
+    if (rowbytes == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(a[2]);
+    char **src = PyMem_Malloc((size_t)(m > 0 ? m : 1) * sizeof(char *));
+    Py_ssize_t *sizes = PyMem_Malloc((size_t)(2 * m + 1) * sizeof(Py_ssize_t));
+    if (src == NULL || sizes == NULL) {
+        PyMem_Free(src);
+        PyMem_Free(sizes);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t *nbytes = sizes, *offsets = sizes + m;
+    int found = ssize_list(a[7], m, nbytes) && ssize_list(a[8], m, offsets) ? 1 : -1;
+    for (Py_ssize_t k = 0; found == 1 && k < m; k++) {
+        if (offsets[k] < 0 || rowbytes < 0 || offsets[k] + rowbytes > nbytes[k]) {
+            PyErr_SetString(PyExc_ValueError, "pick_rows: a row past its value's end");
+            found = -1;
+            break;
+        }
+        found = row_pointers_at(a[2], a[3], a[4], PyList_GET_ITEM(a[6], k), a[5], nbytes[k],
+                                src, k, 1);
+    }
+    if (found == 1)
+        for (Py_ssize_t k = 0; k < m; k++)
+            memcpy(dst + k * rowbytes, src[k] + offsets[k], (size_t)rowbytes);
+    PyMem_Free(src);
+    PyMem_Free(sizes);
+    if (found < 0) return NULL;
+    return PyBool_FromLong(found);
+}
+
 /* unpad_parts(src, stride, dst, counts, nbytes): a padded batch's ragged output cut back
  * to its members' sizes (executor._cut_parts): row i (at ``src + i * stride``), a member
  * of part p (the next ``counts[p]`` rows), gives its first ``nbytes[p]`` bytes, written
@@ -3557,6 +3607,9 @@ static PyMethodDef methods[] = {
     {"pad_parts", (PyCFunction)(void (*)(void))pad_parts, METH_FASTCALL,
      "pad_parts(dst, stride, slots, bases, ts, dtype, counts, shapes, nbytes) -> True, or "
      "False (a ragged argument's parts by address to the start of their rows)"},
+    {"pick_rows", (PyCFunction)(void (*)(void))pick_rows, METH_FASTCALL,
+     "pick_rows(dst, rowbytes, slots, bases, ts, dtype, shapes, nbytes, offsets) -> True, or "
+     "False (one row of each value, values of any leading sizes, by address)"},
     {"unpad_parts", (PyCFunction)(void (*)(void))unpad_parts, METH_FASTCALL,
      "unpad_parts(src, stride, dst, counts, nbytes): each padded row's first nbytes of its "
      "part, back to back at dst"},

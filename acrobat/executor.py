@@ -423,9 +423,14 @@ def run_batch(nodes: list, stats) -> None:
             t1 = time.perf_counter()
             outs = (picks(nodes, x),)
         else:  # (config.RAGGED_ROWS: values of different leading sizes)
-            values = _values(column)
-            t1 = time.perf_counter()
-            outs = (ragged_picks(nodes, values),)
+            x = _native_picks(nodes, column, stats)
+            if x is not None:
+                t1 = time.perf_counter()
+                outs = (x,)
+            else:
+                values = _values(column)
+                t1 = time.perf_counter()
+                outs = (ragged_picks(nodes, values),)
     elif op.kind == "whole":  # x.max() ... of values of any shapes (ops._special_whole)
         column = [nd.inputs[0] for nd in nodes]
         if _same_shapes(column):
@@ -466,6 +471,34 @@ def run_batch(nodes: list, stats) -> None:
     _finish_batch(nodes, outs, n, stats, t0, t1)
 
 
+def _native_picks(nodes: list, column: list, stats) -> torch.Tensor | None:
+    """``x[i]`` of values of different leading sizes (``column``, each node its own int):
+    each row copied by address in one C call (_native.pick_rows), where ops.ragged_picks
+    takes a view of every value, their concatenation and one lookup. None where that
+    cannot be done (autograd, no C extension, not a CPU map, a source not readable by
+    address)."""
+    if not (_native is not None and config.FAST_GATHER and not torch.is_grad_enabled()):
+        return None
+    t0 = column[0]
+    if t0.node.rt.device.type != "cpu":
+        return None
+    dtype = t0.dtype
+    item = dtype.itemsize
+    rest = t0.shape[1:]
+    rowbytes = rest.numel() * item
+    shapes = [t.shape for t in column]
+    nbytes = [shape.numel() * item for shape in shapes]
+    offsets = [(nd.args[1] % shape[0]) * rowbytes for nd, shape in zip(nodes, shapes)]
+    out = torch.empty(len(column), *rest, dtype=dtype)
+    if not _native.pick_rows(
+        out.data_ptr(), rowbytes, _slots(column), _bases, column, dtype, shapes, nbytes, offsets
+    ):
+        return None
+    stats.gathers += 1
+    stats.gather_bytes += out.nbytes
+    return out
+
+
 def _same_shapes(column: list) -> bool:
     key = column[0].key
     return all(t.key == key for t in column)
@@ -474,30 +507,27 @@ def _same_shapes(column: list) -> bool:
 def _padded_flat(column: list, n: int, name: str, stats) -> torch.Tensor | None:
     """The values of ``column`` (computed LazyTensors of different shapes, for a whole
     reduction ``name``) flattened into the rows of an (n, longest) matrix, padded with the
-    reduction's neutral element: copied by address, one C call per shape (a ragged
-    ``s.max()`` of 37 vectors: ~2 us a shape instead of a view, a reshape and
-    ``pad_sequence``'s copy per value); None where that cannot be done (autograd, no C
-    extension, not a CPU map, a source not readable by address)."""
+    reduction's neutral element: copied by address in one C call (_native.pad_parts, each
+    value a part of its own; was a view, a reshape and ``pad_sequence``'s copy per value,
+    then one call per shape); None where that cannot be done (autograd, no C extension,
+    not a CPU map, a source not readable by address)."""
     if not (_native is not None and config.FAST_GATHER and not torch.is_grad_enabled()):
         return None
     t0 = column[0]
     if t0.node.rt.device.type != "cpu":
         return None
-    groups: dict = {}  # shape -> (rows, values)
-    for r, t in enumerate(column):
-        rows, ts = groups.setdefault(t.shape, ([], []))
-        rows.append(r)
-        ts.append(t)
     dtype = t0.dtype
-    longest = max(shape.numel() for shape in groups)
+    item = dtype.itemsize
+    shapes = [t.shape for t in column]
+    nbytes = [shape.numel() * item for shape in shapes]
+    longest = max(nbytes) // item
     X = torch.full((n, longest), neutral_value(NEUTRAL[name], dtype), dtype=dtype)
-    stride = longest * X.element_size()
-    dst = X.data_ptr()
-    for shape, (rows, ts) in groups.items():
-        nbytes = shape.numel() * X.element_size()
-        if not _native.pad_rows(dst, stride, rows, _slots(ts), _bases, nbytes, ts, shape, dtype):
-            return None
-    stats.gathers += len(groups)
+    if not _native.pad_parts(  # (each value a part of its own: row k, its own size)
+        X.data_ptr(), longest * item, _slots(column), _bases, column, dtype, [1] * n, shapes,
+        nbytes,
+    ):  # fmt: skip
+        return None
+    stats.gathers += 1
     stats.gather_bytes += X.nbytes
     return X
 

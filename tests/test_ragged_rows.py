@@ -63,6 +63,40 @@ def test_picks_from_values_of_different_sizes_are_one_batch(case):
     assert batches(per_size, "pick") == len(set(ns)), per_size.by_op
 
 
+@acrobat.autobatch
+def pick_block(x, i, layer=LAYER):
+    h = layer(x).reshape(x.shape[0], 2, 2)
+    return h[i]  # (a row of 2 x 2 from each value)
+
+
+@settings(max_examples=10, deadline=None)
+@given(values_and_ints(), st.booleans())
+def test_picks_of_different_sizes_copy_their_rows_by_address(case, native):
+    """Without autograd each value's row is copied by address, all in one C call
+    (executor._native_picks, _native.pick_rows); with the C path off, a view of each value,
+    their concatenation and a lookup: both eager's, negative ints too, rows of any shape."""
+    from acrobat import executor
+
+    ns, xs, ints = case
+    used = []
+    real = executor._native_picks
+
+    def counting(nodes, column, stats):
+        out = real(nodes, column, stats)
+        used.append(out is not None)
+        return out
+
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad(), config.override(FAST_GATHER=native):
+        mp.setattr(executor, "_native_picks", counting)
+        for f in (pick_row, pick_block):
+            got = f.map(xs, ints)
+            want = [f.eager(x, i) for x, i in zip(xs, ints)]
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)
+    if len(set(ns)) > 1:  # (values of one size: a batch of one shape, no ragged picks)
+        assert used and all(used) == (native and executor._native is not None)
+
+
 REDUCTIONS = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "all",
               "any"]  # fmt: skip
 
@@ -106,7 +140,7 @@ def test_whole_reductions_of_values_of_different_sizes_are_one_batch(name, dtype
 )
 def test_whole_reductions_padded_by_address_equal_eager(ns, seed, name, native):
     """Without autograd the values are copied into the padded matrix by address, one C
-    call per shape (executor._padded_flat); with the C path off, pad_sequence: both are
+    call (executor._padded_flat); with the C path off, pad_sequence: both are
     eager's, for 2-d values of many sizes and the values' own rows."""
     xs = values(ns, seed)
 
