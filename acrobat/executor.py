@@ -423,10 +423,10 @@ def run_batch(nodes: list, stats) -> None:
             t1 = time.perf_counter()
             outs = (picks(nodes, x),)
         else:  # (config.RAGGED_ROWS: values of different leading sizes)
-            x = _native_picks(nodes, column, stats)
-            if x is not None:
+            rows = _native_picks(nodes, column, stats)
+            if rows is not None:
                 t1 = time.perf_counter()
-                outs = (x,)
+                outs = (rows,)
             else:
                 values = _values(column)
                 t1 = time.perf_counter()
@@ -471,17 +471,26 @@ def run_batch(nodes: list, stats) -> None:
     _finish_batch(nodes, outs, n, stats, t0, t1)
 
 
+def _by_address(column: list) -> bool:
+    """Whether the values of ``column`` (computed LazyTensors) may be copied by the C
+    extension from their addresses: a CPU map without autograd, config.FAST_GATHER on."""
+    return (
+        _native is not None
+        and config.FAST_GATHER
+        and not torch.is_grad_enabled()
+        and column[0].node.rt.device.type == "cpu"
+    )
+
+
 def _native_picks(nodes: list, column: list, stats) -> torch.Tensor | None:
     """``x[i]`` of values of different leading sizes (``column``, each node its own int):
     each row copied by address in one C call (_native.pick_rows), where ops.ragged_picks
     takes a view of every value, their concatenation and one lookup. None where that
     cannot be done (autograd, no C extension, not a CPU map, a source not readable by
     address)."""
-    if not (_native is not None and config.FAST_GATHER and not torch.is_grad_enabled()):
+    if not _by_address(column):
         return None
     t0 = column[0]
-    if t0.node.rt.device.type != "cpu":
-        return None
     dtype = t0.dtype
     item = dtype.itemsize
     rest = t0.shape[1:]
@@ -511,11 +520,9 @@ def _padded_flat(column: list, n: int, name: str, stats) -> torch.Tensor | None:
     value a part of its own; was a view, a reshape and ``pad_sequence``'s copy per value,
     then one call per shape); None where that cannot be done (autograd, no C extension,
     not a CPU map, a source not readable by address)."""
-    if not (_native is not None and config.FAST_GATHER and not torch.is_grad_enabled()):
+    if not _by_address(column):
         return None
     t0 = column[0]
-    if t0.node.rt.device.type != "cpu":
-        return None
     dtype = t0.dtype
     item = dtype.itemsize
     shapes = [t.shape for t in column]
