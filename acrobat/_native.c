@@ -3152,6 +3152,11 @@ static PyObject *pad_parts(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
             found = -1;
             break;
         }
+        if (nbytes[p] < 0 || nbytes[p] > stride) {
+            PyErr_SetString(PyExc_ValueError, "pad_parts: a member longer than its row");
+            found = -1;
+            break;
+        }
         found = row_pointers_at(a[2], a[3], a[4], PyList_GET_ITEM(a[7], p), a[5], nbytes[p],
                                 src, start, counts[p]);
         start += counts[p];

@@ -478,3 +478,21 @@ def test_a_namedtuple_of_cells_keeps_the_c_call_path(monkeypatch):
     # (a trace's first call in a map is checked in Python: one miss per trace at most)
     for b in set(calls):
         assert calls.count(b) <= len(b.cache), f"{calls.count(b)} calls missed the C path"
+
+
+@needs_native
+def test_ragged_copies_refuse_rows_past_their_buffer():
+    """The padded batches' C copies check each part's bytes against the row stride before
+    writing (a member longer than its padded row would write into the next row, or past
+    the buffer), and a pick against its value's end."""
+    out = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="longer than its row"):
+        _native.pad_parts(
+            out.data_ptr(), 12, [0], {}, [None], torch.float32, [1], [torch.Size([5])], [20]
+        )
+    with pytest.raises(ValueError, match="longer than stride"):
+        _native.unpad_parts(out.data_ptr(), 12, out.data_ptr(), [1], [20])
+    with pytest.raises(ValueError, match="past its value's end"):
+        _native.pick_rows(
+            out.data_ptr(), 12, [0], {}, [None], torch.float32, [torch.Size([2, 3])], [24], [16]
+        )
