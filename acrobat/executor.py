@@ -498,7 +498,7 @@ def _native_picks(nodes: list, column: list, stats) -> torch.Tensor | None:
     shapes = [t.shape for t in column]
     nbytes = [shape.numel() * item for shape in shapes]
     offsets = [(nd.args[1] % shape[0]) * rowbytes for nd, shape in zip(nodes, shapes)]
-    out = torch.empty(len(column), *rest, dtype=dtype)
+    out = torch.empty(len(column), *rest, dtype=dtype, device=_CPU)  # (copied by address)
     if not _native.pick_rows(
         out.data_ptr(), rowbytes, _slots(column), _bases, column, dtype, shapes, nbytes, offsets
     ):
@@ -528,7 +528,7 @@ def _padded_flat(column: list, n: int, name: str, stats) -> torch.Tensor | None:
     shapes = [t.shape for t in column]
     nbytes = [shape.numel() * item for shape in shapes]
     longest = max(nbytes) // item
-    X = torch.full((n, longest), neutral_value(NEUTRAL[name], dtype), dtype=dtype)
+    X = torch.full((n, longest), neutral_value(NEUTRAL[name], dtype), dtype=dtype, device=_CPU)
     if not _native.pad_parts(  # (each value a part of its own: row k, its own size)
         X.data_ptr(), longest * item, _slots(column), _bases, column, dtype, [1] * n, shapes,
         nbytes,
@@ -710,7 +710,7 @@ def _cut_parts(o: torch.Tensor, flags: tuple, counts: list, ns: list) -> list | 
     inner = rest.numel()
     lengths = [(size[f.sym] if type(size) is tuple else size) + f.offset for size in ns]
     numels = [c * length * inner for c, length in zip(counts, lengths)]
-    flat = torch.empty(sum(numels), dtype=o.dtype)
+    flat = torch.empty(sum(numels), dtype=o.dtype, device=_CPU)
     item = o.element_size()
     nbytes = [length * inner * item for length in lengths]
     _native.unpad_parts(o.data_ptr(), o.stride(0) * item, flat.data_ptr(), counts, nbytes)
