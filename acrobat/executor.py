@@ -471,14 +471,14 @@ def run_batch(nodes: list, stats) -> None:
     _finish_batch(nodes, outs, n, stats, t0, t1)
 
 
-def _by_address(column: list) -> bool:
-    """Whether the values of ``column`` (computed LazyTensors) may be copied by the C
-    extension from their addresses: a CPU map without autograd, config.FAST_GATHER on."""
+def _by_address(node) -> bool:
+    """Whether values of ``node``'s map may be copied by the C extension from their
+    addresses: a CPU map without autograd, config.FAST_GATHER on."""
     return (
         _native is not None
         and config.FAST_GATHER
         and not torch.is_grad_enabled()
-        and column[0].node.rt.device.type == "cpu"
+        and node.rt.device.type == "cpu"
     )
 
 
@@ -488,9 +488,9 @@ def _native_picks(nodes: list, column: list, stats) -> torch.Tensor | None:
     takes a view of every value, their concatenation and one lookup. None where that
     cannot be done (autograd, no C extension, not a CPU map, a source not readable by
     address)."""
-    if not _by_address(column):
-        return None
     t0 = column[0]
+    if not _by_address(t0.node):
+        return None
     dtype = t0.dtype
     item = dtype.itemsize
     rest = t0.shape[1:]
@@ -520,19 +520,13 @@ def _padded_flat(column: list, n: int, name: str, stats) -> torch.Tensor | None:
     value a part of its own; was a view, a reshape and ``pad_sequence``'s copy per value,
     then one call per shape); None where that cannot be done (autograd, no C extension,
     not a CPU map, a source not readable by address)."""
-    if not _by_address(column):
-        return None
     t0 = column[0]
+    if not _by_address(t0.node):
+        return None
     dtype = t0.dtype
-    item = dtype.itemsize
-    shapes = [t.shape for t in column]
-    nbytes = [shape.numel() * item for shape in shapes]
-    longest = max(nbytes) // item
+    longest = max(t.shape.numel() for t in column)
     X = torch.full((n, longest), neutral_value(NEUTRAL[name], dtype), dtype=dtype, device=_CPU)
-    if not _native.pad_parts(  # (each value a part of its own: row k, its own size)
-        X.data_ptr(), longest * item, _slots(column), _bases, column, dtype, [1] * n, shapes,
-        nbytes,
-    ):  # fmt: skip
+    if _write_parts(X, column, [1] * n) is None:  # (each value a part of its own)
         return None
     stats.gathers += 1
     stats.gather_bytes += X.nbytes
@@ -637,23 +631,30 @@ def _pad_run(fam, parts: list, stats) -> None:
         _finish_batch(nodes, outs, n, stats, t0, t1)
         return
     _account(nodes, n, stats, t0, t1)
-    cut = [
-        _cut_parts(o, flags, counts, ns) if any(flags) and _direct_pad(flags, nodes[0]) else None
+    cut = [  # per ragged output, its value at each size
+        _cut(o, flags, counts, ns, nodes[0]) if any(flags) else None
         for o, flags in zip(outs, fam.out_flags)
     ]
     r = 0
-    for p, (part, size) in enumerate(zip(parts, ns)):  # each size its own rows, ragged
-        rows = slice(r, r + len(part))  # outputs cut to size
-        mine = tuple(
-            (
-                (o[(rows, *padding.cut(flags, size))].contiguous() if c is None else c[p])
-                if any(flags)
-                else o[rows]
-            )
-            for o, flags, c in zip(outs, fam.out_flags, cut)
-        )
-        _give(part, mine)
+    for p, part in enumerate(parts):  # each size its own rows
+        rows = slice(r, r + len(part))
+        _give(part, tuple(o[rows] if c is None else c[p] for o, c in zip(outs, cut)))
         r += len(part)
+
+
+def _cut(o: torch.Tensor, flags: tuple, counts: list, ns: list, node) -> list:
+    """A padded batch's ragged output ``o`` cut back to each part's size (``ns``;
+    ``counts`` rows each): by address in one C copy where it can be (:func:`_cut_parts`),
+    else part by part (an index and a copy each: autograd, the GPU)."""
+    if _direct_pad(flags, node):
+        parts = _cut_parts(o, flags, counts, ns)
+        if parts is not None:
+            return parts
+    out, r = [], 0
+    for c, size in zip(counts, ns):
+        out.append(o[(slice(r, r + c), *padding.cut(flags, size))].contiguous())
+        r += c
+    return out
 
 
 def _lens(ns: list, counts: list, device: torch.device) -> torch.Tensor:
@@ -677,7 +678,20 @@ def _pad_parts(column: list, counts: list, stats) -> torch.Tensor | None:
     be read by address."""
     t0 = column[0]
     out = padding.blank_as(t0, (len(column), *t0.shape))
-    item = t0.dtype.itemsize
+    written = _write_parts(out, column, counts)
+    if written is None:
+        return None
+    stats.gathers += 1
+    stats.gather_bytes += written
+    return out
+
+
+def _write_parts(out: torch.Tensor, column: list, counts: list) -> int | None:
+    """The members of ``column`` (``counts`` of them a part, one shape a part) written by
+    address to the start of the rows of ``out`` (a CPU tensor of rows wide enough), in
+    order, in one C call (_native.pad_parts): the bytes written, or None, nothing
+    written, where a source cannot be read by address."""
+    item = out.element_size()
     shapes, nbytes = [], []
     k = 0
     for c in counts:
@@ -685,15 +699,12 @@ def _pad_parts(column: list, counts: list, stats) -> torch.Tensor | None:
         shapes.append(shape)
         nbytes.append(shape.numel() * item)
         k += c
-    stride = out.stride(0) * out.element_size()
-    slots = _slots(column)
     if not _native.pad_parts(
-        out.data_ptr(), stride, slots, _bases, column, t0.dtype, counts, shapes, nbytes
-    ):
+        out.data_ptr(), out.stride(0) * item, _slots(column), _bases, column, out.dtype,
+        counts, shapes, nbytes,
+    ):  # fmt: skip
         return None
-    stats.gathers += 1
-    stats.gather_bytes += sum(c * b for c, b in zip(counts, nbytes))
-    return out
+    return sum(c * b for c, b in zip(counts, nbytes))
 
 
 def _cut_parts(o: torch.Tensor, flags: tuple, counts: list, ns: list) -> list | None:
@@ -724,15 +735,7 @@ def _direct_pad(flags: tuple, node) -> bool:
     """Whether a padded batch's argument of ``flags`` may be written by address
     (:func:`_pad_into`): ragged along its first dim, or its first two (an n x n
     adjacency), and no other, a CPU map without autograd."""
-    return (
-        bool(flags)
-        and bool(flags[0])
-        and not any(flags[2:])
-        and _native is not None
-        and config.FAST_GATHER
-        and node.rt.device.type == "cpu"
-        and not torch.is_grad_enabled()
-    )
+    return bool(flags) and bool(flags[0]) and not any(flags[2:]) and _by_address(node)
 
 
 def _pad_into(out: torch.Tensor, rows: list, column: list, stats) -> bool:

@@ -254,24 +254,15 @@ def _run_inline(rt: Runtime, me: Fiber, child: Fiber) -> None:
     """Run the not-started ``child`` on ``me``'s greenlet (Future.result). While it runs
     it is the running fiber (its ops, reads and joins are its own); a failure is raised
     by the driver, as from a worker, and ``me`` stays suspended until the map unwinds."""
-    fn, args, kwargs, _ = child.task  # type: ignore[misc]
-    child.task = None
     child.glet = me.glet
     child.nest = me.nest + 1
     rt.fiber = child
-    try:
-        child.value = fn(*args, **kwargs)
-    except GreenletExit:  # the map unwinding (_kill): through the joiner's frames too
-        child.glet = None  # (its worker, the joiner's, parks once they are unwound)
-        raise
-    except BaseException as exc:
-        child.error = exc
-    child.done = True
-    child.glet = None
-    if child.joiners is not None:
-        rt.ready.extend(child.joiners)
+    _fiber_main(rt, child)  # (as a worker runs it: its end, its joiners woken)
     rt.fiber = me
-    if child.error is not None:  # as _worker: the driver raises it, naming the instance
+    error = child.error
+    if isinstance(error, GreenletExit):  # the map unwinding (_kill): through the joiner's
+        raise error  # frames too (its worker, the joiner's, parks once they are unwound)
+    if error is not None:  # as _worker: the driver raises it, naming the instance
         rt.failed = child
         rt.main.switch()
 
