@@ -2679,6 +2679,46 @@ fail:
     return NULL;
 }
 
+/* flat_column(nodes) -> (operands, slots): every operand of every node, node by node
+ * (executor._run_ragged: the parts of a batch of stacks / cats of any part counts), with
+ * their slots, as column() gives one operand's. */
+static PyObject *flat_column(PyObject *mod, PyObject *nodes) {
+    if (!PyList_Check(nodes)) {
+        PyErr_SetString(PyExc_TypeError, "flat_column(nodes: list)");
+        return NULL;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(nodes), total = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *nd = PyList_GET_ITEM(nodes, i);
+        if (!IS_NODE(nd)) {
+            PyErr_SetString(PyExc_TypeError, "flat_column: not a Node");
+            return NULL;
+        }
+        PyObject *ins = ((NodeObject *)nd)->inputs;
+        if (ins == NULL || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins))) {
+            PyErr_SetString(PyExc_TypeError, "flat_column: a node's inputs are not a list");
+            return NULL;
+        }
+        total += Py_SIZE(ins);
+    }
+    PyObject *col = PyList_New(total), *slots = PyList_New(total);
+    if (col == NULL || slots == NULL) goto fail;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *ins = ((NodeObject *)PyList_GET_ITEM(nodes, i))->inputs;
+        Py_ssize_t parts = Py_SIZE(ins);
+        PyObject **items = PyList_CheckExact(ins) ? ((PyListObject *)ins)->ob_item
+                                                  : ((PyTupleObject *)ins)->ob_item;
+        for (Py_ssize_t j = 0; j < parts; j++, k++)
+            if (put_operand(items[j], col, slots, k, "flat_column") < 0) goto fail;
+    }
+    return pack_columns(col, slots);
+fail:
+    Py_XDECREF(col);
+    Py_XDECREF(slots);
+    return NULL;
+}
+
 /* scan_column(nodes, first, width, j, active): sequence j's elements of a batch of
  * loops, step-major: for step t, operand first + t * width + j of the first active[t]
  * nodes; with their slots (executor.gather), as column() does for one operand. */
@@ -3368,6 +3408,8 @@ static PyObject *row_addresses(PyObject *mod, PyObject *const *a, Py_ssize_t n) 
  * so that they are one span of memory (a loop's per-step outputs, views of one buffer,
  * read in the order it wrote them); else 0; False where a source cannot be read by
  * address. Nothing is copied. */
+#define SPAN_CHUNK 32
+
 static PyObject *rows_span(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (n != 6 || !PyList_Check(a[0]) || !PyDict_Check(a[1]) || !PyList_Check(a[3]) ||
         PyList_GET_SIZE(a[3]) != PyList_GET_SIZE(a[0])) {
@@ -3381,11 +3423,19 @@ static PyObject *rows_span(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (m == 0) return PyLong_FromLong(0);
     char **src = PyMem_Malloc((size_t)m * sizeof(char *));
     if (src == NULL) return PyErr_NoMemory();
-    int found = row_pointers(a[0], a[1], a[3], a[4], a[5], nbytes, src);
+    /* the addresses a chunk at a time, up to the first row not right after the one
+     * before: rows from many sources (a batch of ragged stacks) stop at once */
+    int found = 1;
+    Py_ssize_t i = 0;
+    for (Py_ssize_t start = 0; found == 1 && i == start && start < m; start += SPAN_CHUNK) {
+        Py_ssize_t count = m - start < SPAN_CHUNK ? m - start : SPAN_CHUNK;
+        found = row_pointers_at(a[0], a[1], a[3], a[4], a[5], nbytes, src, start, count);
+        if (found != 1) break;
+        if (i == 0) i = 1;
+        while (i < start + count && src[i] == src[i - 1] + nbytes) i++;
+    }
     PyObject *result = NULL;
     if (found == 1) {
-        Py_ssize_t i = 1;
-        while (i < m && src[i] == src[i - 1] + nbytes) i++;
         result = i == m ? PyLong_FromVoidPtr(src[0]) : PyLong_FromLong(0);
     } else if (found == 0) {
         result = Py_NewRef(Py_False);
@@ -3635,6 +3685,8 @@ static PyMethodDef methods[] = {
      "ldc, count): C_i = op(A_i) op(B_i) + beta C_i over pointer lists"},
     {"record_data", (PyCFunction)(void (*)(void))record_data, METH_FASTCALL,
      "record_data(rt, op, sig, data, shape, dtype, deferred) -> LazyTensor | None"},
+    {"flat_column", (PyCFunction)flat_column, METH_O,
+     "flat_column(nodes) -> (operands, slots): every operand of every node"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
      "column(nodes, j) -> (operand j of each node, their slots)"},
     {"lazy_range", (PyCFunction)(void (*)(void))lazy_range, METH_FASTCALL,

@@ -1023,8 +1023,12 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     """stack / cat nodes with any number of parts each (ops._special_flat): all parts of
     all nodes gathered as one column; each node's result is its own range of rows, so
     each node is a batch of one as far as its consumers' gathers know."""
-    column = [t for nd in nodes for t in nd.inputs]
-    x = gather(column, len(column), stats)
+    if _native is not None and type(nodes) is list:  # (all parts and their slots: one C loop)
+        column, slots = _native.flat_column(nodes)
+        x = gather(column, len(column), stats, slots=slots)
+    else:
+        column = [t for nd in nodes for t in nd.inputs]
+        x = gather(column, len(column), stats)
     t1 = time.perf_counter()
     _own(nodes, [(out,) for out in nodes[0].op.rule(nodes, x)])
     _account(nodes, n, stats, t0, t1)

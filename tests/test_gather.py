@@ -569,7 +569,7 @@ def test_stacked_linears_are_one_gemm_and_follow_parameter_updates(monkeypatch):
 @pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
 @settings(max_examples=60, deadline=None)
 @given(
-    heights=st.lists(st.integers(1, 5), min_size=1, max_size=5),
+    heights=st.lists(st.integers(1, 40), min_size=1, max_size=5),
     width=st.integers(1, 6),
     gap=st.sampled_from([0, 0, 1]),
     data=st.data(),
@@ -577,14 +577,15 @@ def test_stacked_linears_are_one_gemm_and_follow_parameter_updates(monkeypatch):
 def test_rows_span_finds_rows_lying_back_to_back(heights, width, gap, data):
     """The C span check (executor._span_view): sources are row ranges of one buffer (a
     loop's per-step outputs), ``gap`` rows apart; the rows picked lie back to back
-    exactly when each is the next row of that buffer."""
+    exactly when each is the next row of that buffer (picks of up to 90 rows: the check
+    resolves addresses 32 at a time and stops at the first row out of line)."""
     buffer = torch.randn(sum(heights) + gap * len(heights), width)
     sources, start = [], 0
     for h in heights:
         sources.append(buffer[start : start + h])
         start += h + gap
     rows = [(s, r) for s, h in enumerate(heights) for r in range(h)]
-    picks = data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=12))
+    picks = data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=90))
     if data.draw(st.booleans(), label="a run of consecutive rows"):
         first = picks[0]
         picks = list(range(first, min(first + len(picks), len(rows))))
@@ -621,3 +622,54 @@ def test_rows_written_back_to_back_are_read_as_a_view(monkeypatch):
             results[threshold] = stats
     copied, viewed = results[1 << 60], results[0]
     assert viewed.gathers < copied.gathers and viewed.gather_bytes < copied.gather_bytes
+
+
+def _ragged_stack(x, n):
+    return torch.stack([torch.tanh(x * (k + 1)) for k in range(n)])
+
+
+@pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
+@settings(max_examples=25, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 9), min_size=1, max_size=10),
+    width=st.integers(1, 5),
+    seed=st.integers(0, 99),
+)
+def test_ragged_stacks_take_their_parts_in_one_c_loop(counts, width, seed):
+    """A batch of stacks of different part counts (executor._run_ragged) takes every part
+    of every node and its slot from ``_native.flat_column``: the same operands, in the
+    same order, as the nodes' inputs one after another, and results equal to eager."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(width, generator=gen) for _ in counts]
+    f = acrobat.autobatch(_ragged_stack)
+    seen = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(_native, name)
+
+        def flat_column(self, nodes):
+            got = _native.flat_column(nodes)
+            seen.append((got, [t for nd in nodes for t in nd.inputs]))
+            return got
+
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(executor, "_native", Spy())
+        mp.setattr(config, "AUTO_BLOCKS", False)  # (op by op: the stacks are nodes of their own)
+        got = f.map(xs, counts)
+    want = [_ragged_stack(x, n) for x, n in zip(xs, counts)]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert seen  # the ragged batch went through the C loop
+    for (column, slots), expected in seen:
+        assert len(column) == len(expected)
+        assert all(a is b for a, b in zip(column, expected))
+        assert slots == executor._slots(expected)
+
+
+@pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
+def test_flat_column_refuses_what_is_not_a_node_list():
+    with pytest.raises(TypeError, match="flat_column"):
+        _native.flat_column((1, 2))
+    with pytest.raises(TypeError, match="not a Node"):
+        _native.flat_column([object()])
