@@ -2321,6 +2321,120 @@ fail:
     return NULL;
 }
 
+/* ---- fibers._fiber_main ----------------------------------------------------------
+ * A fiber's run on its worker greenlet: its task called, its value or error kept, its
+ * joiners made ready. The wrapping of an instance's inputs and the end of a grad-mode
+ * region the fiber left open stay in Python (fibers._wrap_args, fibers._end_grad). */
+
+static PyObject *wrap_args_fn, *end_grad_fn;
+static PyObject *s_task, *s_value, *s_error, *s_done, *s_joiners, *s_extend;
+
+static PyObject *setup_fiber_main(PyObject *mod, PyObject *args) {
+    PyObject *w, *g;
+    if (!PyArg_ParseTuple(args, "OO", &w, &g)) return NULL;
+    Py_INCREF(w); Py_XSETREF(wrap_args_fn, w);
+    Py_INCREF(g); Py_XSETREF(end_grad_fn, g);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fiber_main(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "fiber_main(rt, fiber)");
+        return NULL;
+    }
+    if (wrap_args_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup_fiber_main was not called");
+        return NULL;
+    }
+    PyObject *rt = a[0], *fiber = a[1], *task, *hook, *args = NULL, *value, *v;
+    if ((task = SLOT_GET(fiber, s_task)) == NULL) return NULL;
+    if (!PyTuple_CheckExact(task) || PyTuple_GET_SIZE(task) != 4) {
+        Py_DECREF(task);
+        PyErr_SetString(PyExc_TypeError, "fiber_main: a fiber's task is (fn, args, kwargs, wrap)");
+        return NULL;
+    }
+    if (SLOT_SET(fiber, s_task, Py_None) < 0) goto fail;
+    if ((hook = SLOT_GET(rt, s_grad_resume)) == NULL) goto fail;
+    if (hook != Py_None) {  /* (the thread's grad mode may be another fiber's) */
+        PyObject *r = PyObject_CallNoArgs(hook);
+        Py_DECREF(hook);
+        if (r == NULL) goto fail;
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(hook);
+    }
+    PyObject *fn = PyTuple_GET_ITEM(task, 0), *kwargs = PyTuple_GET_ITEM(task, 2);
+    args = Py_NewRef(PyTuple_GET_ITEM(task, 1));
+    int wrap = PyObject_IsTrue(PyTuple_GET_ITEM(task, 3));
+    value = NULL;
+    if (wrap < 0) {
+        /* (raised below, as the call's error) */
+    } else if (wrap) {
+        Py_SETREF(args, PyObject_CallOneArg(wrap_args_fn, args));
+    }
+    if (args != NULL && wrap >= 0) {
+        if (!PyTuple_Check(args)) {
+            PyErr_SetString(PyExc_TypeError, "fiber_main: a task's arguments are a tuple");
+        } else {
+            PyObject *kw = kwargs;
+            if (kw != Py_None && PyDict_Check(kw) && PyDict_GET_SIZE(kw) == 0) kw = NULL;
+            value = PyObject_Call(fn, args, kw == Py_None ? NULL : kw);
+        }
+    }
+    if (value != NULL) {  /* fiber.value = fn(*args, **kwargs) */
+        int err = SLOT_SET(fiber, s_value, value);
+        Py_DECREF(value);
+        if (err < 0) goto fail;
+    } else {  /* any BaseException: re-raised by the driver, with the instance named */
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (exc == NULL) {  /* (cannot be: an error without a value) */
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            PyErr_SetString(PyExc_SystemError, "fiber_main: a failure without an exception");
+            goto fail;
+        }
+        if (tb != NULL) PyException_SetTraceback(exc, tb);
+        int err = SLOT_SET(fiber, s_error, exc);
+        Py_XDECREF(type);
+        Py_DECREF(exc);
+        Py_XDECREF(tb);
+        if (err < 0) goto fail;
+    }
+    if (SLOT_SET(fiber, s_done, Py_True) < 0) goto fail;
+    if ((v = SLOT_GET(fiber, s_grad)) == NULL) goto fail;
+    Py_DECREF(v);
+    if (v != Py_None) {  /* ended inside its grad-mode region */
+        PyObject *r = PyObject_CallFunctionObjArgs(end_grad_fn, rt, fiber, NULL);
+        if (r == NULL) goto fail;
+        Py_DECREF(r);
+    }
+    if (SLOT_SET(fiber, s_glet, Py_None) < 0) goto fail;  /* the worker goes back to the pool */
+    if ((v = SLOT_GET(fiber, s_joiners)) == NULL) goto fail;
+    if (v != Py_None) {
+        PyObject *ready = SLOT_GET(rt, s_ready), *r = NULL;
+        if (ready != NULL) {
+            PyObject *callargs[3] = {NULL, ready, v};
+            r = PyObject_VectorcallMethod(s_extend, callargs + 1,
+                                          2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            Py_DECREF(ready);
+        }
+        Py_DECREF(v);
+        if (r == NULL) goto fail;
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(v);
+    }
+    Py_XDECREF(args);
+    Py_DECREF(task);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(args);
+    Py_DECREF(task);
+    return NULL;
+}
+
 static PyObject *lazy_tolist(PyObject *self, PyObject *unused) {
     return value_read(NULL, self);
 }
@@ -3685,6 +3799,10 @@ static PyMethodDef methods[] = {
      "ldc, count): C_i = op(A_i) op(B_i) + beta C_i over pointer lists"},
     {"record_data", (PyCFunction)(void (*)(void))record_data, METH_FASTCALL,
      "record_data(rt, op, sig, data, shape, dtype, deferred) -> LazyTensor | None"},
+    {"fiber_main", (PyCFunction)(void (*)(void))fiber_main, METH_FASTCALL,
+     "fiber_main(rt, fiber): fibers._fiber_main in C"},
+    {"setup_fiber_main", (PyCFunction)setup_fiber_main, METH_VARARGS,
+     "setup_fiber_main(wrap_args, end_grad)"},
     {"flat_column", (PyCFunction)flat_column, METH_O,
      "flat_column(nodes) -> (operands, slots): every operand of every node"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
@@ -3799,6 +3917,12 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_ready, "ready");
     INTERN(s_failed, "failed");
     INTERN(s_glet, "glet");
+    INTERN(s_task, "task");
+    INTERN(s_value, "value");
+    INTERN(s_error, "error");
+    INTERN(s_done, "done");
+    INTERN(s_joiners, "joiners");
+    INTERN(s_extend, "extend");
     INTERN(s_popleft, "popleft");
     INTERN(s_pool, "pool");
     INTERN(s_memo_blocks, "memo_blocks");

@@ -304,23 +304,36 @@ def _wrap_inputs(a):
 
 
 def _fiber_main(rt: Runtime, fiber: Fiber) -> None:
+    """Run ``fiber``'s task on the calling greenlet: its value or error kept, its joiners
+    made ready. ``_native.fiber_main`` is the same in C and replaces it where the
+    extension is built (the two helpers below are its Python parts)."""
     fn, args, kwargs, wrap = fiber.task  # type: ignore[misc]  # set until it starts
     fiber.task = None
     if rt.grad_resume is not None:  # (the thread's grad mode may be another fiber's)
         rt.grad_resume()
     try:
         if wrap:
-            args = tuple(_wrap_inputs(a) for a in args)
+            args = _wrap_args(args)
         fiber.value = fn(*args, **kwargs)
     except BaseException as exc:  # re-raised by the driver, with the instance named
         fiber.error = exc
     fiber.done = True
-    if fiber.grad is not None:  # ended inside its region (set_grad_enabled(False) not undone)
-        _tag_fiber(rt, fiber, None)
-        _SET_GRAD_ENABLED(rt.grad_mode)
+    if fiber.grad is not None:
+        _end_grad(rt, fiber)
     fiber.glet = None  # the worker greenlet goes back to the pool
     if fiber.joiners is not None:
         rt.ready.extend(fiber.joiners)
+
+
+def _wrap_args(args: tuple) -> tuple:
+    """An instance's arguments with its tensors made lazy input nodes."""
+    return tuple(_wrap_inputs(a) for a in args)
+
+
+def _end_grad(rt: Runtime, fiber: Fiber) -> None:
+    """A fiber ended inside its grad-mode region (set_grad_enabled(False) not undone)."""
+    _tag_fiber(rt, fiber, None)
+    _SET_GRAD_ENABLED(rt.grad_mode)
 
 
 # Creating a greenlet costs ~9 us (a fresh frame stack), switching to a parked one ~0.3 us:
@@ -1082,3 +1095,9 @@ def _kill(rt: Runtime) -> None:
     rt.buckets = {}
     rt.blocked = []
     rt.ready.clear()
+
+
+if tensor._native is not None:  # a fiber's run in C (_native.fiber_main): no Python frame
+    tensor._native.setup_fiber_main(_wrap_args, _end_grad)
+    _fiber_main_py = _fiber_main
+    _fiber_main = tensor._native.fiber_main

@@ -145,8 +145,12 @@ def test_a_long_chain_of_nodes_is_freed_without_recursion():
 
 @needs_native
 def test_native_paths_are_the_ones_bound():
+    from acrobat import fibers
+
     assert graph.add_node is _native.add_node
     assert graph._py_add_node is not _native.add_node
+    assert fibers._fiber_main is _native.fiber_main
+    assert fibers.switch_away is _native.switch_away
 
     @acrobat.block
     def cell(w, x, h):
@@ -496,3 +500,53 @@ def test_ragged_copies_refuse_rows_past_their_buffer():
         _native.pick_rows(
             out.data_ptr(), 12, [0], {}, [None], torch.float32, [torch.Size([2, 3])], [24], [16]
         )
+
+
+@needs_native
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_fiber_main_keeps_the_value_or_the_error_and_wakes_the_joiners(impl):
+    """``_native.fiber_main`` against ``fibers._fiber_main_py`` on the same tasks: the
+    value kept, an error kept with its traceback (any BaseException), keyword arguments
+    passed, an instance's arguments wrapped, the grad-region end called, the joiners
+    appended to the ready queue, the task and the worker let go."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from acrobat import fibers
+
+    run = _native.fiber_main if impl == "c" else fibers._fiber_main_py
+    resumed = []
+    rt = SimpleNamespace(grad_resume=None, ready=deque(["other"]))
+
+    def add(a, b=0):
+        return a + b
+
+    def fail():
+        raise KeyboardInterrupt("stop")
+
+    done = fibers.Fiber(0, 0, (add, (2,), {"b": 5}, False))
+    done.glet = "worker"
+    joiner = fibers.Fiber(1, 0)
+    done.joiners = [joiner]
+    run(rt, done)
+    assert (done.value, done.error, done.done, done.task, done.glet) == (7, None, True, None, None)
+    assert list(rt.ready) == ["other", joiner]
+
+    rt.grad_resume = lambda: resumed.append(True)
+    failed = fibers.Fiber(2, 0, (fail, (), {}, False))
+    run(rt, failed)
+    assert type(failed.error) is KeyboardInterrupt and failed.done and failed.value is None
+    assert failed.error.__traceback__ is not None and resumed == [True]
+    assert list(rt.ready) == ["other", joiner]  # (no joiners: nothing woken)
+
+    ended = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fibers, "_wrap_inputs", lambda a: ("wrapped", a))
+        mp.setattr(fibers, "_tag_fiber", lambda rt_, fiber, tag: ended.append((fiber, tag)))
+        mp.setattr(fibers, "_SET_GRAD_ENABLED", lambda mode: ended.append(mode))
+        rt.grad_mode = True
+        wrapped = fibers.Fiber(3, 0, (lambda x, y: (x, y), (1, 2), {}, True))
+        wrapped.grad = "a tag"
+        run(rt, wrapped)
+    assert wrapped.value == (("wrapped", 1), ("wrapped", 2))
+    assert ended == [(wrapped, None), True]
