@@ -18,13 +18,14 @@
  *   BlockBase, AutoBase, RegionBase  C call slots of block.Block, analysis.AutoBlock and
  *                analysis.RegionBlock: the checks of their __call__ and block_call_impl, the
  *                rest in Python (_call, _region_call)
- *   column, finish_rows, copy_rows, join_into, heights: the executor's and
+ *   column, flat_column, finish_rows, copy_rows, join_into, heights: the executor's and
  *                scheduler's per-row loops
  *   row_addresses, gemm_batch  operands read in place: the rows' addresses, and MKL's
  *                batched GEMM over pointer lists (acrobat/rows.py)
  *   value_read   fibers.demand_py's common path (LazyBase.tolist, tensor.DEMAND_PY): a
  *                suspension and the read of a converted batch's row
  *   switch_away  fibers.switch_away: a blocked fiber hands over to the next ready one
+ *   fiber_main   fibers._fiber_main: a fiber's run on its worker greenlet
  *   prune_dead   scheduler.prune_dead: nodes only their bucket references are dropped
  *   Shortcut     a torch function's stand-in while a map runs: fibers.RecordMode's
  *                handler for lazy arguments without torch's mode dispatch
