@@ -2364,23 +2364,19 @@ static PyObject *fiber_main(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     } else {
         Py_DECREF(hook);
     }
+    /* fn(*args, **kwargs), the wrapping of an instance's inputs included: a failure of
+     * either is the fiber's error */
     PyObject *fn = PyTuple_GET_ITEM(task, 0), *kwargs = PyTuple_GET_ITEM(task, 2);
     args = Py_NewRef(PyTuple_GET_ITEM(task, 1));
     int wrap = PyObject_IsTrue(PyTuple_GET_ITEM(task, 3));
+    if (wrap > 0) Py_SETREF(args, PyObject_CallOneArg(wrap_args_fn, args));
     value = NULL;
-    if (wrap < 0) {
-        /* (raised below, as the call's error) */
-    } else if (wrap) {
-        Py_SETREF(args, PyObject_CallOneArg(wrap_args_fn, args));
-    }
-    if (args != NULL && wrap >= 0) {
-        if (!PyTuple_Check(args)) {
-            PyErr_SetString(PyExc_TypeError, "fiber_main: a task's arguments are a tuple");
-        } else {
-            PyObject *kw = kwargs;
-            if (kw != Py_None && PyDict_Check(kw) && PyDict_GET_SIZE(kw) == 0) kw = NULL;
-            value = PyObject_Call(fn, args, kw == Py_None ? NULL : kw);
-        }
+    if (wrap < 0 || args == NULL) {
+        /* (the error is set) */
+    } else if (!PyTuple_Check(args) || !PyDict_Check(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "fiber_main: a task's arguments are a tuple and a dict");
+    } else {
+        value = PyObject_Call(fn, args, PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
     }
     if (value != NULL) {  /* fiber.value = fn(*args, **kwargs) */
         int err = SLOT_SET(fiber, s_value, value);
@@ -3541,12 +3537,11 @@ static PyObject *rows_span(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     /* the addresses a chunk at a time, up to the first row not right after the one
      * before: rows from many sources (a batch of ragged stacks) stop at once */
     int found = 1;
-    Py_ssize_t i = 0;
-    for (Py_ssize_t start = 0; found == 1 && i == start && start < m; start += SPAN_CHUNK) {
+    Py_ssize_t i = 1;  /* rows 0..i-1 lie back to back */
+    for (Py_ssize_t start = 0; start < m && i >= start; start += SPAN_CHUNK) {
         Py_ssize_t count = m - start < SPAN_CHUNK ? m - start : SPAN_CHUNK;
         found = row_pointers_at(a[0], a[1], a[3], a[4], a[5], nbytes, src, start, count);
         if (found != 1) break;
-        if (i == 0) i = 1;
         while (i < start + count && src[i] == src[i - 1] + nbytes) i++;
     }
     PyObject *result = NULL;
