@@ -666,11 +666,10 @@ def mark_read(t) -> None:
     node = t.node
     node.used += 1
     idx = t.idx
-    if idx:
-        at = node.used_at
-        if at is None:
-            at = node.used_at = {}
+    if idx:  # (assigned, not updated in place: NodeBase's used_at gives a new dict)
+        at = node.used_at or {}
         at[idx] = at.get(idx, 0) + 1
+        node.used_at = at
 
 
 def readers(node, idx: int) -> int:
