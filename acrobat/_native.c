@@ -18,7 +18,7 @@
  *   BlockBase, AutoBase, RegionBase  C call slots of block.Block, analysis.AutoBlock and
  *                analysis.RegionBlock: the checks of their __call__ and block_call_impl, the
  *                rest in Python (_call, _region_call)
- *   column, flat_column, finish_rows, copy_rows, join_into, heights: the executor's and
+ *   column, flat_column, finish_rows, copy_rows, join_into, heights, relift: the executor's and
  *                scheduler's per-row loops
  *   row_addresses, gemm_batch  operands read in place: the rows' addresses, and MKL's
  *                batched GEMM over pointer lists (acrobat/rows.py)
@@ -3137,6 +3137,75 @@ static PyObject *heights(PyObject *mod, PyObject *batches) {
     Py_RETURN_NONE;
 }
 
+/* relift(nodes, op, sig, info, consts): scheduler._join's rewrite of a lifted trace's
+ * nodes as calls of the trace ``op`` (signature ``sig``, ``info``): each node's inputs
+ * with the constants ``consts`` ((position, LazyTensor) pairs, positions ascending)
+ * inserted, and its op, sig and info replaced. DRNN's first siblings (a zero h_f) are
+ * ~850 such nodes a map at b64: 0.25 ms in Python, ~0.03 here. */
+static PyObject *relift(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 5 || !PyList_Check(a[0]) || !PyList_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError, "relift(nodes: list, op, sig, info, consts: list)");
+        return NULL;
+    }
+    PyObject *nodes = a[0], *op = a[1], *sig = a[2], *info = a[3], *consts = a[4];
+    Py_ssize_t nc = PyList_GET_SIZE(consts);
+    Py_ssize_t pos[16];
+    PyObject *val[16];
+    if (nc > 16) {
+        PyErr_SetString(PyExc_ValueError, "relift: at most 16 constants");
+        return NULL;
+    }
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        PyObject *pair = PyList_GET_ITEM(consts, c);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "relift: a constant is a (position, tensor) pair");
+            return NULL;
+        }
+        pos[c] = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+        if (pos[c] == -1 && PyErr_Occurred()) return NULL;
+        if (pos[c] < 0 || (c > 0 && pos[c] <= pos[c - 1])) {
+            PyErr_SetString(PyExc_ValueError, "relift: positions must ascend from 0");
+            return NULL;
+        }
+        val[c] = PyTuple_GET_ITEM(pair, 1);
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *x = PyList_GET_ITEM(nodes, i);
+        if (!IS_NODE(x)) {
+            PyErr_SetString(PyExc_TypeError, "relift: not a Node");
+            return NULL;
+        }
+        NodeObject *nd = (NodeObject *)x;
+        PyObject *ins = nd->inputs;
+        if (ins == NULL || !(PyList_Check(ins) || PyTuple_Check(ins))) {
+            PyErr_SetString(PyExc_TypeError, "relift: a node's inputs are not a list");
+            return NULL;
+        }
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(ins), total = m + nc;
+        PyObject *out = PyList_New(total);
+        if (out == NULL) return NULL;
+        Py_ssize_t src = 0, c = 0;
+        for (Py_ssize_t j = 0; j < total; j++) {  /* list.insert at each position in turn */
+            PyObject *v;
+            if (c < nc && (pos[c] == j || src >= m)) {
+                v = val[c++];
+            } else {
+                v = PySequence_Fast_GET_ITEM(ins, src++);
+            }
+            Py_INCREF(v);
+            PyList_SET_ITEM(out, j, v);
+        }
+        Py_SETREF(nd->inputs, out);
+        Py_INCREF(op);
+        Py_SETREF(nd->op, op);
+        Py_INCREF(sig);
+        Py_SETREF(nd->sig, sig);
+        Py_INCREF(info);
+        Py_SETREF(nd->info, info);
+    }
+    Py_RETURN_NONE;
+}
+
 /* What ``bases`` holds for the buffer LazyTensor ``t`` reads (executor._note_bases):
  * row 0's address when a byte copy reads its rows (a contiguous CPU tensor of rows of
  * ``dtype`` and ``shape``), else None. A new reference. */
@@ -3835,6 +3904,8 @@ static PyMethodDef methods[] = {
      "place_rows(nodes, rows, base): row rows[i] and slot base + rows[i] of each node"},
     {"heights", (PyCFunction)heights, METH_O,
      "heights(batches): scheduler.relevel's longest-path pass"},
+    {"relift", (PyCFunction)(void (*)(void))relift, METH_FASTCALL,
+     "relift(nodes, op, sig, info, consts): scheduler._join's rewrite of lifted nodes"},
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
      "copy_rows(dst, slots, bases, nbytes, ts, shape, dtype) -> True, or False (a source "
      "that cannot be read by address; nothing copied)"},

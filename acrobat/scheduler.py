@@ -159,6 +159,9 @@ def _join(rt: Runtime, parts: list[list], sig) -> list:
         trace = block.cache[key]
         consts = [(pos, executor.constant(rt, rt.hoisted[made])) for pos, made in inserts]
         op, info = trace.op, trace.info
+        if _native is not None and type(nodes) is list and len(consts) <= 16:
+            _native.relift(nodes, op, sig, info, consts)  # the loop below, in C
+            continue
         for nd in nodes:
             inputs = list(nd.inputs)
             for pos, c in consts:

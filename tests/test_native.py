@@ -133,6 +133,69 @@ def test_node_fields_behave_like_slots():
 
 
 @needs_native
+def test_reader_counts_read_back_as_one_dict():
+    """NodeBase keeps the readers of outputs 1-4 in C fields and any later one in a dict;
+    Python sees them as one dict, as graph.mark_read and graph.readers use it."""
+    nd = Node("op", None, (), None, [], None, ("sig",), 1, 0, 0, None)
+    assert nd.used_at is None
+    outs = [LazyTensor(nd, i, torch.Size([2]), torch.float32) for i in range(7)]
+    for i in (0, 2, 2, 6, 1, 2):
+        graph.mark_read(outs[i])
+    assert nd.used == 6
+    assert nd.used_at == {1: 1, 2: 3, 6: 1}
+    assert [graph.readers(nd, i) for i in range(7)] == [1, 1, 3, 0, 0, 0, 1]
+    nd.used_at = {3: 2, 9: 4}
+    assert nd.used_at == {3: 2, 9: 4}
+    nd.used_at = None
+    assert nd.used_at is None and graph.readers(nd, 0) == 6
+    with pytest.raises(TypeError):
+        nd.used_at = [1]
+
+
+def _relifted_in_python(nodes, op, sig, info, consts):
+    for nd in nodes:
+        inputs = list(nd.inputs)
+        for pos, c in consts:
+            inputs.insert(pos, c)
+        nd.inputs, nd.op, nd.sig, nd.info = inputs, op, sig, info
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=5),
+    st.lists(st.integers(0, 6), min_size=0, max_size=4, unique=True),
+)
+def test_relift_rewrites_nodes_as_the_python_loop_does(sizes, positions):
+    """scheduler._join's rewrite of lifted nodes in C: the constants inserted at their
+    (ascending) positions, past the end appended, the op, sig and info replaced."""
+
+    def lazy(tag):
+        return LazyTensor(
+            Node(tag, None, (), None, [], None, None, 0, 0, 0, None),
+            0,
+            torch.Size([1]),
+            torch.float32,
+        )
+
+    consts = [(pos, lazy(f"c{pos}")) for pos in sorted(positions)]
+    made = []
+    for _ in range(2):
+        nodes = []
+        for k, size in enumerate(sizes):
+            ins = [lazy(f"x{k}.{j}") for j in range(size)]
+            nodes.append(Node("old", None, (), None, ins, "info0", "sig0", 1, 0, k, None))
+        made.append(nodes)
+    _native.relift(made[0], "op", "sig", "info", consts)
+    _relifted_in_python(made[1], "op", "sig", "info", consts)
+    for a, b in zip(*made):
+        assert [t.node.op for t in a.inputs] == [t.node.op for t in b.inputs]
+        assert (a.op, a.sig, a.info) == (b.op, b.sig, b.info) == ("op", "sig", "info")
+    with pytest.raises(ValueError):
+        _native.relift(made[0], "op", "sig", "info", [(2, consts and consts[0][1]), (1, None)])
+
+
+@needs_native
 def test_a_long_chain_of_nodes_is_freed_without_recursion():
     prev = None
     for depth in range(200_000):
