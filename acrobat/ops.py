@@ -789,7 +789,7 @@ class StackedLinear(_DerivedWeights):
             or any(t is not None and t.requires_grad for t in (*self.weights, *self.biases))
         ):
             return tuple(batched_linear(x, w, b) for w, b in zip(self.weights, self.biases))
-        parts = batched_linear(x, *self._stacked()).split(self.sizes, -1)
+        parts = batched_linear(x, *self._stacked()).split_with_sizes(self.sizes, -1)
         return tuple(
             part.contiguous() if keep else part for part, keep in zip(parts, self.contiguous)
         )
