@@ -760,13 +760,25 @@ def _drive(rt: Runtime, mode: RecordMode, fn_name: str) -> None:
         _flush(rt, max_phase, demand=True)
         _copy_demanded(blocked, rt.device)
         rt.blocked = []
-        for f in blocked:
-            if f.waiting.node.outs is None:  # pragma: no cover - scheduler invariant
-                raise AcrobatError(
-                    f"internal: demanded value not produced for instance {f.instance}"
-                )
-            rt.ready.append(f)
+        missing = _resume_all(blocked, rt.ready)
+        if missing is not None:  # pragma: no cover - scheduler invariant
+            raise AcrobatError(
+                f"internal: demanded value not produced for instance {missing.instance}"
+            )
     _flush(rt)
+
+
+def _resume_all_py(blocked: list, ready) -> Fiber | None:
+    """The fibers a flush unblocked appended to ``ready``; the first whose demanded value
+    is still missing instead (none appended then). ``_native.resume_all`` in C."""
+    for f in blocked:
+        if f.waiting.node.outs is None:
+            return f
+    ready.extend(blocked)
+    return None
+
+
+_resume_all = tensor._native.resume_all if tensor._native is not None else _resume_all_py
 
 
 def _queue_deferred(value, rt) -> bool:

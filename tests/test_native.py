@@ -196,6 +196,32 @@ def test_relift_rewrites_nodes_as_the_python_loop_does(sizes, positions):
 
 
 @needs_native
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_resume_all_makes_the_unblocked_fibers_ready_or_names_a_missing_one(impl):
+    from collections import deque
+
+    from acrobat import fibers
+
+    resume = _native.resume_all if impl == "c" else fibers._resume_all_py
+
+    def blocked_on(outs):
+        nd = Node("op", None, (), None, [], None, None, 1, 0, 0, None)
+        nd.outs = outs
+        fb = fibers.Fiber(0, 0)
+        fb.waiting = LazyTensor(nd, 0, torch.Size([1]), torch.float32)
+        return fb
+
+    done = [blocked_on((torch.ones(1),)) for _ in range(3)]
+    ready = deque([fibers.Fiber(1, 0)])
+    assert resume(done, ready) is None
+    assert list(ready)[1:] == done
+    stuck = blocked_on(None)
+    ready = deque()
+    assert resume([*done, stuck], ready) is stuck
+    assert not ready  # (none made ready: the driver raises)
+
+
+@needs_native
 def test_a_long_chain_of_nodes_is_freed_without_recursion():
     prev = None
     for depth in range(200_000):
