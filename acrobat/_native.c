@@ -2332,10 +2332,17 @@ static PyObject *py_row(PyObject *rt, NodeObject *nd, LazyObject *t) {
         nd->row >= PyList_GET_SIZE(rows))
         return NULL;
     PyObject *row = PyList_GET_ITEM(rows, nd->row);
+    if (row == Py_None) return NULL;  /* handed out already: demand_py converts anew */
     if (!PyList_CheckExact(row)) return Py_NewRef(row);
     Py_ssize_t k = PyList_GET_SIZE(row);
     if (k && PyList_CheckExact(PyList_GET_ITEM(row, 0))) return NULL;  /* nested: _copy */
-    return PyList_GetSlice(row, 0, k);  /* the caller may mutate its list */
+    /* The caller may mutate its list: the row's first read takes the converted list
+     * itself (a node's row is its own instance's, read once: DRNN's 1,574 decisions a
+     * map at b64), leaving None, so a later read of the row (the same value read twice,
+     * or a row two instances share, executor._distinct) converts the tensor again. */
+    Py_INCREF(Py_None);
+    PyList_SET_ITEM(rows, nd->row, Py_None);
+    return row;  /* (the list's reference, now the caller's) */
 }
 
 static PyObject *value_read(PyObject *mod, PyObject *arg) {

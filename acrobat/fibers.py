@@ -550,7 +550,7 @@ def demand_py(t: LazyTensor):
     if host is None:  # this batch's output converted already: no torch call at all
         node = t.node
         rows = node.rt.py_rows.get(id(node.outs[t.idx]))
-        if rows is not None:
+        if rows is not None and rows[node.row] is not None:
             return _copy(rows[node.row])
     if host is not None:
         return _host_list(host)
@@ -563,7 +563,10 @@ def demand_py(t: LazyTensor):
         rows = rt.py_rows.get(id(buf))
         if rows is None:
             rows = rt.py_rows[id(buf)] = buf.tolist()
-        return _copy(rows[node.row])  # the caller may mutate its list
+        row = rows[node.row]
+        if row is None:  # handed out to an earlier read (_native.value_read): anew
+            return buf[node.row].tolist()
+        return _copy(row)  # the caller may mutate its list
 
 
 def _host_list(host):

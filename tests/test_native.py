@@ -221,6 +221,35 @@ def test_resume_all_makes_the_unblocked_fibers_ready_or_names_a_missing_one(impl
     assert not ready  # (none made ready: the driver raises)
 
 
+@acrobat.autobatch
+def _read_twice(x):
+    d = x > 0
+    first = d.tolist()
+    first.append("mutated")  # the caller owns its list: a later read is not affected
+    second = d.tolist()
+    second.append("again")
+    third = d.tolist()  # (a row handed out before: converted anew)
+    other = (x > 0).tolist()  # the same values, another node
+    flag = bool(d[0])
+    return first, second, third, other, flag
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_a_value_read_twice_gives_each_read_its_own_list(n, seed):
+    """A batch output's rows are converted once; a row's first read takes its list (no
+    copy) and a later read of the same row converts the tensor anew: every read as
+    eager's, each list its own."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(3, generator=gen) for _ in range(n)]
+    with torch.no_grad():
+        got = _read_twice.map(xs)
+    assert got == [_read_twice.eager(x) for x in xs]
+    for first, second, third, other, _ in got:
+        assert first[-1] == "mutated" and second[-1] == "again"
+        assert first[:-1] == second[:-1] == third == other
+
+
 @needs_native
 def test_a_long_chain_of_nodes_is_freed_without_recursion():
     prev = None
