@@ -285,3 +285,26 @@ def test_bench_ab_sets_and_restores_config_flags_and_module_switches(capsys):
         with pytest.raises(SystemExit):
             ab.main(["--flag", name])
         assert said in capsys.readouterr().err
+
+
+def test_bench_sidebyside_alternates_checkouts_and_summarizes(capsys):
+    """bench.sidebyside: each checkout's process times the map and the hand-batched version
+    in turn; the summary is per checkout (here the same one twice, a small task)."""
+    from bench import sidebyside
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    summary = sidebyside.main(
+        [root, root, "--model", "birnn", "--size", "small", "--batch", "4",
+         "--alternations", "1", "--rounds", "2"]
+    )  # fmt: skip
+    assert set(summary) == {"baseline", "change"}
+    for s in summary.values():
+        assert s["processes"] == 1
+        assert s["acrobat_ms"] > 0 and s["hand_ms"] > 0
+        assert s["hand_over_acrobat"] == pytest.approx(s["hand_ms"] / s["acrobat_ms"])
+        assert s["hand_over_acrobat_fastest"] > 0
+    assert "| checkout | acrobat ms |" in capsys.readouterr().out
+    runs = [{"acrobat": {"median": 2.0, "min": 1.0}, "hand": {"median": 1.0, "min": 0.8}}] * 3
+    assert sidebyside.summarize(runs)["hand_over_acrobat_fastest"] == pytest.approx(0.8)
+    with pytest.raises(SystemExit):
+        sidebyside.main([root, root, "--rounds", "0"])
