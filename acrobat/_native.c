@@ -266,10 +266,13 @@ static PyObject *node_get_used_at(NodeObject *self, void *closure) {
     if (!any) Py_RETURN_NONE;
     PyObject *d = self->used_at != NULL ? PyDict_Copy(self->used_at) : PyDict_New();
     if (d == NULL) return NULL;
-    for (int k = 0; k < USED_SMALL; k++) {
+    for (int k = 0; k < USED_SMALL; k++) {  /* (added to the dict's count: mark_at puts
+                                               * readers past UINT32_MAX there) */
         if (self->used_small[k] == 0) continue;
         PyObject *key = PyLong_FromLong(k + 1), *v = PyLong_FromUnsignedLong(self->used_small[k]);
-        int r = key != NULL && v != NULL ? PyDict_SetItem(d, key, v) : -1;
+        PyObject *more = key != NULL ? PyDict_GetItemWithError(d, key) : NULL;  /* borrowed */
+        if (more != NULL && v != NULL) Py_SETREF(v, PyNumber_Add(v, more));
+        int r = key != NULL && v != NULL && !PyErr_Occurred() ? PyDict_SetItem(d, key, v) : -1;
         Py_XDECREF(key);
         Py_XDECREF(v);
         if (r < 0) {
@@ -592,10 +595,9 @@ static int mark_at(NodeObject *producer, PyObject *ix) {
         producer->used_small[k - 1] += 1;
         return 0;
     }
-    if (producer->used_at == NULL || producer->used_at == Py_None) {
-        PyObject *d = PyDict_New();
-        if (d == NULL) return -1;
-        Py_XSETREF(producer->used_at, d);
+    if (producer->used_at == NULL) {  /* (a later output, or a count past UINT32_MAX) */
+        producer->used_at = PyDict_New();
+        if (producer->used_at == NULL) return -1;
     }
     PyObject *c = PyDict_GetItemWithError(producer->used_at, ix);
     if (c == NULL && PyErr_Occurred()) return -1;
