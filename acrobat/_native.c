@@ -27,6 +27,7 @@
  *   switch_away  fibers.switch_away: a blocked fiber hands over to the next ready one
  *   fiber_main   fibers._fiber_main: a fiber's run on its worker greenlet
  *   prune_dead   scheduler.prune_dead: nodes only their bucket references are dropped
+ *   unneeded     scheduler.unneeded: the buckets a demand flush leaves for later
  *   Shortcut     a torch function's stand-in while a map runs: fibers.RecordMode's
  *                handler for lazy arguments without torch's mode dispatch
  *
@@ -137,6 +138,7 @@ typedef struct {
      * nodes) made a dict each: 1,574 of them at batch 64, ~370 KB of a map's 2.5 MB. */
     uint32_t used_small[4];
     PyObject *used_at;
+    char demanded;  /* a fiber has waited for its value (fibers._wait, value_read) */
 } NodeObject;
 
 #define USED_SMALL 4
@@ -210,6 +212,7 @@ static NodeObject *node_new_fields(PyTypeObject *tp, PyObject *op, PyObject *fun
     nd->used = 0;
     memset(nd->used_small, 0, sizeof nd->used_small);
     nd->used_at = NULL;
+    nd->demanded = 0;
     return nd;
 }
 
@@ -242,6 +245,7 @@ static int node_init(NodeObject *self, PyObject *args, PyObject *kwds) {
     self->slot = 0;
     self->height = 0;
     self->used = 0;
+    self->demanded = 0;
     return 0;
 }
 
@@ -256,6 +260,7 @@ static PyMemberDef node_members[] = {
     {"height", T_PYSSIZET, offsetof(NodeObject, height), 0, NULL},
     {"slot", T_LONGLONG, offsetof(NodeObject, slot), 0, NULL},
     {"used", T_INT, offsetof(NodeObject, used), 0, NULL},
+    {"demanded", T_BOOL, offsetof(NodeObject, demanded), 0, NULL},
     {NULL}};
 
 /* node.used_at: {output index > 0: readers} (a new dict), or None where no reader of a
@@ -2377,6 +2382,7 @@ static PyObject *value_read(PyObject *mod, PyObject *arg) {
             Py_DECREF(fiber);
             goto slow_rt;
         }
+        nd->demanded = 1;  /* (its bucket runs at the flush: scheduler.unneeded) */
         int r = suspend(rt, fiber, arg, &host);
         Py_DECREF(fiber);
         if (r < 0) goto fail;
@@ -2831,6 +2837,42 @@ static PyObject *prune_dead(PyObject *mod, PyObject *batches) {
                                                their operands' nodes, earlier, may follow */
     }
     return PyLong_FromSsize_t(dead);
+}
+
+
+/* ---- scheduler.unneeded: buckets a demand flush leaves pending ------------------- */
+
+/* unneeded(batches): the indices of the batches (lists of pending nodes) none of whose
+ * nodes a recorded node reads (used) or a fiber has waited for (demanded) */
+static PyObject *unneeded(PyObject *mod, PyObject *batches) {
+    if (!PyList_Check(batches)) {
+        PyErr_SetString(PyExc_TypeError, "unneeded(batches: list of lists of nodes)");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t b = 0; b < PyList_GET_SIZE(batches); b++) {
+        PyObject *nodes = PyList_GET_ITEM(batches, b);
+        if (!PyList_Check(nodes)) {
+            PyErr_SetString(PyExc_TypeError, "unneeded: a batch is not a list");
+            Py_DECREF(out);
+            return NULL;
+        }
+        int any = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes) && !any; i++) {
+            PyObject *x = PyList_GET_ITEM(nodes, i);
+            any = !IS_NODE(x) || ((NodeObject *)x)->used || ((NodeObject *)x)->demanded;
+        }
+        if (any) continue;
+        PyObject *ix = PyLong_FromSsize_t(b);
+        if (ix == NULL || PyList_Append(out, ix) < 0) {
+            Py_XDECREF(ix);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(ix);
+    }
+    return out;
 }
 
 
@@ -4014,6 +4056,9 @@ static PyMethodDef methods[] = {
      "clear_memos(blocks): drop the blocks' remembered cache hits (a map ended)"},
     {"switch_away", (PyCFunction)py_switch_away, METH_O,
      "switch_away(rt): fibers.switch_away in C"},
+    {"unneeded", (PyCFunction)unneeded, METH_O,
+     "unneeded(batches) -> indices of the batches whose nodes nothing recorded reads and "
+     "no fiber waits for (scheduler.unneeded)"},
     {"prune_dead", (PyCFunction)prune_dead, METH_O,
      "prune_dead(batches) -> how many nodes nothing could read were dropped "
      "(scheduler.prune_dead)"},

@@ -99,12 +99,19 @@ FAST_FUNCTIONS: bool = bool(_env_int("ACROBAT_FAST_FUNCTIONS", 1))
 #: (scheduler.prune_dead; counted in ``stats.dead``).
 PRUNE_DEAD: bool = bool(_env_int("ACROBAT_PRUNE_DEAD", 1))
 
+#: A flush forced by value demands leaves the buckets of graph sinks no fiber waits for
+#: (nodes nothing recorded reads) pending; they run in a later flush with the nodes of
+#: their bucket recorded meanwhile, the map's last one levelled late so they meet there
+#: (scheduler.unneeded): DRNN's per-instance stack of logits, 11 batches -> 1 a map.
+DEFER_UNNEEDED: bool = bool(_env_int("ACROBAT_DEFER_UNNEEDED", 1))
+
 #: A flush forced by value demands is also levelled as late as possible (by each node's
 #: longest path to the end of the flush) and runs that way when it needs fewer batches:
 #: the demanded values of all instances then line up, where levelling by depth splits
 #: them whenever one branch of an ``if`` is shorter (StackRNN: a SHIFT vs. a reduce
 #: step; ACRoBat inserts "ghost operators" into the shorter branch for this). Costs one
-#: pass over the flush's nodes; the flush at the end of a map keeps depth levelling.
+#: pass over the flush's nodes; the flush at the end of a map keeps depth levelling
+#: unless a demand flush left sinks pending for it (DEFER_UNNEEDED).
 RELEVEL: bool = bool(_env_int("ACROBAT_RELEVEL", 1))
 
 #: A batch of a block whose trace folded in a shared constant (``cell(x, torch.zeros(h))``)

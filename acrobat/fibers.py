@@ -520,6 +520,7 @@ def _wait(t: LazyTensor):
         )
     fiber = rt.fiber
     fiber.waiting = t
+    node.demanded = True  # (its bucket runs at the flush: scheduler.unneeded)
     rt.blocked.append(fiber)  # (counted as suspensions when the driver flushes them)
     switch_away(rt)
     fiber.waiting = None
@@ -631,7 +632,10 @@ def _flush(rt: Runtime, max_phase=float("inf"), demand: bool = False) -> None:
         _SET_GRAD_ENABLED(rt.grad_mode)
     t0 = time.perf_counter()
     rt.py_rows = {}  # ids of this flush's outputs: a new flush makes new ones
-    batches = relevel(rt, schedule(rt, max_phase), late=demand and config.RELEVEL)
+    batches = schedule(rt, max_phase, demand)
+    # (the sinks left pending come from several flushes, at the depths each had: levelled
+    # by height, as the demand flushes are, they are one level, the last)
+    batches = relevel(rt, batches, late=(demand or rt.sunk) and config.RELEVEL)
     rt.stats.t_schedule += time.perf_counter() - t0
     rt.stats.flushes += 1
     if config.VERIFY or config.DEBUG >= 1:

@@ -53,6 +53,7 @@ class _NodeFields:
         "height",
         "used",
         "used_at",
+        "demanded",
     )
 
     def __init__(self, op, func, args, kwargs, inputs, info, sig, depth, phase, instance, rt):
@@ -74,6 +75,7 @@ class _NodeFields:
         self.height = 0  # longest path to a sink of its flush (scheduler.relevel)
         self.used = 0  # operands of nodes recorded since that read an output (ops.in_place)
         self.used_at = None  # or {output index > 0: how many of those read it} (readers)
+        self.demanded = False  # a fiber has waited for its value (scheduler.unneeded)
 
 
 if TYPE_CHECKING:
@@ -142,7 +144,7 @@ class Runtime:
         "take_tables", "tables", "read_from", "used_splits", "memo_blocks", "factory_keys",
         "constants",
         "grad_regions", "grad_resume", "object_inputs", "object_owner", "fresh", "built",
-        "write_lines",
+        "write_lines", "sunk",
         "__weakref__",
     )  # fmt: skip
     _ids = itertools.count(1)
@@ -174,6 +176,7 @@ class Runtime:
         self.thread = threading.get_ident()  # map runs on one thread; others see no runtime
         self.nodes = 0
         self.deferred = 0  # deferred constants not queued (yet): see record_data
+        self.sunk = False  # a demand flush left sinks pending (scheduler.unneeded)
         self.py_rows: dict[int, list] = {}  # id(batch output) -> its tolist(), per flush
         self.take_tables: dict[int, tuple] = {}  # id(table) -> (rows, row shape, dtype, sig)
         self.tables: set[int] = set()  # id(outs) of batches whose outputs are a real

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from acrobat import config, executor, padding
-from acrobat.graph import Runtime, lint
+from acrobat.graph import IMPURE_OPS, Runtime, lint
 from acrobat.tensor import _native
 
 
@@ -20,19 +20,28 @@ def _order(key):
     return key[0], key[1]
 
 
-def schedule(rt: Runtime, max_phase: float = float("inf")) -> list[list]:
-    """Pop the runnable buckets of ``rt`` and return them as batches, in execution order."""
+def schedule(rt: Runtime, max_phase: float = float("inf"), demand: bool = False) -> list[list]:
+    """Pop the runnable buckets of ``rt`` and return them as batches, in execution order;
+    for a flush forced by value demands (``demand``), those of graph sinks no fiber waits
+    for stay pending (:func:`unneeded`)."""
     buckets = rt.buckets
     if config.VERIFY or config.DEBUG >= 3:
         lint(buckets)
     keys = sorted(buckets, key=_order)
     if keys and keys[-1][0] > max_phase:
-        run = [k for k in keys if k[0] <= max_phase]
-        batches = [buckets.pop(k) for k in run]
+        keys = [k for k in keys if k[0] <= max_phase]
+        batches = [buckets.pop(k) for k in keys]
     else:
         batches = [buckets[k] for k in keys]
         rt.buckets = {}
     del buckets  # (the batches hold the buckets alone: prune_dead frees what it drops)
+    if demand and config.DEFER_UNNEEDED and len(batches) > 1:
+        idle = (_native.unneeded if _native is not None else unneeded)(batches)
+        if idle and len(idle) < len(batches):  # (something is always needed: else all run)
+            for i in reversed(idle):
+                if batches[i][0].op.name not in IMPURE_OPS:  # (draws keep their order)
+                    rt.buckets[keys[i]] = batches.pop(i)
+                    rt.sunk = True
     rt.nodes += sum(map(len, batches))  # every recorded node passes here once
     if config.PRUNE_DEAD:
         dead = (_native.prune_dead if _native is not None else prune_dead)(batches)
@@ -40,6 +49,21 @@ def schedule(rt: Runtime, max_phase: float = float("inf")) -> list[list]:
             rt.stats.dead += dead
             batches = [nodes for nodes in batches if nodes]
     return batches
+
+
+def unneeded(batches: list[list]) -> list[int]:
+    """The indices of ``batches`` whose nodes no recorded node reads (``node.used``) and no
+    fiber has waited for (``node.demanded``): sinks of the graph so far. A flush forced by
+    value demands leaves them pending, to run with the nodes of their bucket recorded
+    later, in a later flush: what an instance computes last and returns without reading
+    (DRNN's stack of its nodes' logits, made as each instance ends: 11 batches over a
+    map's flushes at b64) runs as one batch at the end. A bucket runs whole or waits
+    whole: deferring part of one would split a batch. Only sinks: a walk up from the
+    demanded values to find every node they need cost more per flush than it saved.
+    ``_native.unneeded`` is the same in C."""
+    return [
+        i for i, nodes in enumerate(batches) if not any(nd.used or nd.demanded for nd in nodes)
+    ]
 
 
 def _bucket_only() -> int:
@@ -82,7 +106,8 @@ def relevel(rt: Runtime, batches: list[list], late: bool = True) -> list[list]:
     is higher than its consumers). Depth levelling aligns where instances' work starts,
     height levelling where it ends, which is the value each instance demands; the one
     with fewer (phase, level, family) groups wins, depth levelling on a tie. ``late``
-    False: depth levelling only (the map's last flush: nothing is demanded)."""
+    False: depth levelling only (the map's last flush: nothing is demanded, unless a
+    demand flush left sinks pending for it)."""
     families = [family(nodes) for nodes in batches]
     by_depth = {(nodes[0].phase, nodes[0].depth, f) for nodes, f in zip(batches, families)}
     if not late or len({(nodes[0].phase, f) for nodes, f in zip(batches, families)}) == len(

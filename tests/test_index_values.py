@@ -128,11 +128,17 @@ def test_picks_with_per_instance_ints_batch_across_the_ints(n, steps, seed):
     got, stats = greedy_scores.map(hs, w=w, steps=steps, stats=True)
     want = [greedy_scores.eager(h, w, steps) for h in hs]
     torch.testing.assert_close(torch.stack(got), torch.stack(want))
-    assert stats.by_op["pick"] == [steps, n * steps]
+    # one batch per step at most; the picks are read by nothing until the map's last
+    # flush (the stack of them): left pending by each step's flush, they run there
+    # together (config.DEFER_UNNEEDED)
+    assert stats.by_op["pick"] == [1, n * steps]
+    with torch.no_grad(), acrobat.config.override(DEFER_UNNEEDED=False):
+        _, apart = greedy_scores.map(hs, w=w, steps=steps, stats=True)
+    assert apart.by_op["pick"] == [steps, n * steps]
     (g_map,) = torch.autograd.grad(torch.stack(got).sum(), w)
     (g_eager,) = torch.autograd.grad(torch.stack(want).sum(), w)
     torch.testing.assert_close(g_map, g_eager)
-    with torch.no_grad(), acrobat.config.override(INT_PICKS=False):
+    with torch.no_grad(), acrobat.config.override(INT_PICKS=False, DEFER_UNNEEDED=False):
         _, off = greedy_scores.map(hs, w=w, steps=steps, stats=True)
     assert "pick" not in off.by_op and off.by_op["getitem"][0] >= steps
 
