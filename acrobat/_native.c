@@ -2580,6 +2580,88 @@ fail:
     return NULL;
 }
 
+/* ---- fibers.fork ------------------------------------------------------------------
+ * The common case of a fork in C: instance code running in a map, its fiber outside any
+ * grad-mode region of its own (recording_rt's checks). The child Fiber and its Future are
+ * made without their Python __init__ (their slots set here) and queued as fibers.fork
+ * does; everything else is fibers.fork itself (fork_py). DRNN forks a subtree per node
+ * with children: 792 forks a map at b64. */
+
+static PyTypeObject *fiber_type, *future_type;
+static PyObject *fork_py_fn;
+static PyObject *s_all_fibers, *s_live, *s_append, *s_nest;
+
+static PyObject *setup_fork(PyObject *mod, PyObject *args) {
+    PyObject *fb, *fu, *py;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyType_Type, &fb, &PyType_Type, &fu, &py)) return NULL;
+    Py_INCREF(fb); Py_XSETREF(fiber_type, (PyTypeObject *)fb);
+    Py_INCREF(fu); Py_XSETREF(future_type, (PyTypeObject *)fu);
+    Py_INCREF(py); Py_XSETREF(fork_py_fn, py);
+    Py_RETURN_NONE;
+}
+
+static PyObject *native_fork(PyObject *mod, PyObject *const *a, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (fork_py_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup_fork was not called");
+        return NULL;
+    }
+    PyObject *parent, *rt = NULL, *child = NULL, *future = NULL, *task = NULL, *v = NULL;
+    if (n >= 1) rt = recording_rt(0, &parent);
+    if (rt == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Vectorcall(fork_py_fn, a, nargsf, kwnames);
+    }
+    PyObject *args = NULL, *kwargs = NULL;
+    if ((args = PyTuple_New(n - 1)) == NULL) goto done;
+    for (Py_ssize_t i = 1; i < n; i++) PyTuple_SET_ITEM(args, i - 1, Py_NewRef(a[i]));
+    if ((kwargs = PyDict_New()) == NULL) goto done;
+    if (kwnames != NULL) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++)
+            if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), a[n + i]) < 0) goto done;
+    }
+    if ((task = PyTuple_Pack(4, a[0], args, kwargs, Py_False)) == NULL) goto done;
+    if ((child = fiber_type->tp_alloc(fiber_type, 0)) == NULL) goto done;
+    PyObject *instance = SLOT_GET(parent, s_instance), *phase = NULL;
+    if (instance == NULL) goto done;
+    phase = SLOT_GET(parent, s_phase);
+    int err = phase == NULL || SLOT_SET(child, s_instance, instance) < 0 ||
+              SLOT_SET(child, s_phase, phase) < 0;
+    Py_DECREF(instance);
+    Py_XDECREF(phase);
+    if (err || SLOT_SET(child, s_glet, Py_None) < 0 || SLOT_SET(child, s_value, Py_None) < 0 ||
+        SLOT_SET(child, s_error, Py_None) < 0 || SLOT_SET(child, s_done, Py_False) < 0 ||
+        SLOT_SET(child, s_waiting, Py_None) < 0 || SLOT_SET(child, s_joiners, Py_None) < 0 ||
+        SLOT_SET(child, s_host, Py_None) < 0 || SLOT_SET(child, s_task, task) < 0 ||
+        SLOT_SET(child, s_grad, Py_None) < 0)
+        goto done;
+    PyObject *zero = PyLong_FromLong(0);
+    err = zero == NULL || SLOT_SET(child, s_nest, zero) < 0;
+    Py_XDECREF(zero);
+    if (err) goto done;
+    if ((v = SLOT_GET(rt, s_all_fibers)) == NULL || PyList_Append(v, child) < 0) goto done;
+    Py_CLEAR(v);
+    if ((v = SLOT_GET(rt, s_live)) == NULL || PyList_Append(v, child) < 0) goto done;
+    Py_CLEAR(v);
+    if ((v = SLOT_GET(rt, s_ready)) == NULL) goto done;
+    PyObject *callargs[3] = {NULL, v, child};
+    PyObject *r = PyObject_VectorcallMethod(s_append, callargs + 1,
+                                            2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (r == NULL) goto done;
+    Py_DECREF(r);
+    if ((future = future_type->tp_alloc(future_type, 0)) == NULL) goto done;
+    if (SLOT_SET(future, s_fiber, child) < 0) Py_CLEAR(future);
+done:
+    Py_XDECREF(v);
+    Py_XDECREF(child);
+    Py_XDECREF(task);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(args);
+    Py_DECREF(parent);
+    Py_DECREF(rt);
+    return future;
+}
+
 static PyObject *lazy_tolist(PyObject *self, PyObject *unused) {
     return value_read(NULL, self);
 }
@@ -4052,6 +4134,13 @@ static PyMethodDef methods[] = {
      "record_data(rt, op, sig, data, shape, dtype, deferred) -> LazyTensor | None"},
     {"resume_all", (PyCFunction)(void (*)(void))resume_all, METH_FASTCALL,
      "resume_all(blocked, ready): the fibers a flush unblocked made ready"},
+    {"fork", (PyCFunction)(void (*)(void))native_fork, METH_FASTCALL | METH_KEYWORDS,
+     "fork(fn, *args, **kwargs) -> Future\n\nStart ``fn(*args, **kwargs)`` as a child fiber "
+     "of the running instance: inside ``f.map`` the child runs concurrently with its parent "
+     "and siblings, each blocking on its own tensor values while the others record; "
+     "``result()`` joins. Outside ``f.map`` (eager) it calls ``fn``. (fibers.fork, its "
+     "common case in C.)"},
+    {"setup_fork", (PyCFunction)setup_fork, METH_VARARGS, "setup_fork(Fiber, Future, fork)"},
     {"fiber_main", (PyCFunction)(void (*)(void))fiber_main, METH_FASTCALL,
      "fiber_main(rt, fiber): fibers._fiber_main in C"},
     {"setup_fiber_main", (PyCFunction)setup_fiber_main, METH_VARARGS,
@@ -4170,6 +4259,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_scalar_data, "scalar_data");
     INTERN(s_tensor, "tensor");
     INTERN(s_blocked, "blocked");
+    INTERN(s_all_fibers, "all_fibers");
+    INTERN(s_live, "live");
+    INTERN(s_append, "append");
+    INTERN(s_nest, "nest");
     INTERN(s_ready, "ready");
     INTERN(s_failed, "failed");
     INTERN(s_glet, "glet");

@@ -1120,3 +1120,9 @@ if tensor._native is not None:  # a fiber's run in C (_native.fiber_main): no Py
     tensor._native.setup_fiber_main(_wrap_args, _end_grad)
     _fiber_main_py = _fiber_main
     _fiber_main = tensor._native.fiber_main
+    # a fork from instance code in C (_native.fork): the child and its Future made
+    # without a Python frame; outside a map, in a block's trace or a grad-mode region of
+    # the fiber's own, it calls fork_py
+    fork_py = fork
+    tensor._native.setup_fork(Fiber, Future, fork_py)
+    fork = tensor._native.fork

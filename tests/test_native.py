@@ -668,3 +668,45 @@ def test_fiber_main_keeps_the_value_or_the_error_and_wakes_the_joiners(impl):
         run(rt, wrapped)
     assert wrapped.value == (("wrapped", 1), ("wrapped", 2))
     assert ended == [(wrapped, None), True]
+
+
+def _fork_tree(x, depth, w):
+    """A binary tree of forks over per-instance values: each level's children forked with
+    positional and keyword arguments, joined in reverse order (some inline, some not)."""
+    h = torch.tanh(x @ w)
+    if depth == 0 or float(h.sum()) < -1.5:
+        return [h]
+    left = acrobat.fork(_fork_tree, h, depth - 1, w=w)
+    right = acrobat.fork(_fork_tree, -h, depth=depth - 1, w=w)
+    return right.result() + left.result() + [h]
+
+
+@needs_native
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(1, 6), depth=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_c_fork_makes_the_fibers_python_fork_makes(n, depth, seed):
+    """``_native.fork`` (bound as acrobat.fork) against ``fibers.fork_py``: the same
+    results, graph and schedule, and both equal to the eager loop; a fork outside a map
+    returns the value at once."""
+    from acrobat import fibers
+
+    assert acrobat.fork is _native.fork and fibers.fork is _native.fork
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(4, 4, generator=g)
+    xs = [torch.randn(4, generator=g) for _ in range(n)]
+    tree = acrobat.autobatch(_fork_tree)
+    runs = {}
+    for impl in (_native.fork, fibers.fork_py):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(acrobat, "fork", impl)
+            got, stats = tree.map(xs, depth=depth, w=w, stats=True)
+        runs[impl] = (got, stats.nodes, stats.batches, stats.suspensions, stats.flushes)
+    c, py = runs[_native.fork], runs[fibers.fork_py]
+    assert c[1:] == py[1:]
+    for a, b, x in zip(c[0], py[0], xs):
+        want = _fork_tree(x, depth, w)
+        assert len(a) == len(b) == len(want)
+        for u, v, e in zip(a, b, want):
+            torch.testing.assert_close(u, v)
+            torch.testing.assert_close(u, e)
+    assert _native.fork(lambda a, b=0: a + b, 2, b=3).result() == 5
