@@ -2662,6 +2662,102 @@ done:
     return future;
 }
 
+/* ---- fibers._worker's loop -------------------------------------------------------
+ * worker_loop(me, pool, box): the loop of a worker greenlet ``me`` (fibers._worker), its
+ * first fiber the one item of the list ``box`` (taken out: the worker must hold nothing
+ * of a finished run while parked). Runs fibers (fiber_main); when one ends, runs the next
+ * ready fiber itself if that has not started, else parks in ``pool`` and switches to it
+ * (or to the driver); returns when the pool is full (the greenlet ends). */
+
+static PyObject *s_FIBER_POOL, *s_appendleft;
+
+static PyObject *worker_loop(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyList_Check(a[1]) || !PyList_Check(a[2]) || PyList_GET_SIZE(a[2]) != 1) {
+        PyErr_SetString(PyExc_TypeError, "worker_loop(me, pool: list, box: [fiber])");
+        return NULL;
+    }
+    PyObject *me = a[0], *pool = a[1];
+    PyObject *fiber = Py_NewRef(PyList_GET_ITEM(a[2], 0));
+    if (PyList_SetSlice(a[2], 0, 1, NULL) < 0) goto fail;
+    for (;;) {
+        PyObject *rt = graph_rt(), *nxt = NULL, *ready = NULL, *v;
+        if (rt == NULL) goto fail;
+        PyObject *callargs[2] = {rt, fiber};
+        if ((v = fiber_main(NULL, callargs, 2)) == NULL) goto fail_rt;
+        Py_DECREF(v);
+        if ((v = SLOT_GET(fiber, s_error)) == NULL) goto fail_rt;
+        Py_DECREF(v);
+        if (v != Py_None) {  /* the driver raises it */
+            if (SLOT_SET(rt, s_failed, fiber) < 0) goto fail_rt;
+        } else {
+            if ((ready = SLOT_GET(rt, s_ready)) == NULL) goto fail_rt;
+            Py_ssize_t k = PyObject_Length(ready);
+            if (k < 0) goto fail_rt;
+            if (k > 0) {
+                PyObject *callargs2[2] = {NULL, ready};
+                nxt = PyObject_VectorcallMethod(s_popleft, callargs2 + 1,
+                                                1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                if (nxt == NULL) goto fail_rt;
+            }
+        }
+        Py_CLEAR(fiber);  /* (hold nothing of a finished run) */
+        if (nxt != NULL) {
+            if ((v = SLOT_GET(nxt, s_glet)) == NULL) goto fail_next;
+            Py_DECREF(v);
+            if (v == Py_None) {  /* not started: run it on this worker */
+                if (SLOT_SET(nxt, s_glet, me) < 0 || SLOT_SET(rt, s_fiber, nxt) < 0)
+                    goto fail_next;
+                fiber = nxt;
+                Py_XDECREF(ready);
+                Py_DECREF(rt);
+                continue;
+            }
+        }
+        if ((v = PyObject_GetAttr(config_mod, s_FIBER_POOL)) == NULL) goto fail_next;
+        Py_ssize_t limit = PyLong_AsSsize_t(v);
+        Py_DECREF(v);
+        if (limit == -1 && PyErr_Occurred()) goto fail_next;
+        if (PyList_GET_SIZE(pool) >= limit) {  /* full: this greenlet ends, to the driver */
+            if (nxt != NULL) {
+                if (ready == NULL && (ready = SLOT_GET(rt, s_ready)) == NULL) goto fail_next;
+                PyObject *callargs3[3] = {NULL, ready, nxt};
+                v = PyObject_VectorcallMethod(s_appendleft, callargs3 + 1,
+                                              2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                if (v == NULL) goto fail_next;
+                Py_DECREF(v);
+            }
+            Py_XDECREF(nxt);
+            Py_XDECREF(ready);
+            Py_DECREF(rt);
+            Py_RETURN_NONE;
+        }
+        if (PyList_Append(pool, me) < 0) goto fail_next;
+        PyObject *to;
+        if (nxt == NULL) {
+            to = SLOT_GET(rt, s_main);
+        } else {
+            to = SLOT_SET(rt, s_fiber, nxt) < 0 ? NULL : SLOT_GET(nxt, s_glet);
+        }
+        Py_XDECREF(nxt);  /* parked: hold nothing of this map */
+        Py_XDECREF(ready);
+        Py_DECREF(rt);
+        if (to == NULL) goto fail;
+        fiber = switch_to(to, NULL);  /* resumed with the next fiber to run */
+        Py_DECREF(to);
+        if (fiber == NULL) goto fail;  /* (thrown in: the pool's unwinding) */
+        continue;
+    fail_next:
+        Py_XDECREF(nxt);
+    fail_rt:
+        Py_XDECREF(ready);
+        Py_DECREF(rt);
+        goto fail;
+    }
+fail:
+    Py_XDECREF(fiber);
+    return NULL;
+}
+
 static PyObject *lazy_tolist(PyObject *self, PyObject *unused) {
     return value_read(NULL, self);
 }
@@ -4141,6 +4237,8 @@ static PyMethodDef methods[] = {
      "``result()`` joins. Outside ``f.map`` (eager) it calls ``fn``. (fibers.fork, its "
      "common case in C.)"},
     {"setup_fork", (PyCFunction)setup_fork, METH_VARARGS, "setup_fork(Fiber, Future, fork)"},
+    {"worker_loop", (PyCFunction)(void (*)(void))worker_loop, METH_FASTCALL,
+     "worker_loop(me, pool, box) -> None: a worker greenlet's loop (fibers._worker)"},
     {"fiber_main", (PyCFunction)(void (*)(void))fiber_main, METH_FASTCALL,
      "fiber_main(rt, fiber): fibers._fiber_main in C"},
     {"setup_fiber_main", (PyCFunction)setup_fiber_main, METH_VARARGS,
@@ -4263,6 +4361,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_live, "live");
     INTERN(s_append, "append");
     INTERN(s_nest, "nest");
+    INTERN(s_FIBER_POOL, "FIBER_POOL");
+    INTERN(s_appendleft, "appendleft");
     INTERN(s_ready, "ready");
     INTERN(s_failed, "failed");
     INTERN(s_glet, "glet");

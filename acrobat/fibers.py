@@ -380,6 +380,11 @@ def _worker() -> None:
     pool = _pool()  # a greenlet never leaves its thread
     fiber = _LOCAL.handoff
     _LOCAL.handoff = None
+    if _worker_loop is not None:  # the loop below in C (the box: its first fiber, taken out)
+        box = [fiber]
+        del fiber
+        _worker_loop(me, pool, box)
+        return
     while True:
         rt: Any = graph.RT  # set while fibers run
         _fiber_main(rt, fiber)
@@ -405,6 +410,9 @@ def _worker() -> None:
             to = nxt.glet
         rt = nxt = None  # parked, hold nothing of this map
         fiber = to.switch()
+
+
+_worker_loop = tensor._native.worker_loop if tensor._native is not None else None
 
 
 def _start(rt: Runtime, fiber: Fiber) -> None:

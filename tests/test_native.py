@@ -269,6 +269,7 @@ def test_native_paths_are_the_ones_bound():
     assert graph._py_add_node is not _native.add_node
     assert fibers._fiber_main is _native.fiber_main
     assert fibers.switch_away is _native.switch_away
+    assert fibers._worker_loop is _native.worker_loop
 
     @acrobat.block
     def cell(w, x, h):
