@@ -3526,7 +3526,9 @@ def _readers_within(x, operands, old) -> bool:
 def _give_old(nd, i: int, x, old) -> None:
     """Make ``nd``, whose input ``i`` is the handle ``x``, read ``old`` there (and in its
     call's arguments) instead: it keeps the value ``x`` had when it was recorded."""
-    nd.inputs[i] = old
+    inputs = list(nd.inputs)  # (a tuple where the C path recorded it)
+    inputs[i] = old
+    nd.inputs = type(nd.inputs)(inputs)
     nd.args = _swap(nd.args, x, old)
     if nd.kwargs:
         nd.kwargs = {k: _swap(v, x, old) for k, v in nd.kwargs.items()}
