@@ -269,7 +269,12 @@ def _check(fn, seen: set) -> bool:
             and sub.func.attr in _DEMAND_METHODS
         ):
             return False  # reads a value (``.tolist()``): a trace would fail; outlined instead
-    return True
+    # no operation at all (``return a``, ``return (a, b)``): nothing a block could batch,
+    # while its dispatch would cost every call, ~1 us with Python values for arguments
+    return any(isinstance(sub, _OPERATIONS) for sub in nodes)
+
+
+_OPERATIONS = (ast.Call, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Subscript, ast.Attribute)
 
 
 def _plain_target(target, local: set) -> bool:

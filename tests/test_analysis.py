@@ -77,6 +77,36 @@ def test_straight_line_verdicts():
     assert not analysis.straight_line(writes_attribute)
     assert not analysis.straight_line(lambda x: x)
     assert not analysis.straight_line(torch.tanh)
+    assert not analysis.straight_line(passthrough)  # nothing to batch: no block
+    assert not analysis.straight_line(pair_up)
+
+
+def passthrough(a, b):
+    return a
+
+
+def pair_up(a, b):
+    c = a
+    return (c, b)
+
+
+@acrobat.autobatch
+def carries(x, n):
+    """Helpers without any operation, called with Python values and lazy tensors."""
+    picks = [passthrough(i, n) for i in range(n)]
+    h, k = pair_up(torch.tanh(x), len(picks))
+    return passthrough(h * k, None), sum(picks)
+
+
+def test_helpers_without_operations_run_as_written():
+    xs = [torch.randn(3, generator=torch.Generator().manual_seed(s)) for s in range(5)]
+    with torch.no_grad():
+        stats = check_map(carries, xs, n=6)
+    # the helpers are called as written: no dispatcher put in front of them (its call
+    # cost ~1 us each with Python values), no block node
+    for helper in (passthrough, pair_up):
+        assert analysis._code_key(helper) not in analysis._DISPATCHERS
+    assert not any(name.startswith("block:") for name in stats.by_op), stats.by_op
 
 
 def test_discovery_follows_containers_and_control_flow_functions():
