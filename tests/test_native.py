@@ -711,3 +711,48 @@ def test_c_fork_makes_the_fibers_python_fork_makes(n, depth, seed):
             torch.testing.assert_close(u, v)
             torch.testing.assert_close(u, e)
     assert _native.fork(lambda a, b=0: a + b, 2, b=3).result() == 5
+
+
+@acrobat.block
+def _scaled(a, b):
+    return a * b
+
+
+def _affine(k, n):  # straight-line: an AutoBlock candidate
+    return k * n + 1
+
+
+@acrobat.autobatch
+def _numbers_and_tensors(x, n):
+    s = _affine(2, n) + _affine(n, 3)  # Python numbers only: run as written
+    return _scaled(x, 2.0) + _scaled(3, n) + s, _affine(x, 2.0)
+
+
+@needs_native
+def test_block_calls_without_per_instance_arguments_run_as_written(monkeypatch):
+    """A block or an AutoBlock called with no lazy tensor or container among its
+    arguments runs its function directly from the C call slot (Block._call is not
+    entered); calls with a lazy tensor record their nodes as before; map == eager."""
+    import importlib
+
+    block = importlib.import_module("acrobat.block")  # (acrobat.block is the decorator)
+    entered = []
+    real = block.Block._call
+
+    def counting(self, *args, **kwargs):
+        entered.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(block.Block, "_call", counting)
+    xs = [torch.randn(3, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    with torch.no_grad():
+        for _ in range(2):  # (the second map: every trace a cache hit)
+            entered.clear()
+            got, stats = _numbers_and_tensors.map(xs, n=5, stats=True)
+    in_map = list(entered)
+    for (a, b), x in zip(got, xs):
+        want_a, want_b = _numbers_and_tensors.eager(x, n=5)
+        torch.testing.assert_close(a, want_a)
+        torch.testing.assert_close(b, want_b)
+    assert not [args for args in in_map if not any(type(a) is LazyTensor for a in args)]
+    assert stats.by_op["block:_scaled"] == [1, len(xs)]
