@@ -2627,6 +2627,7 @@ fail:
 static PyTypeObject *fiber_type, *future_type;
 static PyObject *fork_py_fn;
 static PyObject *s_all_fibers, *s_live, *s_append, *s_nest;
+static PyObject *no_kwargs;  /* the kwargs of every fork without keywords */
 
 static PyObject *setup_fork(PyObject *mod, PyObject *args) {
     PyObject *fb, *fu, *py;
@@ -2652,10 +2653,14 @@ static PyObject *native_fork(PyObject *mod, PyObject *const *a, size_t nargsf, P
     PyObject *args = NULL, *kwargs = NULL;
     if ((args = PyTuple_New(n - 1)) == NULL) goto done;
     for (Py_ssize_t i = 1; i < n; i++) PyTuple_SET_ITEM(args, i - 1, Py_NewRef(a[i]));
-    if ((kwargs = PyDict_New()) == NULL) goto done;
-    if (kwnames != NULL) {
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        if ((kwargs = PyDict_New()) == NULL) goto done;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++)
             if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), a[n + i]) < 0) goto done;
+    } else {  /* one empty dict for every fork without keywords (a task's kwargs are only
+               * read: fiber_main passes an empty one as none) */
+        if (no_kwargs == NULL && (no_kwargs = PyDict_New()) == NULL) goto done;
+        kwargs = Py_NewRef(no_kwargs);
     }
     if ((task = PyTuple_Pack(4, a[0], args, kwargs, Py_False)) == NULL) goto done;
     if ((child = fiber_type->tp_alloc(fiber_type, 0)) == NULL) goto done;
