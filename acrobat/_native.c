@@ -3594,6 +3594,51 @@ done:
     return result;
 }
 
+/* The bases entries one call has read, batch key -> row 0's address: the rows of a
+ * batch's operand come from a few source batches, in any order (a DRNN stack's 1,574
+ * logits rows from 13 node batches), each a dict lookup with a new int key before. */
+#define BASE_WAYS 8
+typedef struct {
+    long long key[BASE_WAYS];
+    char *base[BASE_WAYS];
+    int n, next;
+} BaseCache;
+
+/* *out = row 0's address of the buffer of batch ``key`` (bases[key], entered from
+ * source_base(t, ...) the first time; ``t`` one of its LazyTensors): 1, or 0 where the
+ * buffer cannot be read by address, or -1 with an exception set. */
+static int base_of(BaseCache *c, long long key, PyObject *bases, PyObject *t, PyObject *shape,
+                   PyObject *dtype, char **out) {
+    for (int w = 0; w < c->n; w++)
+        if (c->key[w] == key) {
+            *out = c->base[w];
+            return 1;
+        }
+    PyObject *k = PyLong_FromLongLong(key);
+    if (k == NULL) return -1;
+    PyObject *b = PyDict_GetItemWithError(bases, k); /* borrowed */
+    if (b == NULL && !PyErr_Occurred()) {
+        if (!IS_LAZY(t)) {
+            PyErr_SetString(PyExc_TypeError, "copy_rows: ts must hold LazyTensors");
+        } else if ((b = source_base(t, shape, dtype)) != NULL) {
+            int err = PyDict_SetItem(bases, k, b);
+            Py_DECREF(b); /* the dict holds it */
+            if (err < 0) b = NULL;
+        }
+    }
+    Py_DECREF(k);
+    if (b == NULL) return -1;
+    if (b == Py_None) return 0;
+    char *p = (char *)PyLong_AsVoidPtr(b);
+    if (p == NULL && PyErr_Occurred()) return -1;
+    c->key[c->next] = key;
+    c->base[c->next] = p;
+    c->next = (c->next + 1) % BASE_WAYS;
+    if (c->n < BASE_WAYS) c->n++;
+    *out = p;
+    return 1;
+}
+
 /* copy_rows(dst, slots, bases, nbytes, ts, shape, dtype): row i of the buffer at address
  * ``dst`` (len(slots) rows) gets the ``nbytes`` bytes of the row slot i names,
  * ``bases[slot >> 24] + (slot & 0xFFFFFF) * nbytes``: the rows of LazyTensors ``ts``
@@ -3607,34 +3652,50 @@ done:
 static int row_pointers_at(PyObject *slots, PyObject *bases, PyObject *ts, PyObject *shape,
                            PyObject *dtype, Py_ssize_t nbytes, char **src, Py_ssize_t start,
                            Py_ssize_t count) {
-    long long last_key = -1;
-    char *last_base = NULL;
+    BaseCache cache = {{0}, {NULL}, 0, 0};
     for (Py_ssize_t i = start; i < start + count; i++) {
         long long slot = slot_value(PyList_GET_ITEM(slots, i));
         if (slot == -1 && PyErr_Occurred()) return -1;
-        long long key = slot >> 24;
-        if (key != last_key) {
-            PyObject *k = PyLong_FromLongLong(key);
-            if (k == NULL) return -1;
-            PyObject *b = PyDict_GetItemWithError(bases, k); /* borrowed */
-            if (b == NULL && !PyErr_Occurred()) {
-                PyObject *t = PyList_GET_ITEM(ts, i);
-                if (!IS_LAZY(t)) {
-                    PyErr_SetString(PyExc_TypeError, "copy_rows: ts must hold LazyTensors");
-                } else if ((b = source_base(t, shape, dtype)) != NULL) {
-                    int err = PyDict_SetItem(bases, k, b);
-                    Py_DECREF(b); /* the dict holds it */
-                    if (err < 0) b = NULL;
-                }
-            }
-            Py_DECREF(k);
-            if (b == NULL) return -1;
-            if (b == Py_None) return 0;
-            last_base = (char *)PyLong_AsVoidPtr(b);
-            if (last_base == NULL && PyErr_Occurred()) return -1;
-            last_key = key;
+        char *base;
+        int r = base_of(&cache, slot >> 24, bases, PyList_GET_ITEM(ts, i), shape, dtype, &base);
+        if (r <= 0) return r;
+        src[i] = base + (slot & 0xFFFFFF) * nbytes;
+    }
+    return 1;
+}
+
+/* The address of operand ``j`` of each node of ``nodes`` (a list; computed LazyTensors
+ * of ``shape`` and ``dtype``, ``nbytes`` each) into ``src``: column() and row_pointers()
+ * without their lists of operands and slot ints. 1, 0 (a source that cannot be read by
+ * address), or -1 with an exception naming ``who``. */
+static int operand_pointers(PyObject *nodes, Py_ssize_t j, PyObject *bases, PyObject *shape,
+                            PyObject *dtype, Py_ssize_t nbytes, char **src, const char *who) {
+    BaseCache cache = {{0}, {NULL}, 0, 0};
+    Py_ssize_t m = PyList_GET_SIZE(nodes);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *nd = PyList_GET_ITEM(nodes, i);
+        if (!IS_NODE(nd)) {
+            PyErr_Format(PyExc_TypeError, "%s: not a Node", who);
+            return -1;
         }
-        src[i] = last_base + (slot & 0xFFFFFF) * nbytes;
+        PyObject *ins = ((NodeObject *)nd)->inputs;
+        if (ins == NULL || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins)) || j < 0 ||
+            j >= PySequence_Fast_GET_SIZE(ins)) {
+            PyErr_Format(PyExc_IndexError, "%s: a node has no operand j", who);
+            return -1;
+        }
+        PyObject *t = PySequence_Fast_GET_ITEM(ins, j);
+        if (!IS_LAZY(t) || !IS_NODE(((LazyObject *)t)->node)) {
+            PyErr_Format(PyExc_TypeError, "%s: an operand is not a LazyTensor", who);
+            return -1;
+        }
+        long long idx = PyLong_AsLongLong(((LazyObject *)t)->idx);
+        if (idx == -1 && PyErr_Occurred()) return -1;
+        long long slot = ((NodeObject *)((LazyObject *)t)->node)->slot + (idx << 24);
+        char *base;
+        int r = base_of(&cache, slot >> 24, bases, t, shape, dtype, &base);
+        if (r <= 0) return r;
+        src[i] = base + (slot & 0xFFFFFF) * nbytes;
     }
     return 1;
 }
@@ -3913,48 +3974,42 @@ static PyObject *join_into(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     if (m == 0 || parts == 0) Py_RETURN_TRUE;
     char **src = PyMem_Malloc((size_t)(m * parts) * sizeof(char *));
     Py_ssize_t *widths = PyMem_Malloc((size_t)parts * sizeof(Py_ssize_t));
-    PyObject *ts = PyList_New(m), *slots = PyList_New(m), *out = NULL;
-    if (src == NULL || widths == NULL || ts == NULL || slots == NULL) {
-        if (!PyErr_Occurred()) PyErr_NoMemory();
+    PyObject *out = NULL;
+    if (src == NULL || widths == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t p = 0; p < parts; p++) {
         Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, p));
         if (j == -1 && PyErr_Occurred()) goto done;
-        for (Py_ssize_t i = 0; i < m; i++) {  /* column(nodes, j), into reused lists */
-            PyObject *nd = PyList_GET_ITEM(nodes, i), *ins, *t;
-            if (!IS_NODE(nd)) {
-                PyErr_SetString(PyExc_TypeError, "join_into: not a Node");
-                goto done;
-            }
-            ins = ((NodeObject *)nd)->inputs;
-            if (ins == NULL || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins)) || j < 0 ||
-                j >= PySequence_Fast_GET_SIZE(ins)) {
-                PyErr_SetString(PyExc_IndexError, "join_into: a node has no operand j");
-                goto done;
-            }
-            t = PySequence_Fast_GET_ITEM(ins, j);
-            Py_XDECREF(PyList_GET_ITEM(ts, i));
-            Py_XDECREF(PyList_GET_ITEM(slots, i));
-            PyList_SET_ITEM(ts, i, NULL);
-            PyList_SET_ITEM(slots, i, NULL);
-            if (put_operand(t, ts, slots, i, "join_into") < 0) goto done;
+        PyObject *nd0 = PyList_GET_ITEM(nodes, 0), *ins, *t0;
+        if (!IS_NODE(nd0)) {
+            PyErr_SetString(PyExc_TypeError, "join_into: not a Node");
+            goto done;
         }
-        LazyObject *t0 = (LazyObject *)PyList_GET_ITEM(ts, 0);
-        Py_ssize_t numel = 1;
-        if (!PyTuple_Check(t0->shape)) {
+        ins = ((NodeObject *)nd0)->inputs;
+        if (ins == NULL || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins)) || j < 0 ||
+            j >= PySequence_Fast_GET_SIZE(ins)) {
+            PyErr_SetString(PyExc_IndexError, "join_into: a node has no operand j");
+            goto done;
+        }
+        t0 = PySequence_Fast_GET_ITEM(ins, j);
+        if (!IS_LAZY(t0) || !PyTuple_Check(((LazyObject *)t0)->shape)) {
             PyErr_SetString(PyExc_TypeError, "join_into: an operand without a shape");
             goto done;
         }
-        for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(t0->shape); d++) {
-            Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(t0->shape, d));
+        PyObject *shape = ((LazyObject *)t0)->shape, *dtype = ((LazyObject *)t0)->dtype;
+        Py_ssize_t numel = 1;
+        for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); d++) {
+            Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
             if (k == -1 && PyErr_Occurred()) goto done;
             numel *= k;
         }
         Py_ssize_t itemsize;
-        if (get_ssize(t0->dtype, s_itemsize, &itemsize) < 0) goto done;
+        if (get_ssize(dtype, s_itemsize, &itemsize) < 0) goto done;
         widths[p] = numel * itemsize;
-        int found = row_pointers(slots, bases, ts, t0->shape, t0->dtype, widths[p], src + p * m);
+        int found = operand_pointers(nodes, j, bases, shape, dtype, widths[p], src + p * m,
+                                     "join_into");
         if (found < 0) goto done;
         if (found == 0) {
             out = Py_NewRef(Py_False);
@@ -3972,8 +4027,6 @@ static PyObject *join_into(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
 done:
     PyMem_Free(src);
     PyMem_Free(widths);
-    Py_XDECREF(ts);
-    Py_XDECREF(slots);
     return out;
 }
 
