@@ -3954,6 +3954,57 @@ static PyObject *unpad_parts(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+/* ---- numba kernels on torch's OpenMP team (acrobat_kernels/parallel.py) -----------
+ * parallel.run in C: the kernel's parameter block made on the C stack and GOMP_parallel
+ * of the libgomp torch loaded called directly (through ctypes, a Params array and the
+ * call's argument conversions cost ~2.5 us a kernel, ~48 a DRNN map). */
+
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+static gomp_parallel_fn gomp_parallel;
+static long long omp_queries[2];
+
+/* setup_omp(GOMP_parallel, omp_get_thread_num, omp_get_num_threads): their addresses */
+static PyObject *setup_omp(PyObject *mod, PyObject *args) {
+    unsigned long long start, thread_num, num_threads;
+    if (!PyArg_ParseTuple(args, "KKK", &start, &thread_num, &num_threads)) return NULL;
+    gomp_parallel = (gomp_parallel_fn)(uintptr_t)start;
+    omp_queries[0] = (long long)thread_num;
+    omp_queries[1] = (long long)num_threads;
+    Py_RETURN_NONE;
+}
+
+/* omp_run(entry, threads, *ints): the cfunc at ``entry`` run on ``threads`` threads of
+ * torch's team with the parameter block parallel.params(*ints) makes (at most 14 ints,
+ * then the two OpenMP queries), the GIL released */
+static PyObject *omp_run(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (gomp_parallel == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup_omp was not called");
+        return NULL;
+    }
+    if (n < 2 || n - 2 > 14) {
+        PyErr_SetString(PyExc_TypeError, "omp_run(entry, threads, *ints): at most 14 ints");
+        return NULL;
+    }
+    void *entry = PyLong_AsVoidPtr(a[0]);
+    long threads = PyLong_AsLong(a[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (entry == NULL || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "omp_run: no kernel, or no thread");
+        return NULL;
+    }
+    long long block[16] = {0};
+    for (Py_ssize_t i = 2; i < n; i++) {
+        block[i - 2] = PyLong_AsLongLong(a[i]);
+        if (block[i - 2] == -1 && PyErr_Occurred()) return NULL;
+    }
+    block[14] = omp_queries[0];
+    block[15] = omp_queries[1];
+    Py_BEGIN_ALLOW_THREADS
+    gomp_parallel((void (*)(void *))entry, block, (unsigned)threads, 0);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* join_into(dst, stride, nodes, group, bases): executor._join's copies without its
  * columns: operand j of every node, for each position j of ``group`` in turn, copied
  * from its producer's buffer (by address, ``bases`` as copy_rows keeps it) into row i
@@ -4310,6 +4361,10 @@ static PyMethodDef methods[] = {
     {"unpad_parts", (PyCFunction)(void (*)(void))unpad_parts, METH_FASTCALL,
      "unpad_parts(src, stride, dst, counts, nbytes): each padded row's first nbytes of its "
      "part, back to back at dst"},
+    {"setup_omp", (PyCFunction)setup_omp, METH_VARARGS,
+     "setup_omp(GOMP_parallel, omp_get_thread_num, omp_get_num_threads): their addresses"},
+    {"omp_run", (PyCFunction)(void (*)(void))omp_run, METH_FASTCALL,
+     "omp_run(entry, threads, *ints): parallel.run in C (a numba cfunc on torch's team)"},
     {"join_into", (PyCFunction)(void (*)(void))join_into, METH_FASTCALL,
      "join_into(dst, stride, nodes, group, bases) -> True, or False (executor._join's "
      "copies: operand j of every node for each j of group, side by side in each row)"},

@@ -407,7 +407,7 @@ def _run(x, w, c, c_rows, act: int = 0) -> torch.Tensor:
             split = 0
     if split is not None:
         cut = CUT_ZEROS and _finite(w)  # (a zero times an infinity is NaN: not cut then)
-        parallel.launch(_parallel, parallel.params(*args, act, split, cut), threads)
+        parallel.run(_parallel, threads, *args, act, split, cut)
     else:
         kernel(*args, n, k)
         if act:

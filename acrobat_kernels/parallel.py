@@ -61,7 +61,20 @@ def _load():
                 f.restype = ctypes.c_int
             _omp = (start, tid, size)
             _queries = tuple(ctypes.cast(f, ctypes.c_void_p).value or 0 for f in (tid, size))
+            _setup_native(ctypes.cast(start, ctypes.c_void_p).value or 0)
     return _omp
+
+
+def _setup_native(start: int) -> None:
+    """Hand the OpenMP entry points to the C extension (:func:`run`), where it is built."""
+    global _run
+    try:
+        from acrobat.tensor import _native
+    except ImportError:  # (the kernels without acrobat)
+        return
+    if _native is not None and start and all(_queries):
+        _native.setup_omp(start, *_queries)
+        _run = _native.omp_run
 
 
 def available() -> bool:
@@ -94,6 +107,19 @@ def queries() -> list[int]:
     row split asks them, :func:`acrobat_kernels.loops.row_share`); only where
     :func:`available`."""
     return list(_queries)
+
+
+def run(kernel_address: int, threads: int, *ints: int) -> None:
+    """``launch(kernel_address, params(*ints), threads)``: through the C extension where
+    it is built (no ctypes call, no Params array: ~2.5 µs less a kernel); only where
+    :func:`available`."""
+    if _run is not None:
+        _run(kernel_address, threads, *ints)
+    else:
+        launch(kernel_address, params(*ints), threads)
+
+
+_run = None  # acrobat._native.omp_run, once set up (_load)
 
 
 def launch(kernel_address: int, block, threads: int) -> None:

@@ -99,7 +99,7 @@ def run(h0, c, w, b, active: list, offsets: list, per_step: bool):
     )  # fmt: skip
     threads = torch.get_num_threads()
     if _parallel and threads > 1 and rows > 4 and sum(active) * n * n >= PARALLEL_WORK:
-        parallel.launch(_parallel, parallel.params(*args), threads)
+        parallel.run(_parallel, threads, *args)
     else:
         kernel(*args, 0, rows)
     return out, final

@@ -45,8 +45,8 @@ def test_products_split_over_torchs_threads_match_torch(rows, by, monkeypatch):
     eight, fewer rows than threads' blocks) is computed once, with its own part of a
     per-row addend and of the bias."""
     launches = []
-    real = parallel.launch
-    monkeypatch.setattr(parallel, "launch", lambda *a: launches.append(a) or real(*a))
+    real = parallel.run
+    monkeypatch.setattr(parallel, "run", lambda *a: launches.append(a) or real(*a))
     monkeypatch.setattr(gemm, "PARALLEL_WORK", 0)
     monkeypatch.setattr(gemm, "COLUMNS_BELOW", 1 << 30 if by == "columns" else 0)
     threads = torch.get_num_threads()
@@ -415,3 +415,26 @@ def test_zero_rows_times_an_infinite_weight_give_nan_as_in_torch(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(got.isnan(), want.isnan()) and got[20:, 3].isnan().all()
+
+
+@pytest.mark.skipif(not parallel.available(), reason="torch's OpenMP runtime is not libgomp")
+def test_kernels_started_by_the_c_extension_match_the_ctypes_start(monkeypatch):
+    """parallel.run starts a split kernel through the C extension (acrobat._native.omp_run)
+    where it is built, else through ctypes: the same parameter block, the same results."""
+    from acrobat.tensor import _native
+
+    if _native is None:
+        pytest.skip("the C extension is not built")
+    assert parallel._run is _native.omp_run
+    monkeypatch.setattr(gemm, "PARALLEL_WORK", 0)
+    gen = torch.Generator().manual_seed(5)
+    x, w, b = (torch.randn(*s, generator=gen) for s in ((37, 96), (40, 96), (40,)))
+    y = torch.randn(37, 40, generator=gen)
+    by_c = [gemm.run_linear_tanh(x, w, b), gemm.run_addmm(y, x, w), gemm.run_linear(x, w, None)]
+    monkeypatch.setattr(parallel, "_run", None)
+    by_ctypes = [gemm.run_linear_tanh(x, w, b), gemm.run_addmm(y, x, w), gemm.run_linear(x, w, None)]
+    for got, want in zip(by_c, by_ctypes):
+        assert torch.equal(got, want)
+    torch.testing.assert_close(by_c[1], torch.addmm(y, x, w.t()), atol=1e-4, rtol=1e-4)
+    with pytest.raises(TypeError, match="at most 14 ints"):
+        _native.omp_run(gemm._parallel, 2, *range(15))

@@ -91,8 +91,8 @@ def test_rows_computed_in_two_parts_equal_one_call():
 )
 def test_rows_split_over_torchs_threads_give_the_step_by_step_results(counts, monkeypatch):
     launches = []
-    real = parallel.launch
-    monkeypatch.setattr(parallel, "launch", lambda *a: launches.append(a) or real(*a))
+    real = parallel.run
+    monkeypatch.setattr(parallel, "run", lambda *a: launches.append(a) or real(*a))
     monkeypatch.setattr(recurrence, "PARALLEL_WORK", 0)
     active = scan.looping(counts)
     offsets = list(itertools.accumulate(active, initial=0))[:-1]
