@@ -662,8 +662,8 @@ done:
 static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
                                      PyObject *args, PyObject *kwargs, PyObject *inputs,
                                      PyObject *info, PyObject *sig, PyObject *fiber) {
-    if (!PyList_CheckExact(inputs)) {
-        PyErr_SetString(PyExc_TypeError, "add_node: inputs must be a list");
+    if (!PyList_CheckExact(inputs) && !PyTuple_CheckExact(inputs)) {
+        PyErr_SetString(PyExc_TypeError, "add_node: inputs must be a list or a tuple");
         return NULL;
     }
     Py_INCREF(fiber);
@@ -674,9 +674,9 @@ static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
     }
     Py_DECREF(fiber);
     Py_ssize_t depth = 0;
-    Py_ssize_t n = PyList_GET_SIZE(inputs);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(inputs);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(inputs, i);
+        PyObject *t = PySequence_Fast_GET_ITEM(inputs, i);
         if (!IS_LAZY(t)) {
             PyErr_SetString(PyExc_TypeError, "add_node: an input is not a LazyTensor");
             return NULL;
@@ -711,7 +711,7 @@ static NodeObject *add_node_untagged(PyObject *rt, PyObject *op, PyObject *func,
     /* a node's operands never change once recorded (but by _give_old, which rebuilds
      * them): kept as a tuple, one block instead of a list's two (3,276 nodes a DRNN map
      * at b64, freed with its graph) */
-    PyObject *operands = PyList_AsTuple(inputs);
+    PyObject *operands = PyTuple_CheckExact(inputs) ? Py_NewRef(inputs) : PyList_AsTuple(inputs);
     if (operands == NULL) return NULL;
     NodeObject *nd = node_new_fields(node_cls, op, func, args, kwargs, operands, info, sig,
                                      depth + 1, phase, instance, rt);
@@ -1213,14 +1213,13 @@ static PyObject *memo_lookup(BlockBaseObject *b, PyObject *args, long long run,
         Py_ssize_t i = 0;
         while (i < n && memo_part(PyTuple_GET_ITEM(args, i)) == e->parts[i]) i++;
         if (i < n) continue;
-        PyObject *inputs = PyList_New(0);
+        Py_ssize_t k = 0;  /* (a tuple: the node keeps it as its operands) */
+        for (i = 0; i < n; i++) k += Py_TYPE(PyTuple_GET_ITEM(args, i)) == lazy_cls;
+        PyObject *inputs = PyTuple_New(k);
         if (inputs == NULL) return NULL;
-        for (i = 0; i < n; i++) {
+        for (i = 0, k = 0; i < n; i++) {
             PyObject *x = PyTuple_GET_ITEM(args, i);
-            if (Py_TYPE(x) == lazy_cls && PyList_Append(inputs, x) < 0) {
-                Py_DECREF(inputs);
-                return NULL;
-            }
+            if (Py_TYPE(x) == lazy_cls) PyTuple_SET_ITEM(inputs, k++, Py_NewRef(x));
         }
         *inputs_out = inputs;
         return Py_NewRef(e->trace);
@@ -1282,8 +1281,18 @@ static PyObject *clear_memos(PyObject *mod, PyObject *blocks) {
     Py_RETURN_NONE;
 }
 
+/* ``*inputs`` (cached_trace's operands) as a list, in place: 0, or -1 on error */
+static int as_list(PyObject **inputs) {
+    if (PyList_CheckExact(*inputs)) return 0;
+    PyObject *l = PySequence_List(*inputs);
+    if (l == NULL) return -1;
+    Py_SETREF(*inputs, l);
+    return 0;
+}
+
 /* The trace a call of ``blk`` with positional ``args`` hits in its cache during map
- * ``rt`` (a new reference; *inputs_out its LazyTensor operands, a new list), or NULL:
+ * ``rt`` (a new reference; *inputs_out its LazyTensor operands, a new tuple from the
+ * block's memo, else a new list: as_list where a list is needed), or NULL:
  * with an exception on error, without one when the call needs the Python path (no
  * per-instance argument, no trace, or one of an earlier map to revalidate). The key is
  * block.Block.trace_for's. */
@@ -1447,6 +1456,7 @@ static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt,
              *tinfo = PyTuple_GET_ITEM(fast, 2);
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(fast, 3));
     if (PyTuple_GET_ITEM(fast, 4) == Py_True) {
+        if (as_list(&inputs) < 0) goto done;
         node = split_hit(rt, trace, inputs, tinfo);
         if (node == NULL) {
             if (PyErr_Occurred()) goto done;
@@ -1470,6 +1480,7 @@ static PyObject *block_call_impl(PyObject *blk, PyObject *args, PyObject *rt,
         out = lazy_all(node, tinfo);
         if (out != NULL || PyErr_Occurred()) goto done;
     }
+    if (as_list(&inputs) < 0) goto done;
     out = PyObject_CallFunctionObjArgs(finish_fn, trace, node, inputs, NULL);
 done:
     Py_XDECREF(node);
@@ -1491,7 +1502,7 @@ static PyObject *trace_hit(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *out = PyTuple_Pack(2, trace, inputs);
+    PyObject *out = as_list(&inputs) < 0 ? NULL : PyTuple_Pack(2, trace, inputs);
     Py_DECREF(trace);
     Py_DECREF(inputs);
     return out;
@@ -2117,6 +2128,7 @@ static PyObject *scanbase_call(PyObject *self, PyObject *args, PyObject *kw) {
     if (scan == NULL || scan == Py_None || scan == Py_False) goto python;
     cnt = PyLong_FromSsize_t(count);
     if (cnt == NULL) goto python;
+    if (as_list(&inputs) < 0) goto done;
     out = PyObject_CallMethodObjArgs(scan, s_record, rt, inputs, seqs, cnt, lists, NULL);
     goto done;  /* (recorded, or an error from recording: not the Python path) */
 python:
