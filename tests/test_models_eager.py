@@ -287,6 +287,22 @@ def test_bench_ab_sets_and_restores_config_flags_and_module_switches(capsys):
         assert said in capsys.readouterr().err
 
 
+def test_bench_icount_reads_cachegrind_totals_and_takes_one_map():
+    """bench.icount: a map's instructions are the difference of two cachegrind totals over
+    the maps between them; valgrind's summary line is read, and a run that printed none
+    (the program failed) is an error. (The valgrind runs themselves take minutes: not run
+    here.)"""
+    from bench import icount
+
+    out = "==1== \n==1== I   refs:      9,582,926,713\n"
+    assert icount.instructions(out) == 9_582_926_713
+    assert icount.per_map(9_582_926_713, 11_370_898_236, 10) == pytest.approx(178_797_152.3)
+    with pytest.raises(ValueError, match="I refs"):
+        icount.instructions("==1== Process terminating with default action of signal 11")
+    with pytest.raises(ValueError):
+        icount.per_map(1, 2, 0)
+
+
 def test_bench_sidebyside_alternates_checkouts_and_summarizes(capsys):
     """bench.sidebyside: each checkout's process times the map and the hand-batched version
     in turn; the summary is per checkout (here the same one twice, a small task)."""
