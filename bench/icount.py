@@ -37,20 +37,11 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-_CHILD = r"""
-import os, sys
-os.environ["ACROBAT_MAP_CHOICE"] = "0"
-root, name, size = sys.argv[1:4]
-batch, maps = int(sys.argv[4]), int(sys.argv[5])
-sys.path.insert(0, root)
-import importlib
-import torch
-import acrobat
-if not os.path.realpath(acrobat.__file__).startswith(os.path.realpath(root)):
-    raise SystemExit(f"acrobat imported from {acrobat.__file__}, not from {root}")
-task = importlib.import_module(f"models.{name}").make_task(size, batch, seed=0, blocks=False)
+from bench import sidebyside
+
+_CHILD = sidebyside.CHILD_TASK + r"""
 with torch.no_grad():
-    for _ in range(maps):
+    for _ in range(count):
         task.fn.map(task.inputs, **task.kwargs)
 """
 
@@ -88,10 +79,7 @@ def _count(root: str, args, maps: int) -> int:
 def main(argv=None) -> None:
     doc = (__doc__ or "").split("\n")[0]
     parser = argparse.ArgumentParser(prog="python -m bench.icount", description=doc)
-    parser.add_argument("roots", nargs=2, help="two built checkouts: the baseline, then the change")
-    parser.add_argument("--model", default="drnn")
-    parser.add_argument("--size", default="small")
-    parser.add_argument("--batch", type=int, default=64)
+    sidebyside.task_arguments(parser)
     parser.add_argument("--warm", type=int, default=3, help="maps in the shorter run")
     parser.add_argument("--maps", type=int, default=10, help="maps the longer run adds")
     args = parser.parse_args(argv)

@@ -28,11 +28,13 @@ import statistics
 import subprocess
 import sys
 
-_CHILD = r"""
+#: A child process's start (argv: root, model, size, batch, count): the checkout's own
+#: acrobat imported (checked), the model's plain-code task made (bench.icount uses it too).
+CHILD_TASK = r"""
 import json, os, statistics, sys, time
 os.environ["ACROBAT_MAP_CHOICE"] = "0"
 root, name, size = sys.argv[1:4]
-batch, rounds = int(sys.argv[4]), int(sys.argv[5])
+batch, count = int(sys.argv[4]), int(sys.argv[5])
 sys.path.insert(0, root)
 import importlib
 import torch
@@ -40,8 +42,12 @@ import acrobat
 if not os.path.realpath(acrobat.__file__).startswith(os.path.realpath(root)):
     raise SystemExit(f"acrobat imported from {acrobat.__file__}, not from {root}")
 model = importlib.import_module(f"models.{name}")
-hand = importlib.import_module(f"bench.hand.{name}")
 task = model.make_task(size, batch, seed=0, blocks=False)
+"""
+
+_CHILD = CHILD_TASK + r"""
+rounds = count
+hand = importlib.import_module(f"bench.hand.{name}")
 def run_acrobat():
     return task.fn.map(task.inputs, **task.kwargs)
 def run_hand():
@@ -90,14 +96,19 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.sidebyside", description=__doc__.split("\n\n")[0]
-    )
+def task_arguments(p: argparse.ArgumentParser) -> None:
+    """The two checkouts and the benchmark task (bench.icount takes them too)."""
     p.add_argument("roots", nargs=2, help="two built checkouts: the baseline, then the change")
     p.add_argument("--model", default="drnn")
     p.add_argument("--size", default="small")
     p.add_argument("--batch", type=int, default=64)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.sidebyside", description=__doc__.split("\n\n")[0]
+    )
+    task_arguments(p)
     p.add_argument("--alternations", type=int, default=8, help="processes per checkout")
     p.add_argument("--rounds", type=int, default=30, help="timed runs of each system a process")
     args = p.parse_args(argv)
