@@ -3168,6 +3168,21 @@ static int put_operand(PyObject *x, PyObject *col, PyObject *slots, Py_ssize_t i
     return 0;
 }
 
+/* Operand ``j`` of node ``nd`` (borrowed), or NULL with an error naming ``who``. */
+static PyObject *operand_at(PyObject *nd, Py_ssize_t j, const char *who) {
+    if (!IS_NODE(nd)) {
+        PyErr_Format(PyExc_TypeError, "%s: not a Node", who);
+        return NULL;
+    }
+    PyObject *ins = ((NodeObject *)nd)->inputs;
+    if (ins == NULL || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins)) || j < 0 ||
+        j >= PySequence_Fast_GET_SIZE(ins)) {
+        PyErr_Format(PyExc_IndexError, "%s: a node has no operand j", who);
+        return NULL;
+    }
+    return PySequence_Fast_GET_ITEM(ins, j);
+}
+
 /* column(nodes, j) -> (operands, slots): operand j of every node and where each lives
  * (executor._slots: ``t.node.slot + (t.idx << 24)``; producers must be computed). */
 static PyObject *column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
@@ -3182,22 +3197,8 @@ static PyObject *column(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     PyObject *col = PyList_New(m), *slots = PyList_New(m);
     if (col == NULL || slots == NULL) goto fail;
     for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *nd = PyList_GET_ITEM(nodes, i);
-        if (!IS_NODE(nd)) {
-            PyErr_SetString(PyExc_TypeError, "column: not a Node");
-            goto fail;
-        }
-        PyObject *ins = ((NodeObject *)nd)->inputs;
-        PyObject *t;
-        if (ins != NULL && PyList_CheckExact(ins) && j < PyList_GET_SIZE(ins))
-            t = PyList_GET_ITEM(ins, j);
-        else if (ins != NULL && PyTuple_CheckExact(ins) && j < PyTuple_GET_SIZE(ins))
-            t = PyTuple_GET_ITEM(ins, j);
-        else {
-            PyErr_SetString(PyExc_IndexError, "column: a node has no operand j");
-            goto fail;
-        }
-        if (put_operand(t, col, slots, i, "column") < 0) goto fail;
+        PyObject *t = operand_at(PyList_GET_ITEM(nodes, i), j, "column");
+        if (t == NULL || put_operand(t, col, slots, i, "column") < 0) goto fail;
     }
     return pack_columns(col, slots);
 fail:
@@ -3685,18 +3686,8 @@ static int operand_pointers(PyObject *nodes, Py_ssize_t j, PyObject *bases, PyOb
     BaseCache cache = {{0}, {NULL}, 0, 0};
     Py_ssize_t m = PyList_GET_SIZE(nodes);
     for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *nd = PyList_GET_ITEM(nodes, i);
-        if (!IS_NODE(nd)) {
-            PyErr_Format(PyExc_TypeError, "%s: not a Node", who);
-            return -1;
-        }
-        PyObject *ins = ((NodeObject *)nd)->inputs;
-        if (ins == NULL || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins)) || j < 0 ||
-            j >= PySequence_Fast_GET_SIZE(ins)) {
-            PyErr_Format(PyExc_IndexError, "%s: a node has no operand j", who);
-            return -1;
-        }
-        PyObject *t = PySequence_Fast_GET_ITEM(ins, j);
+        PyObject *t = operand_at(PyList_GET_ITEM(nodes, i), j, who);
+        if (t == NULL) return -1;
         if (!IS_LAZY(t) || !IS_NODE(((LazyObject *)t)->node)) {
             PyErr_Format(PyExc_TypeError, "%s: an operand is not a LazyTensor", who);
             return -1;
@@ -4045,18 +4036,8 @@ static PyObject *join_into(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     for (Py_ssize_t p = 0; p < parts; p++) {
         Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, p));
         if (j == -1 && PyErr_Occurred()) goto done;
-        PyObject *nd0 = PyList_GET_ITEM(nodes, 0), *ins, *t0;
-        if (!IS_NODE(nd0)) {
-            PyErr_SetString(PyExc_TypeError, "join_into: not a Node");
-            goto done;
-        }
-        ins = ((NodeObject *)nd0)->inputs;
-        if (ins == NULL || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins)) || j < 0 ||
-            j >= PySequence_Fast_GET_SIZE(ins)) {
-            PyErr_SetString(PyExc_IndexError, "join_into: a node has no operand j");
-            goto done;
-        }
-        t0 = PySequence_Fast_GET_ITEM(ins, j);
+        PyObject *t0 = operand_at(PyList_GET_ITEM(nodes, 0), j, "join_into");
+        if (t0 == NULL) goto done;
         if (!IS_LAZY(t0) || !PyTuple_Check(((LazyObject *)t0)->shape)) {
             PyErr_SetString(PyExc_TypeError, "join_into: an operand without a shape");
             goto done;
