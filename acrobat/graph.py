@@ -98,6 +98,10 @@ class Node(_NodeBase):
         )
 
 
+if _native is not None:  # freed in one pass, not through subtype_dealloc (see _native.c)
+    _native.fast_dealloc(Node)
+
+
 class Info:
     """What a signature's shape rule produced: per-output (shape, dtype) and how the
     outputs are packaged (a single tensor, a tuple, or a torch.return_types namedtuple)."""

@@ -538,3 +538,7 @@ class LazyTensor(_LazyBase):
             f"x @= y on a lazy tensor is not supported inside f.map (at {user_line(2)}); "
             "write it out of place: x = x @ y"
         )
+
+
+if _native is not None:  # freed in one pass, not through subtype_dealloc (see _native.c)
+    _native.fast_dealloc(LazyTensor)

@@ -262,6 +262,36 @@ def test_a_long_chain_of_nodes_is_freed_without_recursion():
 
 
 @needs_native
+def test_nodes_and_lazy_tensors_free_in_one_pass_and_release_what_they_hold():
+    # graph.Node and LazyTensor get the one-pass dealloc (not subtype_dealloc); a class
+    # that adds slots, a __dict__ or is not a direct subclass keeps CPython's own
+    assert _native.fast_dealloc(Node) and _native.fast_dealloc(LazyTensor)
+    with_slots = type("WithSlots", (_native.NodeBase,), {"__slots__": ("extra",)})
+    with_dict = type("WithDict", (_native.LazyBase,), {})
+    deeper = type("Deeper", (Node,), {"__slots__": ()})
+    for cls in (with_slots, with_dict, deeper, int, object):
+        assert not _native.fast_dealloc(cls)
+    held = object()
+    node_refs, lazy_refs = sys.getrefcount(Node), sys.getrefcount(LazyTensor)
+    held_refs = sys.getrefcount(held)
+    for _ in range(1000):
+        nd = Node(held, None, (), None, [], None, None, 0, 0, 0, None)
+        lazy = LazyTensor(nd, 0, torch.Size([2]), torch.float32, held)
+        assert sys.getrefcount(held) == held_refs + 2
+        del nd, lazy
+    # every field released and the class's own reference given back, instance by instance
+    assert (sys.getrefcount(Node), sys.getrefcount(LazyTensor), sys.getrefcount(held)) == (
+        node_refs,
+        lazy_refs,
+        held_refs,
+    )
+    obj = with_slots("op", None, (), None, [], None, None, 0, 0, 0, None)
+    obj.extra = held  # (CPython's dealloc clears the added slot)
+    del obj
+    assert sys.getrefcount(held) == held_refs
+
+
+@needs_native
 def test_native_paths_are_the_ones_bound():
     from acrobat import fibers
 
