@@ -2680,6 +2680,76 @@ fail:
     return NULL;
 }
 
+/* ---- ops.factory_call --------------------------------------------------------------
+ * ``torch.zeros(n)`` / ``torch.ones(n)`` in instance code, rewritten by analysis
+ * (FACTORY_CALLS) to ``factory_call(torch.zeros, n)``: inside a map, once the first call
+ * has hoisted the constant, every later call with an int reads it from the map's hoisting
+ * cache (``rt.hoisted[(func, (n,), ())]``, graph.hoist's key) here, without a Python frame
+ * (DRNN: a zero state per sibling chain, 856 calls a map at b64). Anything else (the first
+ * call, no map, a block's trace, another thread, a fiber inside a grad-mode region of its
+ * own, a size that is not an int) is ops.factory_call itself (factory_py). */
+
+static PyObject *factory_py_fn;
+static PyObject *s_hoisted, *s_fresh;
+
+static PyObject *setup_factory(PyObject *mod, PyObject *py) {
+    Py_XSETREF(factory_py_fn, Py_NewRef(py));
+    Py_RETURN_NONE;
+}
+
+/* the cached constant for func(size), a new reference; NULL without an exception on a
+ * miss */
+static PyObject *factory_hit(PyObject *rt, PyObject *func, PyObject *size) {
+    PyObject *hoisted = SLOT_GET(rt, s_hoisted), *sizes = NULL, *key = NULL, *hit = NULL;
+    if (hoisted == NULL) return NULL;
+    if (!PyDict_Check(hoisted)) goto done;
+    if ((sizes = PyTuple_Pack(1, size)) == NULL) goto done;
+    PyObject *none = PyTuple_New(0);  /* (the empty tuple: a singleton) */
+    if (none == NULL) goto done;
+    key = PyTuple_Pack(3, func, sizes, none);
+    Py_DECREF(none);
+    if (key == NULL) goto done;
+    hit = PyDict_GetItemWithError(hoisted, key);
+    if (hit == NULL) goto done;
+    Py_INCREF(hit);
+    PyObject *fresh = SLOT_GET(rt, s_fresh);  /* another instance has it now: not fresh */
+    if (fresh == NULL) {
+        Py_CLEAR(hit);
+        goto done;
+    }
+    if (PyDict_Check(fresh) && PyDict_GET_SIZE(fresh) > 0) {
+        PyObject *id = PyLong_FromVoidPtr(hit);
+        int err = id == NULL || (PyDict_Contains(fresh, id) == 1 && PyDict_DelItem(fresh, id) < 0);
+        Py_XDECREF(id);
+        if (err) Py_CLEAR(hit);
+    }
+    Py_DECREF(fresh);
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(sizes);
+    Py_DECREF(hoisted);
+    return hit;
+}
+
+static PyObject *native_factory_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    if (factory_py_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup_factory was not called");
+        return NULL;
+    }
+    if (n == 2 && PyLong_CheckExact(a[1])) {
+        PyObject *fiber, *rt = recording_rt(1, &fiber);
+        if (rt != NULL) {
+            Py_DECREF(fiber);
+            PyObject *hit = factory_hit(rt, a[0], a[1]);
+            Py_DECREF(rt);
+            if (hit != NULL || PyErr_Occurred()) return hit;
+        } else if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    return PyObject_Vectorcall(factory_py_fn, a, n, NULL);
+}
+
 /* ---- fibers.fork ------------------------------------------------------------------
  * The common case of a fork in C: instance code running in a map, its fiber outside any
  * grad-mode region of its own (recording_rt's checks). The child Fiber and its Future are
@@ -4435,6 +4505,9 @@ static PyMethodDef methods[] = {
      "``result()`` joins. Outside ``f.map`` (eager) it calls ``fn``. (fibers.fork, its "
      "common case in C.)"},
     {"setup_fork", (PyCFunction)setup_fork, METH_VARARGS, "setup_fork(Fiber, Future, fork)"},
+    {"setup_factory", setup_factory, METH_O, "setup_factory(ops.factory_call)"},
+    {"factory_call", (PyCFunction)(void (*)(void))native_factory_call, METH_FASTCALL,
+     "factory_call(func, size): ops.factory_call's cache hit in C"},
     {"worker_loop", (PyCFunction)(void (*)(void))worker_loop, METH_FASTCALL,
      "worker_loop(me, pool, box) -> None: a worker greenlet's loop (fibers._worker)"},
     {"fiber_main", (PyCFunction)(void (*)(void))fiber_main, METH_FASTCALL,
@@ -4509,6 +4582,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(s_phase, "phase");
     INTERN(s_instance, "instance");
     INTERN(s_grad, "grad");
+    INTERN(s_hoisted, "hoisted");
+    INTERN(s_fresh, "fresh");
     INTERN(s_grad_resume, "grad_resume");
     INTERN(s_buckets, "buckets");
     INTERN(s_nodes, "nodes");

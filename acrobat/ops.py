@@ -45,6 +45,7 @@ from torch import nn
 from acrobat import choice, config, graph
 from acrobat.errors import LazyValueError, ShapeError, UnsupportedOpError, user_frame, user_line
 from acrobat.graph import LazyTensor, has_lazy, record, record_data, substitute
+from acrobat.tensor import _native as _c_ext
 from acrobat.tensor import index_tensor, stage_array, to_device, type_key
 from acrobat_kernels import gemm, unary
 
@@ -4144,6 +4145,12 @@ def factory_call(func, size):
                     rt.fresh.pop(id(hit), None)
                 return hit
     return func(size)
+
+
+factory_call_py = factory_call
+if _c_ext is not None:  # the cache hit in C (_native.factory_call), else this
+    _c_ext.setup_factory(factory_call_py)
+    factory_call = _c_ext.factory_call
 
 
 # ---- torch.distributions' checks of a sample ------------------------------------------

@@ -599,6 +599,30 @@ def test_factory_calls_outside_a_map_make_fresh_tensors():
     assert acrobat.ops.factory_call(torch.ones, (2, 2)).shape == (2, 2)  # sizes as written
 
 
+def test_factory_call_hits_in_c_give_the_constant_the_python_path_gives():
+    from acrobat.tensor import _native
+
+    if _native is None:
+        pytest.skip("acrobat._native is not built")
+    assert acrobat.ops.factory_call is _native.factory_call
+    python_path = acrobat.ops.factory_call_py
+    seen = []
+
+    def f(x):
+        first = acrobat.ops.factory_call(torch.zeros, 3)  # (hoisted by the mode's handler)
+        again = acrobat.ops.factory_call(torch.zeros, 3)  # the cache hit in C
+        seen.append((again is first, python_path(torch.zeros, 3) is first))
+        ones = acrobat.ops.factory_call(torch.ones, 3)
+        sized = acrobat.ops.factory_call(torch.ones, (3,))  # not an int: as written
+        return x + again + ones + sized
+
+    xs = [torch.randn(3) for _ in range(3)]
+    got = acrobat.autobatch(f).map(xs)
+    assert seen == [(True, True)] * 3
+    for g, x in zip(got, xs):
+        torch.testing.assert_close(g, x + 2)
+
+
 def write_into_constant(x):
     for _ in range(2):
         m = torch.zeros(3)
