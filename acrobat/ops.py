@@ -4341,6 +4341,19 @@ def fast_modules():
                 del cls.__call__
 
 
+def install_tensor_attributes() -> None:
+    """A tensor.TensorAttribute on LazyTensor for every public torch.Tensor attribute it
+    has nothing for yet (run last, once every method with a row is installed)."""
+    from acrobat.tensor import TensorAttribute
+
+    for name in dir(torch.Tensor):
+        if name[:1] != "_" and not hasattr(LazyTensor, name):
+            setattr(LazyTensor, name, TensorAttribute(name))
+
+
+install_tensor_attributes()
+
+
 __all__ = [
     "DATA_OPS",
     "FUNCS",

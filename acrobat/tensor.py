@@ -256,6 +256,10 @@ def _printed(t: LazyTensor, caller) -> str:
 class LazyTensor(_LazyBase):
     __slots__ = ()
 
+    if TYPE_CHECKING:  # torch.Tensor's methods are installed at import (acrobat/ops.py);
+        # at run time there is no __getattr__ (see TensorAttribute)
+        def __getattr__(self, name: str) -> Any: ...
+
     # ---- metadata: answered without a demand ---------------------------------------
     @property
     def device(self) -> torch.device:
@@ -283,8 +287,8 @@ class LazyTensor(_LazyBase):
         """None where eager's is (a leaf, a tensor that does not require grad); a tensor
         computed with gradients has its autograd node only once its batch runs."""
         from acrobat import autograd_info
-        from acrobat.errors import UnsupportedOpError  # (not an AttributeError: a property's
-        # AttributeError would fall through to __getattr__'s generic message)
+        from acrobat.errors import UnsupportedOpError  # (not an AttributeError: hasattr and
+        # getattr with a default would take it for a missing attribute)
         if autograd_info.is_leaf(self):
             return None
         raise UnsupportedOpError(
@@ -494,30 +498,6 @@ class LazyTensor(_LazyBase):
         with torch._C.DisableTorchFunction():
             return value.numpy()
 
-    def __getattr__(self, name: str):
-        # (only reached when the attribute does not exist) a torch.Tensor method acrobat
-        # has no row for: say so, instead of "'LazyTensor' object has no attribute"
-        if name[:1] != "_" and hasattr(torch.Tensor, name):
-            from acrobat import ops  # (a method with a generic row: bound from now on)
-            from acrobat.errors import UnsupportedMethodError
-
-            m = ops.generic_method(name)
-            if m is not None:
-                return m.__get__(self)
-            if name in ("requires_grad_", "retain_grad", "register_hook"):
-                raise UnsupportedMethodError(
-                    f"x.{name}() on a per-instance value (at {user_line(2)}): gradients "
-                    "with respect to values computed inside an instance (torch.autograd.grad "
-                    "there) are not supported; pass the inputs to f.map with "
-                    "requires_grad=True and take gradients of its outputs after it returns"
-                )
-            raise UnsupportedMethodError(
-                f"acrobat cannot batch Tensor.{name} on lazy tensors (at {user_line(2)}); "
-                "see acrobat.ops.TABLE for the supported ops, compute it on real tensors "
-                "outside f.map, or open an issue to add a batching rule"
-            )
-        raise AttributeError(f"'LazyTensor' object has no attribute {name!r}")
-
     # ---- escape hatch: used without a running map -----------------------------------
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -537,6 +517,45 @@ class LazyTensor(_LazyBase):
         raise UnsupportedOpError(
             f"x @= y on a lazy tensor is not supported inside f.map (at {user_line(2)}); "
             "write it out of place: x = x @ y"
+        )
+
+
+class TensorAttribute:
+    """What LazyTensor answers for a public ``torch.Tensor`` attribute it defines nothing
+    for (ops.install_tensor_attributes puts one on the class per such name, after every
+    method with a row is installed): the method with a generic row, bound (and installed
+    on the class for later calls), else an UnsupportedMethodError naming the method (an
+    AttributeError too). A class attribute rather than ``__getattr__``: a class with a
+    ``__getattr__`` makes CPython look every attribute of every lazy tensor up the slow
+    way (``slot_tp_getattr_hook``: ``x.tolist``, ``x.shape``, ``x.key`` ~300-450
+    instructions each instead of a specialized load; ~4,700 a DRNN small b64 map)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, cls=None):
+        name = self.name
+        if obj is None:  # (LazyTensor.<name>: the class has no such attribute)
+            raise AttributeError(f"type object 'LazyTensor' has no attribute {name!r}")
+        from acrobat import ops  # (a method with a generic row: bound from now on)
+        from acrobat.errors import UnsupportedMethodError
+
+        m = ops.generic_method(name)
+        if m is not None:
+            return m.__get__(obj)
+        if name in ("requires_grad_", "retain_grad", "register_hook"):
+            raise UnsupportedMethodError(
+                f"x.{name}() on a per-instance value (at {user_line(2)}): gradients "
+                "with respect to values computed inside an instance (torch.autograd.grad "
+                "there) are not supported; pass the inputs to f.map with "
+                "requires_grad=True and take gradients of its outputs after it returns"
+            )
+        raise UnsupportedMethodError(
+            f"acrobat cannot batch Tensor.{name} on lazy tensors (at {user_line(2)}); "
+            "see acrobat.ops.TABLE for the supported ops, compute it on real tensors "
+            "outside f.map, or open an issue to add a batching rule"
         )
 
 

@@ -149,3 +149,33 @@ def test_metadata_questions_are_answered_from_the_lazy_tensor():
 
     with torch.no_grad():
         check_map(f, [torch.randn(n, 2) for n in (1, 3, 3)])
+
+
+def _attribute_probe(x):
+    h = x * 2
+    found = (
+        hasattr(h, "apply_"),  # a Tensor method no rule batches: refused, an AttributeError
+        getattr(h, "not_a_tensor_method", "default"),
+        hasattr(h, "_not_there"),
+    )
+    try:
+        h.apply_(abs)
+    except acrobat.UnsupportedOpError as error:
+        message = str(error)
+    return h.absolute() + h.arctan2(x), found, message  # (generic rows, bound on first use)
+
+
+def test_tensor_attributes_without_a_row_are_class_attributes_not_getattr():
+    # no __getattr__: CPython's specialized loads apply to lazy tensors' attributes
+    from acrobat.tensor import LazyTensor, TensorAttribute
+
+    assert not hasattr(LazyTensor, "__getattr__")
+    assert isinstance(vars(LazyTensor).get("apply_"), TensorAttribute)
+    assert not hasattr(LazyTensor, "apply_")  # (at class level: no such attribute)
+    xs = [torch.randn(3) for _ in range(3)]
+    got = acrobat.autobatch(_attribute_probe).map(xs)
+    for (value, found, message), x in zip(got, xs):
+        torch.testing.assert_close(value, (x * 2).absolute() + (x * 2).arctan2(x))
+        assert found == (False, "default", False)
+        assert "Tensor.apply_" in message and "_attribute_probe" in message
+    assert not isinstance(vars(LazyTensor).get("absolute"), TensorAttribute)  # installed
