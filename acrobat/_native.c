@@ -390,45 +390,32 @@ static void lazy_dealloc(LazyObject *self) {
  * way. fast_dealloc(cls) gives the class a dealloc that does the same in one pass: untrack,
  * clear, free, release the class (as subtype_dealloc does for an instance of a heap type). */
 
-static void node_sub_dealloc(NodeObject *self) {
+static void method_subclass_dealloc(PyObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
-    Py_TRASHCAN_BEGIN(self, node_sub_dealloc)
-    node_clear(self);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
-    Py_TRASHCAN_END
-}
-
-static void lazy_sub_dealloc(LazyObject *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    Py_TRASHCAN_BEGIN(self, lazy_sub_dealloc)
-    lazy_clear(self);
-    tp->tp_free((PyObject *)self);
+    Py_TRASHCAN_BEGIN(self, method_subclass_dealloc)
+    tp->tp_base->tp_clear(self);  /* node_clear / lazy_clear: the fields are the base's */
+    tp->tp_free(self);
     Py_DECREF(tp);
     Py_TRASHCAN_END
 }
 
 /* fast_dealloc(cls): cls (a direct heap subclass of NodeBase or LazyBase adding nothing
- * that needs subtype_dealloc) gets node_sub_dealloc / lazy_sub_dealloc; True if it did,
- * False (unchanged) for any other class. */
+ * that needs subtype_dealloc) gets method_subclass_dealloc; True if it did, False
+ * (unchanged) for any other class. */
 static PyObject *fast_dealloc(PyObject *mod, PyObject *cls) {
     if (!PyType_Check(cls)) {
         PyErr_SetString(PyExc_TypeError, "fast_dealloc(cls): a class");
         return NULL;
     }
     PyTypeObject *tp = (PyTypeObject *)cls, *base = tp->tp_base;
-    destructor fast;
-    if (base == &NodeType) fast = (destructor)node_sub_dealloc;
-    else if (base == &LazyType) fast = (destructor)lazy_sub_dealloc;
-    else Py_RETURN_FALSE;
+    if (base != &NodeType && base != &LazyType) Py_RETURN_FALSE;
     if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_basicsize != base->tp_basicsize ||
         tp->tp_itemsize != 0 || tp->tp_dictoffset != base->tp_dictoffset ||
         tp->tp_weaklistoffset != base->tp_weaklistoffset || tp->tp_finalize != NULL ||
         tp->tp_del != NULL || tp->tp_free != base->tp_free)
         Py_RETURN_FALSE;
-    tp->tp_dealloc = fast;
+    tp->tp_dealloc = method_subclass_dealloc;
     Py_RETURN_TRUE;
 }
 
