@@ -4116,6 +4116,402 @@ static PyObject *omp_run(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+/* ---- a map's results (fibers._materialize) ---------------------------------------
+ * materialize(value): fibers._materialize's common cases in C: a computed LazyTensor of a
+ * batch no other node may read (its outputs not in rt.shared) without a grad-mode tag of
+ * its own is its row of the batch's output (torch's indexing, as in Python); tensors and
+ * plain values (numbers, strings, None, sizes, dtypes, devices, bytes, ranges) are
+ * returned as they are; lists and tuples (exact types) of those element by element (a
+ * list of plain values copied, a tuple of them returned as is). The sentinel given to
+ * setup_materialize where any part is something else: the caller runs the Python version
+ * on the whole value. ~2.3 µs an instance's (logits, parents) in Python. */
+static PyObject *mat_miss, *mat_plain, *mat_tensor, *mat_gradtag, *s_shared;
+
+/* setup_materialize(miss, plain types: frozenset, torch.Tensor, graph.GradTag) */
+static PyObject *setup_materialize(PyObject *mod, PyObject *args) {
+    PyObject *miss, *plain, *tensor, *tag;
+    if (!PyArg_ParseTuple(args, "OO!O!O!", &miss, &PyFrozenSet_Type, &plain, &PyType_Type,
+                          &tensor, &PyType_Type, &tag))
+        return NULL;
+    Py_XSETREF(mat_miss, Py_NewRef(miss));
+    Py_XSETREF(mat_plain, Py_NewRef(plain));
+    Py_XSETREF(mat_tensor, Py_NewRef(tensor));
+    Py_XSETREF(mat_gradtag, Py_NewRef(tag));
+    if (s_shared == NULL && (s_shared = PyUnicode_InternFromString("shared")) == NULL)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* a new reference: the value, mat_miss (a new reference too), or NULL on an error */
+static PyObject *mat_value(PyObject *v, int depth) {
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == lazy_cls) {
+        NodeObject *nd = (NodeObject *)((LazyObject *)v)->node;
+        if (!Py_IS_TYPE((PyObject *)nd, &NodeType) && !PyObject_TypeCheck(nd, &NodeType))
+            return Py_NewRef(mat_miss);
+        PyObject *outs = nd->outs, *sig = nd->sig;
+        if (outs == NULL || outs == Py_None || nd->rt == NULL) return Py_NewRef(mat_miss);
+        if (sig != NULL && PyTuple_Check(sig) && PyTuple_GET_SIZE(sig) > 0 &&
+            Py_IS_TYPE(PyTuple_GET_ITEM(sig, 0), (PyTypeObject *)mat_gradtag))
+            return Py_NewRef(mat_miss);  /* a grad-mode region's node: Python's */
+        PyObject *shared = SLOT_GET(nd->rt, s_shared);
+        if (shared == NULL) return NULL;
+        int in = 0;
+        if (PyAnySet_Check(shared) && PySet_GET_SIZE(shared) > 0) {
+            PyObject *id = PyLong_FromVoidPtr(outs);
+            in = id == NULL ? -1 : PySet_Contains(shared, id);
+            Py_XDECREF(id);
+        } else if (!PyAnySet_Check(shared)) {
+            in = 1;
+        }
+        Py_DECREF(shared);
+        if (in < 0) return NULL;
+        if (in) return Py_NewRef(mat_miss);  /* a row others may read: Python clones it */
+        PyObject *buf = PyObject_GetItem(outs, ((LazyObject *)v)->idx);
+        if (buf == NULL) return NULL;
+        PyObject *row = PyLong_FromSsize_t(nd->row);
+        PyObject *r = row == NULL ? NULL : PyObject_GetItem(buf, row);
+        Py_XDECREF(row);
+        Py_DECREF(buf);
+        return r;
+    }
+    int plain = PySet_Contains(mat_plain, (PyObject *)t);
+    if (plain < 0) return NULL;
+    if (plain) return Py_NewRef(v);
+    int tensor = PyObject_IsInstance(v, mat_tensor);
+    if (tensor < 0) return NULL;
+    if (tensor) return Py_NewRef(v);
+    if ((t != &PyList_Type && t != &PyTuple_Type) || depth > 32) return Py_NewRef(mat_miss);
+    Py_ssize_t n = Py_SIZE(v);
+    PyObject **items = t == &PyList_Type ? ((PyListObject *)v)->ob_item
+                                         : ((PyTupleObject *)v)->ob_item;
+    int all_plain = 1;
+    for (Py_ssize_t i = 0; i < n && all_plain; i++) {
+        int p = PySet_Contains(mat_plain, (PyObject *)Py_TYPE(items[i]));
+        if (p < 0) return NULL;
+        all_plain = p;
+    }
+    if (all_plain) return t == &PyList_Type ? PyList_GetSlice(v, 0, n) : Py_NewRef(v);
+    PyObject *out = t == &PyList_Type ? PyList_New(n) : PyTuple_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* (a list's items re-read each time: nothing here runs user code that resizes it,
+         * but torch's indexing could in principle; a changed size is a miss) */
+        if (Py_SIZE(v) != n) {
+            Py_DECREF(out);
+            return Py_NewRef(mat_miss);
+        }
+        PyObject *item = t == &PyList_Type ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i);
+        Py_INCREF(item);
+        PyObject *r = mat_value(item, depth + 1);
+        Py_DECREF(item);
+        if (r == NULL || r == mat_miss) {
+            Py_DECREF(out);
+            return r;
+        }
+        if (t == &PyList_Type)
+            PyList_SET_ITEM(out, i, r);
+        else
+            PyTuple_SET_ITEM(out, i, r);
+    }
+    return out;
+}
+
+static PyObject *materialize(PyObject *mod, PyObject *value) {
+    if (mat_miss == NULL || lazy_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "acrobat._native.setup_materialize was not called");
+        return NULL;
+    }
+    return mat_value(value, 0);
+}
+
+/* ---- the GEMM calls of ops.batched_linear & co (acrobat_kernels/gemm.py) ------------
+ * gemm_call(kind, x, W, c): kind 0 ``linear(x, W, c)`` (c the bias or None), 1 its tanh,
+ * 2 ``addmm(c, x, W.T)`` (c the (rows, N) addend), 3 its tanh. Where gemm._usable holds
+ * for a 2-D ``x`` without autograd recording and the online choice (ops._GEMM_DECIDED)
+ * took the kernel for the call's key: the product as gemm._run makes it (split over
+ * torch's threads where it pays, else the thread-split entry on this thread alone, the
+ * same loops gemm._run's single-thread call runs), a new (rows, N) tensor. The string
+ * "torch" where the choice took torch's GEMM; None where any of it does not hold (the
+ * caller's Python path decides, trials included). Through the Python wrappers the same
+ * checks, key and call cost ~6 µs a GEMM (48 GEMMs a DRNN map). */
+static PyObject *gemm_ops, *gemm_mod;  /* acrobat.ops' and acrobat_kernels.gemm's dicts */
+static PyObject *gemm_finite, *gemm_empty, *gemm_threads, *gemm_grad_on, *gemm_f32,
+    *gemm_tensor, *gemm_param, *gemm_kinds[4], *gemm_kernel_s, *gemm_torch_s;
+static PyObject *s_is_cpu, *s_requires_grad, *s_stride, *s_GEMM_DECIDED, *s_gparallel,
+    *s_PARALLEL_WORK, *s_COLUMNS_BELOW, *s_CUT_ZEROS, *s_MAX_ROWS, *dtype_kw;
+
+/* setup_gemm(ops.__dict__, gemm.__dict__, gemm._finite, torch.empty,
+ *            torch.get_num_threads, torch.is_grad_enabled, torch.float32,
+ *            torch.Tensor, torch.nn.Parameter) */
+static PyObject *setup_gemm(PyObject *mod, PyObject *args) {
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "O!O!OOOOOO!O!", &PyDict_Type, &o[0], &PyDict_Type, &o[1],
+                          &o[2], &o[3], &o[4], &o[5], &o[6], &PyType_Type, &o[7],
+                          &PyType_Type, &o[8]))
+        return NULL;
+    PyObject **dst[9] = {&gemm_ops, &gemm_mod, &gemm_finite, &gemm_empty, &gemm_threads,
+                         &gemm_grad_on, &gemm_f32, &gemm_tensor, &gemm_param};
+    for (int i = 0; i < 9; i++) Py_XSETREF(*dst[i], Py_NewRef(o[i]));
+    static const char *kinds[4] = {"linear", "linear_tanh", "addmm", "addmm_tanh"};
+    for (int i = 0; i < 4; i++)
+        if (gemm_kinds[i] == NULL &&
+            (gemm_kinds[i] = PyUnicode_InternFromString(kinds[i])) == NULL)
+            return NULL;
+#define GEMM_INTERN(v, s) if (v == NULL && (v = PyUnicode_InternFromString(s)) == NULL) return NULL
+    GEMM_INTERN(gemm_kernel_s, "kernel");
+    GEMM_INTERN(gemm_torch_s, "torch");
+    GEMM_INTERN(s_is_cpu, "is_cpu");
+    GEMM_INTERN(s_requires_grad, "requires_grad");
+    GEMM_INTERN(s_stride, "stride");
+    GEMM_INTERN(s_GEMM_DECIDED, "_GEMM_DECIDED");
+    GEMM_INTERN(s_gparallel, "_parallel");
+    GEMM_INTERN(s_PARALLEL_WORK, "PARALLEL_WORK");
+    GEMM_INTERN(s_COLUMNS_BELOW, "COLUMNS_BELOW");
+    GEMM_INTERN(s_CUT_ZEROS, "CUT_ZEROS");
+    GEMM_INTERN(s_MAX_ROWS, "MAX_ROWS");
+#undef GEMM_INTERN
+    if (dtype_kw == NULL && (dtype_kw = Py_BuildValue("(s)", "dtype")) == NULL) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* 1 where ``t`` is exactly a torch.Tensor or a Parameter */
+static int gemm_is_tensor(PyObject *t) {
+    return Py_IS_TYPE(t, (PyTypeObject *)gemm_tensor) ||
+           Py_IS_TYPE(t, (PyTypeObject *)gemm_param);
+}
+
+/* 1 where the attribute ``name`` of ``t`` is True, 0 where not, -1 on an error */
+static int gemm_true_attr(PyObject *t, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(t, name);
+    if (v == NULL) return -1;
+    int r = v == Py_True;
+    Py_DECREF(v);
+    return r;
+}
+
+/* 1 where ``t`` is a float32 CPU tensor (and contiguous, with ``contiguous``); its shape
+ * (a new reference) in *shape; 0 where not, -1 on an error */
+static int gemm_plain(PyObject *t, int contiguous, PyObject **shape) {
+    PyObject *dt = PyObject_GetAttr(t, s_dtype);
+    if (dt == NULL) return -1;
+    int ok = dt == gemm_f32;
+    Py_DECREF(dt);
+    if (ok) ok = gemm_true_attr(t, s_is_cpu);
+    if (ok == 1 && contiguous) {
+        PyObject *c = PyObject_CallMethodNoArgs(t, s_is_contiguous);
+        if (c == NULL) return -1;
+        ok = c == Py_True;
+        Py_DECREF(c);
+    }
+    if (ok == 1) {
+        *shape = PyObject_GetAttr(t, s_shape);
+        if (*shape == NULL) return -1;
+        if (!PyTuple_Check(*shape)) {
+            Py_CLEAR(*shape);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+/* the int item i of a shape tuple, -1 with an exception set on an error */
+static long long gemm_dim(PyObject *shape, Py_ssize_t i) {
+    return PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+}
+
+/* an int entry of gemm's module dict */
+static long long gemm_const(PyObject *name, int *ok) {
+    PyObject *v = PyDict_GetItemWithError(gemm_mod, name);
+    if (v == NULL || !PyLong_Check(v)) {
+        *ok = 0;
+        return 0;
+    }
+    long long r = PyLong_AsLongLong(v);
+    if (r == -1 && PyErr_Occurred()) *ok = 0;
+    return r;
+}
+
+static PyObject *gemm_call(PyObject *mod, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "gemm_call(kind, x, W, c)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(a[0]);
+    if (kind == -1 && PyErr_Occurred()) return NULL;
+    PyObject *x = a[1], *w = a[2], *c = a[3];
+    if (kind < 0 || kind > 3 || gemm_mod == NULL || gomp_parallel == NULL ||
+        !gemm_is_tensor(x) || !gemm_is_tensor(w) ||
+        (c == Py_None ? kind >= 2 : !gemm_is_tensor(c)))
+        Py_RETURN_NONE;
+    PyObject *xs = NULL, *ws = NULL, *cs = NULL, *strides = NULL, *key = NULL, *out = NULL;
+    PyObject *result = NULL;
+    int ok;
+    /* no autograd recording (the caller's Python path has the kernel's backward) */
+    PyObject *on = PyObject_CallNoArgs(gemm_grad_on);
+    if (on == NULL) return NULL;
+    int grad_on = on == Py_True;
+    Py_DECREF(on);
+    for (int i = 0; grad_on && i < 3; i++) {
+        PyObject *t = i == 0 ? x : (i == 1 ? w : c);
+        if (t == Py_None) continue;
+        int r = gemm_true_attr(t, s_requires_grad);
+        if (r < 0) return NULL;
+        if (r) Py_RETURN_NONE;
+    }
+    if ((ok = gemm_plain(x, 1, &xs)) != 1) goto done;
+    if ((ok = gemm_plain(w, 0, &ws)) != 1) goto done;
+    ok = 0;
+    if (PyTuple_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(ws) != 2) goto done;
+    long long m = gemm_dim(xs, 0), k = gemm_dim(xs, 1), n = gemm_dim(ws, 0);
+    long long kw = gemm_dim(ws, 1);
+    if (PyErr_Occurred()) goto fail;
+    int limits = 1;
+    long long max_rows = gemm_const(s_MAX_ROWS, &limits);
+    if (PyErr_Occurred()) goto fail;
+    if (!limits || k != kw || m <= 0 || k <= 0 || n <= 0 || m > max_rows) goto done;
+    if ((strides = PyObject_CallMethodNoArgs(w, s_stride)) == NULL) goto fail;
+    if (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != 2) goto done;
+    long long w_row = gemm_dim(strides, 0), w_col = gemm_dim(strides, 1);
+    if (PyErr_Occurred()) goto fail;
+    if (w_col != 1) goto done;
+    long long c_rows = 0;
+    if (c != Py_None) {
+        if ((ok = gemm_plain(c, 1, &cs)) != 1) goto done;
+        ok = 0;
+        Py_ssize_t cd = PyTuple_GET_SIZE(cs);
+        if (kind < 2) {  /* the bias: (N,) */
+            if (cd != 1 || gemm_dim(cs, 0) != n) goto done;
+            c_rows = 1;
+        } else {  /* the addend: (rows, N) */
+            if (cd != 2 || gemm_dim(cs, 0) != m || gemm_dim(cs, 1) != n) goto done;
+            c_rows = m;
+        }
+        if (PyErr_Occurred()) goto fail;
+    }
+    /* the online choice's key, as ops.batched_linear & co make it */
+    PyObject *threads_o = PyObject_CallNoArgs(gemm_threads);
+    if (threads_o == NULL) goto fail;
+    long threads = PyLong_AsLong(threads_o);
+    if (threads == -1 && PyErr_Occurred()) {
+        Py_DECREF(threads_o);
+        goto fail;
+    }
+    long long bucket = 1;
+    for (long long r = m - 1; r > 0; r >>= 1) bucket <<= 1;
+    PyObject *bucket_o = PyLong_FromLongLong(bucket);
+    if (bucket_o == NULL) {
+        Py_DECREF(threads_o);
+        goto fail;
+    }
+    PyObject *no_bias = c == Py_None ? Py_True : Py_False;
+    if (kind == 0)
+        key = PyTuple_Pack(6, gemm_kinds[0], bucket_o, ws, no_bias, threads_o, Py_False);
+    else if (kind == 1)
+        key = PyTuple_Pack(5, gemm_kinds[1], bucket_o, ws, no_bias, threads_o);
+    else if (kind == 2)
+        key = PyTuple_Pack(5, gemm_kinds[2], bucket_o, ws, threads_o, Py_False);
+    else
+        key = PyTuple_Pack(4, gemm_kinds[3], bucket_o, ws, threads_o);
+    Py_DECREF(bucket_o);
+    Py_DECREF(threads_o);
+    if (key == NULL) goto fail;
+    PyObject *decided = PyDict_GetItemWithError(gemm_ops, s_GEMM_DECIDED);
+    if (decided == NULL || !PyDict_Check(decided)) {
+        if (PyErr_Occurred()) goto fail;
+        goto done;
+    }
+    PyObject *name = PyDict_GetItemWithError(decided, key);
+    if (name == NULL) {
+        if (PyErr_Occurred()) goto fail;
+        goto done;  /* not decided yet: the trials, in Python */
+    }
+    int is_kernel = PyUnicode_Check(name) && PyUnicode_Compare(name, gemm_kernel_s) == 0;
+    if (!is_kernel) {
+        if (PyUnicode_Check(name) && PyUnicode_Compare(name, gemm_torch_s) == 0)
+            result = Py_NewRef(gemm_torch_s);
+        goto done;
+    }
+    limits = 1;
+    long long entry = gemm_const(s_gparallel, &limits);
+    long long work_min = gemm_const(s_PARALLEL_WORK, &limits);
+    long long columns_below = gemm_const(s_COLUMNS_BELOW, &limits);
+    if (PyErr_Occurred()) goto fail;
+    if (!limits || entry == 0) goto done;
+    /* the product (gemm._run) */
+    PyObject *size = Py_BuildValue("(LL)", m, n);
+    if (size == NULL) goto fail;
+    PyObject *eargs[2] = {size, gemm_f32};
+    out = PyObject_Vectorcall(gemm_empty, eargs, 1, dtype_kw);
+    Py_DECREF(size);
+    if (out == NULL) goto fail;
+    long long block[16] = {0};
+    PyObject *ptr_of[3] = {x, w, c == Py_None ? out : c};
+    for (int i = 0; i < 3; i++) {
+        PyObject *p = PyObject_CallMethodNoArgs(ptr_of[i], s_data_ptr);
+        if (p == NULL) goto fail;
+        long long v = PyLong_AsLongLong(p);
+        Py_DECREF(p);
+        if (v == -1 && PyErr_Occurred()) goto fail;
+        block[i == 2 ? 3 : i] = v;
+    }
+    PyObject *p = PyObject_CallMethodNoArgs(out, s_data_ptr);
+    if (p == NULL) goto fail;
+    block[5] = PyLong_AsLongLong(p);
+    Py_DECREF(p);
+    if (block[5] == -1 && PyErr_Occurred()) goto fail;
+    block[2] = w_row;
+    block[4] = c_rows;
+    block[6] = m;
+    block[7] = k;
+    block[8] = n;
+    block[9] = kind & 1;  /* its tanh */
+    block[14] = omp_queries[0];
+    block[15] = omp_queries[1];
+    int split = -1;  /* over torch's threads: 1 by columns (rows of W), 0 by rows of x */
+    if (threads > 1 && m * k * n >= work_min) {
+        if (m < columns_below && n >= 16 * (long long)threads)
+            split = 1;
+        else if (m > 4)
+            split = 0;
+    }
+    void (*run)(void *) = (void (*)(void *))(uintptr_t)entry;
+    if (split < 0) {  /* this thread alone: the entry's one part is the whole product */
+        run(block);
+    } else {
+        block[10] = split;
+        PyObject *cut = PyDict_GetItemWithError(gemm_mod, s_CUT_ZEROS);
+        if (cut == NULL && PyErr_Occurred()) goto fail;
+        int cut_on = cut != NULL && PyObject_IsTrue(cut);
+        if (cut_on) {  /* rows ending in zeros cut where W is finite (gemm._finite) */
+            PyObject *f = PyObject_CallOneArg(gemm_finite, w);
+            if (f == NULL) goto fail;
+            cut_on = PyObject_IsTrue(f);
+            Py_DECREF(f);
+            if (cut_on < 0) goto fail;
+        }
+        block[11] = cut_on;
+        Py_BEGIN_ALLOW_THREADS
+        gomp_parallel(run, block, (unsigned)threads, 0);
+        Py_END_ALLOW_THREADS
+    }
+    result = out;
+    out = NULL;
+    goto done;
+fail:
+    ok = -1;
+done:
+    Py_XDECREF(xs);
+    Py_XDECREF(ws);
+    Py_XDECREF(cs);
+    Py_XDECREF(strides);
+    Py_XDECREF(key);
+    Py_XDECREF(out);
+    if (result == NULL && (ok < 0 || PyErr_Occurred())) return NULL;
+    if (result == NULL) Py_RETURN_NONE;
+    return result;
+}
+
 /* join_into(dst, stride, nodes, group, bases): executor._join's copies without its
  * columns: operand j of every node, for each position j of ``group`` in turn, copied
  * from its producer's buffer (by address, ``bases`` as copy_rows keeps it) into row i
@@ -4466,6 +4862,16 @@ static PyMethodDef methods[] = {
      "setup_omp(GOMP_parallel, omp_get_thread_num, omp_get_num_threads): their addresses"},
     {"omp_run", (PyCFunction)(void (*)(void))omp_run, METH_FASTCALL,
      "omp_run(entry, threads, *ints): parallel.run in C (a numba cfunc on torch's team)"},
+    {"setup_materialize", (PyCFunction)setup_materialize, METH_VARARGS,
+     "setup_materialize(miss, plain types, torch.Tensor, graph.GradTag)"},
+    {"materialize", (PyCFunction)materialize, METH_O,
+     "materialize(value) -> fibers._materialize's common cases, or the miss sentinel"},
+    {"setup_gemm", (PyCFunction)setup_gemm, METH_VARARGS,
+     "setup_gemm(ops dict, gemm dict, _finite, torch.empty, get_num_threads, "
+     "is_grad_enabled, float32, Tensor, Parameter)"},
+    {"gemm_call", (PyCFunction)(void (*)(void))gemm_call, METH_FASTCALL,
+     "gemm_call(kind, x, W, c) -> the product by the kernel, \"torch\" (the choice took "
+     "torch's GEMM) or None (the Python path decides)"},
     {"join_into", (PyCFunction)(void (*)(void))join_into, METH_FASTCALL,
      "join_into(dst, stride, nodes, group, bases) -> True, or False (executor._join's "
      "copies: operand j of every node for each j of group, side by side in each row)"},

@@ -858,6 +858,16 @@ def _materialize(value, instance: int, fn_name: str):
     )
 
 
+_materialize_py = _materialize
+if tensor._native is not None:  # its common cases in C (_native.materialize), else this
+    _MISS = object()
+    tensor._native.setup_materialize(_MISS, _PLAIN | _VALUES, torch.Tensor, graph.GradTag)
+
+    def _materialize(value, instance: int, fn_name: str):
+        out = tensor._native.materialize(value)
+        return _materialize_py(value, instance, fn_name) if out is _MISS else out
+
+
 def map_device(arg_tuples: list[tuple], kwargs: dict) -> torch.device | None:
     """The device a map computes on, which its lazy tensors report (``x.device``): that
     of the first tensor among the instances' arguments (an input, or else a module's

@@ -286,6 +286,10 @@ def batched_linear(x, w, b=None):
     where it applies and ``config.FAST_GEMM`` is on, chosen online per (rows bucket,
     weight shape, bias, threads) by timing both on the first real calls
     (``choice.CHOOSER``). Rows: of every leading dimension (a batch of sequences)."""
+    if config.FAST_GEMM and _gemm_call is not None:  # (the decided common case, in C)
+        out = _gemm_call(0, x, w, b)
+        if out is not None:
+            return F.linear(x, w, b) if type(out) is str else out
     if config.FAST_GEMM and gemm.usable_linear(x, w, b, grad_ok=True):
         rows = _gemm_rows(x)
         grad = gemm.records(x, w, b)  # (then the kernel's backward too: its own choice)
@@ -299,6 +303,10 @@ def batched_linear(x, w, b=None):
 def batched_addmm(y, x, w):
     """``torch.addmm(y, x, w.t())`` of a batch (a linear layer plus a batch operand), with
     the same choice as :func:`batched_linear`."""
+    if config.FAST_GEMM and _gemm_call is not None:
+        out = _gemm_call(2, x, w, y)
+        if out is not None:
+            return torch.addmm(y, x, w.t()) if type(out) is str else out
     if config.FAST_GEMM and gemm.usable_addmm(y, x, w, grad_ok=True):
         grad = gemm.records(x, w, y)
         key = ("addmm", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads(), grad)
@@ -313,6 +321,17 @@ def batched_addmm(y, x, w):
 
 _GEMM_DECIDED: dict = {}  # choice key -> "kernel" | "torch", once choice.CHOOSER decided
 
+#: ``_native.gemm_call(kind, x, W, c)``: the checks, the decided choice and the kernel's
+#: call of the four functions here in one C call (~2 against ~6 µs a GEMM), where its
+#: conditions hold (else None: the Python path below each, trials included).
+_gemm_call = None
+if _c_ext is not None and hasattr(_c_ext, "gemm_call"):
+    _c_ext.setup_gemm(
+        globals(), vars(gemm), gemm._finite, torch.empty, torch.get_num_threads,
+        torch.is_grad_enabled, torch.float32, torch.Tensor, nn.Parameter,
+    )  # fmt: skip
+    _gemm_call = _c_ext.gemm_call
+
 
 def batched_linear_tanh(x, w, b=None):
     """``tanh(F.linear(x, w, b))`` of a batch: the GEMM kernel with its ``tanh`` on each
@@ -320,6 +339,10 @@ def batched_linear_tanh(x, w, b=None):
     calls: 27 x 512 -> 256 32.3 -> 26.8 µs, 121 x 256 -> 256 64.9 -> 54.6), or torch's
     GEMM and the ``tanh`` apart, chosen online like :func:`batched_linear`. Where autograd
     records, the two ops (each with its backward)."""
+    if config.FAST_GEMM and config.FAST_TANH and _gemm_call is not None:
+        out = _gemm_call(1, x, w, b)
+        if out is not None:
+            return unary.tanh(F.linear(x, w, b)) if type(out) is str else out
     if config.FAST_GEMM and config.FAST_TANH and gemm.usable_linear(x, w, b):
         rows = _gemm_rows(x)
         key = ("linear_tanh", choice.bucket(rows), w.shape, b is None, torch.get_num_threads())
@@ -334,6 +357,10 @@ def batched_linear_tanh(x, w, b=None):
 
 def batched_addmm_tanh(y, x, w):
     """``tanh(torch.addmm(y, x, w.t()))`` of a batch, like :func:`batched_linear_tanh`."""
+    if config.FAST_GEMM and config.FAST_TANH and _gemm_call is not None:
+        out = _gemm_call(3, x, w, y)
+        if out is not None:
+            return unary.tanh(torch.addmm(y, x, w.t())) if type(out) is str else out
     if config.FAST_GEMM and config.FAST_TANH and gemm.usable_addmm(y, x, w):
         key = ("addmm_tanh", choice.bucket(x.shape[0]), w.shape, torch.get_num_threads())
         return _gemm_chosen(

@@ -441,3 +441,103 @@ def test_kernels_started_by_the_c_extension_match_the_ctypes_start(monkeypatch):
     torch.testing.assert_close(by_c[1], torch.addmm(y, x, w.t()), atol=1e-4, rtol=1e-4)
     with pytest.raises(TypeError, match="at most 14 ints"):
         _native.omp_run(gemm._parallel, 2, *range(15))
+
+
+_KINDS = {  # gemm_call's kind -> (ops function, its arguments from (x, W, c), torch's answer)
+    0: (ops.batched_linear, lambda x, w, c: (x, w, c), lambda x, w, c: F.linear(x, w, c)),
+    1: (
+        ops.batched_linear_tanh,
+        lambda x, w, c: (x, w, c),
+        lambda x, w, c: torch.tanh(F.linear(x, w, c)),
+    ),
+    2: (ops.batched_addmm, lambda x, w, c: (c, x, w), lambda x, w, c: torch.addmm(c, x, w.t())),
+    3: (
+        ops.batched_addmm_tanh,
+        lambda x, w, c: (c, x, w),
+        lambda x, w, c: torch.tanh(torch.addmm(c, x, w.t())),
+    ),
+}
+
+needs_c_gemm = pytest.mark.skipif(
+    ops._gemm_call is None or not parallel.available(),
+    reason="needs the C extension and torch's libgomp",
+)
+
+
+@needs_c_gemm
+@settings(max_examples=40, deadline=None)
+@given(
+    kind=st.sampled_from(sorted(_KINDS)),
+    rows=st.integers(1, 300),
+    k=st.sampled_from([1, 7, 64, 256, 512]),
+    n=st.sampled_from([1, 3, 12, 64, 256]),
+    spare=st.integers(0, 3),
+    bias=st.booleans(),
+    zero_tail=st.booleans(),  # rows ending in zeros: the split products cut them
+    seed=st.integers(0, 1000),
+)
+def test_c_gemm_call_is_the_python_path(kind, rows, k, n, spare, bias, zero_tail, seed):
+    """``_native.gemm_call`` (the four batched GEMMs' decided case in C) gives gemm._run's
+    result bit for bit, and torch's within the reassociation of the sums."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen)
+    if zero_tail and k >= 4:
+        x[rows // 2 :, k // 2 :] = 0
+    w = torch.randn(n, k + spare, generator=gen)[:, spare:]  # W's rows may be spaced
+    c = torch.randn(n, generator=gen) if bias else None
+    if kind >= 2:
+        c = torch.randn(rows, n, generator=gen)
+    fn, args, reference = _KINDS[kind]
+    key_w = ("linear", "linear_tanh", "addmm", "addmm_tanh")[kind]
+    with torch.no_grad(), config.override(FAST_GEMM=True, FAST_TANH=True):
+        b, threads = choice.bucket(rows), torch.get_num_threads()
+        key = (
+            (key_w, b, w.shape, c is None, threads, False) if kind == 0
+            else (key_w, b, w.shape, c is None, threads) if kind == 1
+            else (key_w, b, w.shape, threads, False) if kind == 2
+            else (key_w, b, w.shape, threads)
+        )  # fmt: skip  (ops' keys)
+        decided = {key: "kernel"}
+        saved = ops._GEMM_DECIDED
+        ops._GEMM_DECIDED = decided
+        try:
+            out = ops._gemm_call(kind, x, w, c)
+            via_ops = fn(*args(x, w, c))
+        finally:
+            ops._GEMM_DECIDED = saved
+        c_rows = 0 if c is None else (1 if kind < 2 else rows)
+        want = gemm._run(x, w, c, c_rows, act=kind & 1)
+    assert isinstance(out, torch.Tensor) and out.shape == (rows, n)
+    assert torch.equal(out, want) and torch.equal(via_ops, want)
+    tol = dict(rtol=1e-5, atol=1e-5 * k)
+    torch.testing.assert_close(out, reference(x, w, c), **tol)
+
+
+@needs_c_gemm
+def test_c_gemm_call_leaves_other_calls_to_python(monkeypatch):
+    """None (the Python path decides) wherever gemm._usable fails, autograd records or the
+    key is not decided; "torch" where the choice took torch's GEMM, which ops then runs."""
+    x, w, b = torch.randn(5, 8), torch.randn(4, 8), torch.randn(4)
+    key = ("linear", choice.bucket(5), w.shape, False, torch.get_num_threads(), False)
+    monkeypatch.setattr(ops, "_GEMM_DECIDED", {key: "kernel"})
+    with torch.no_grad():
+        assert isinstance(ops._gemm_call(0, x, w, b), torch.Tensor)
+        assert ops._gemm_call(0, x.double(), w, b) is None  # not float32
+        assert ops._gemm_call(0, torch.randn(8, 5).t(), w, b) is None  # x not contiguous
+        assert ops._gemm_call(0, x, torch.randn(8, 4).t(), b) is None  # W's rows strided
+        assert ops._gemm_call(0, x, w, torch.randn(3)) is None  # a bias of the wrong length
+        assert ops._gemm_call(0, x.reshape(5, 2, 4), w, b) is None  # not 2-D: Python's
+        assert ops._gemm_call(0, x[:0], w, b) is None  # no rows
+        assert ops._gemm_call(0, x, w, None) is None  # another key: not decided
+        assert ops._gemm_call(2, x, w, None) is None  # addmm without its addend
+    with torch.enable_grad():
+        assert ops._gemm_call(0, x, w.clone().requires_grad_(), b) is None  # autograd records
+        assert isinstance(ops._gemm_call(0, x, w, b), torch.Tensor)  # nothing requires grad
+    ops._GEMM_DECIDED[key] = "torch"
+    with torch.no_grad():
+        assert ops._gemm_call(0, x, w, b) == "torch"
+        calls = []
+        monkeypatch.setattr(gemm, "_run", lambda *a, **k: calls.append(a))  # not the kernel
+        with config.override(FAST_GEMM=True):
+            torch.testing.assert_close(ops.batched_linear(x, w, b), F.linear(x, w, b))
+        assert calls == []

@@ -786,3 +786,97 @@ def test_block_calls_without_per_instance_arguments_run_as_written(monkeypatch):
         torch.testing.assert_close(b, want_b)
     assert not [args for args in in_map if not any(type(a) is LazyTensor for a in args)]
     assert stats.by_op["block:_scaled"] == [1, len(xs)]
+
+
+_LEAVES = st.one_of(
+    st.integers(-5, 5),
+    st.floats(allow_nan=False, allow_subnormal=False, width=32),  # (numba sets FTZ)
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+    st.just(torch.Size([2, 3])),
+    st.just(torch.float32),
+)
+
+
+def _pytrees(leaves):
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.lists(inner, max_size=4).map(tuple),
+            st.dictionaries(st.text(max_size=2), inner, max_size=3),
+        ),
+        max_leaves=12,
+    )
+
+
+@needs_native
+@settings(max_examples=80, deadline=None)
+@given(tree=_pytrees(_LEAVES))
+def test_c_materialize_returns_what_python_returns_or_the_miss(tree):
+    """Without lazy tensors: the C version's result is the Python one's (lists copied,
+    tuples of plain values as they are), or its miss sentinel where a dict is anywhere."""
+    from acrobat import fibers
+
+    got = _native.materialize(tree)
+    want = fibers._materialize_py(tree, 0, "f")
+    if got is fibers._MISS:
+        assert "{" in repr(tree)  # (only dicts miss here)
+        return
+    assert got == want and type(got) is type(want)
+    if isinstance(tree, list):
+        assert got is not tree  # a copy, as eager's result is the instance's own
+
+
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 6), sizes=st.lists(st.integers(1, 3), min_size=6, max_size=6))
+def test_map_results_through_the_c_materialize_match_eager(n, sizes):
+    """Lazy results in the containers the C path takes (tuples, lists, nesting) come from
+    it alone; the ones it leaves to Python (a dict, a table's row the batch shares with
+    the table, which Python clones) go there; all equal the eager loop's."""
+    from acrobat import fibers
+
+    table = torch.randn(10, 3)
+    before = table.clone()
+    calls = {"py": 0}
+    real = fibers._materialize_py
+
+    def counted(value, instance, fn_name):
+        calls["py"] += 1
+        return real(value, instance, fn_name)
+
+    @acrobat.autobatch
+    def f(x, k):
+        h = torch.tanh(x * 2)
+        rows = [h[: k + 1].sum(0, keepdim=True) * i for i in range(k)]
+        return h, rows, [k, "s"], (h.sum(), None)
+
+    @acrobat.autobatch
+    def g(x, k):
+        return {"h": torch.tanh(x)}, table[torch.tensor(k)]
+
+    xs = [torch.randn(4, 3) for _ in range(n)]
+    ks = sizes[:n]
+    old = fibers._materialize_py
+    fibers._materialize_py = counted
+    try:
+        got = f.map(xs, ks)
+        assert calls["py"] == 0  # every instance's result by the C path
+        got_g = g.map(xs, ks)
+        assert calls["py"] >= n  # the dicts went to the Python version
+    finally:
+        fibers._materialize_py = old
+    for out, out_g, x, k in zip(got, got_g, xs, ks):
+        want, want_g = f.eager(x, k), g.eager(x, k)
+        torch.testing.assert_close(out[0], want[0])
+        assert type(out[1]) is list and len(out[1]) == k
+        for a, b in zip(out[1], want[1]):
+            torch.testing.assert_close(a, b)
+        assert out[2] == [k, "s"] and out[3][1] is None
+        torch.testing.assert_close(out[3][0], want[3][0])
+        torch.testing.assert_close(out_g[0]["h"], want_g[0]["h"])
+        torch.testing.assert_close(out_g[1], want_g[1])
+        out_g[1].add_(1)  # the instance's own copy, not the table's row
+    assert torch.equal(table, before)
