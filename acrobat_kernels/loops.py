@@ -53,12 +53,20 @@ def _call_int(typingctx, address):
 
 def _share(rows, me, parts):  # pragma: no cover - compiled by numba
     """``(r0, r1)``: the rows thread ``me`` of ``parts`` takes, in whole blocks of the product
-    loop (eight rows; four for fewer than 16, so that 8 to 15 rows still split); ``r0 ==
-    r1`` for a thread left without rows."""
+    loop (eight rows; four for fewer than 16, so that 8 to 15 rows still split): the whole
+    blocks dealt out evenly, the first threads one more where they do not divide, the
+    rows past the last whole block to the last thread (one of the fewest blocks); ``r0 ==
+    r1`` for a thread left without rows. (Each thread's share rounded up to whole blocks
+    gave the first thread up to seven rows more than half: 67 rows split 40 / 27.)"""
     block = 8 if rows >= 16 else 4
-    per = ((rows + parts - 1) // parts + block - 1) // block * block
-    r0 = min(me * per, rows)
-    return r0, min(r0 + per, rows)
+    full = rows // block
+    base = full // parts
+    extra = full - base * parts
+    r0 = block * (me * base + min(me, extra))
+    r1 = r0 + block * (base + (1 if me < extra else 0))
+    if me == parts - 1:
+        r1 = rows
+    return min(r0, rows), min(r1, rows)
 
 
 share = diskcache.compiled(lambda cache: njit(cache=cache), _share)

@@ -9,6 +9,7 @@ at random; tests that need no compiled kernel run on freshly drawn programs.
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import acrobat_kernels.elementwise as ew
@@ -702,3 +703,25 @@ def test_cpu_caller_declines_what_it_cannot_read():
     assert by_columns(n, gates, ok[0]) is not None
     assert by_columns(n, gates.t().contiguous().t(), ok[0]) is None  # columns not unit-stride
     assert by_columns(n, gates.reshape(n, 4, F), ok[0]) is None  # not a matrix
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(0, 5000), parts=st.integers(1, 8))
+def test_thread_shares_cover_the_rows_in_balanced_whole_blocks(rows, parts):
+    """loops.share, the row split of the thread-split kernels: contiguous ranges that
+    cover every row once, each starting at a whole block, no thread more than one block
+    (plus the rows past the last whole block, for the last thread) above another."""
+    from acrobat_kernels import loops
+
+    block = 8 if rows >= 16 else 4
+    shares = [loops.share(rows, me, parts) for me in range(parts)]
+    assert shares[0][0] == 0 and shares[-1][1] == rows
+    for (a0, a1), (b0, _) in itertools.pairwise(shares):
+        assert a1 == b0 and a0 <= a1
+    blocks = [(r1 - r0) // block for r0, r1 in shares[:-1]]
+    last_full = (shares[-1][1] - shares[-1][0]) // block
+    assert all(r0 % block == 0 for r0, _ in shares)
+    assert all(r1 % block == 0 for _, r1 in shares[:-1])
+    counts = [*blocks, last_full]
+    assert max(counts) - min(counts) <= 1
+    assert last_full == min(counts)  # the tail goes to one of the fewest blocks
