@@ -1023,7 +1023,10 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     """stack / cat nodes with any number of parts each (ops._special_flat): all parts of
     all nodes gathered as one column; each node's result is its own range of rows, so
     each node is a batch of one as far as its consumers' gathers know."""
-    if _native is not None and type(nodes) is list:  # (all parts and their slots: one C loop)
+    x = _flat_copy(nodes, stats)
+    if x is not None:
+        pass
+    elif _native is not None and type(nodes) is list:  # (all parts and their slots: one C loop)
         column, slots = _native.flat_column(nodes)
         x = gather(column, len(column), stats, slots=slots)
     else:
@@ -1032,6 +1035,25 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     t1 = time.perf_counter()
     _own(nodes, [(out,) for out in nodes[0].op.rule(nodes, x)])
     _account(nodes, n, stats, t0, t1)
+
+
+def _flat_copy(nodes: list, stats) -> torch.Tensor | None:
+    """All parts of all ``nodes`` copied by address into one new buffer in one C call
+    (_native.flat_into: no column of operands, no slot ints); None where gather's path
+    applies instead: no C extension, autograd, not a CPU map, a source a byte copy cannot
+    read, or rows back to back in memory already (gather takes a view of them)."""
+    if _native is None or type(nodes) is not list or not _by_address(nodes[0]):
+        return None
+    t0 = nodes[0].inputs[0]
+    shape, dtype = t0.shape, t0.dtype
+    total = sum([len(nd.inputs) for nd in nodes])
+    out = torch.empty(total, *shape, dtype=dtype, device=_CPU)  # (copied by address)
+    nbytes = shape.numel() * dtype.itemsize
+    if not _native.flat_into(out.data_ptr(), nodes, _bases, nbytes, shape, dtype):
+        return None
+    stats.gathers += 1
+    stats.gather_bytes += out.nbytes
+    return out
 
 
 def _own(nodes: list, results: list) -> None:

@@ -667,6 +667,56 @@ def test_ragged_stacks_take_their_parts_in_one_c_loop(counts, width, seed):
         assert slots == executor._slots(expected)
 
 
+def _ragged_stack_reversed(x, n):
+    parts = [torch.tanh(x * (k + 1)) for k in range(n)]
+    return torch.stack(parts[::-1])  # (rows not back to back: copied, not a view)
+
+
+@pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
+@settings(max_examples=25, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 9), min_size=1, max_size=10),
+    width=st.integers(1, 5),
+    reverse=st.booleans(),
+    seed=st.integers(0, 99),
+)
+def test_ragged_stacks_copy_their_parts_by_address_in_one_call(counts, width, reverse, seed):
+    """``_native.flat_into`` (executor._flat_copy) copies every part of every node of a
+    ragged batch straight into one buffer, or answers None where the parts lie back to
+    back already (then gather takes a view of them): results equal to eager either way."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(width, generator=gen) for _ in counts]
+    fn = _ragged_stack_reversed if reverse else _ragged_stack
+    f = acrobat.autobatch(fn)
+    answers = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(_native, name)
+
+        def flat_into(self, *args):
+            answers.append(_native.flat_into(*args))
+            return answers[-1]
+
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(executor, "_native", Spy())
+        mp.setattr(config, "AUTO_BLOCKS", False)  # (op by op: the stacks are nodes of their own)
+        got, stats = f.map(xs, counts, stats=True)
+    for a, b in zip(got, [fn(x, n) for x, n in zip(xs, counts)]):
+        torch.testing.assert_close(a, b)
+    assert answers and all(a in (True, None) for a in answers)
+    if reverse and max(counts) > 1:
+        assert True in answers and stats.gathers >= 1  # (copied: the rows run backwards)
+
+
+@pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
+def test_flat_into_refuses_what_is_not_a_node_list():
+    with pytest.raises(TypeError, match="flat_into"):
+        _native.flat_into(0, (1, 2), {}, 4, torch.Size([1]), torch.float32)
+    with pytest.raises(TypeError, match="flat_into"):
+        _native.flat_into(0, [object()], {}, 4, torch.Size([1]), torch.float32)
+
+
 @pytest.mark.skipif(_native is None, reason="acrobat._native is not built")
 def test_flat_column_refuses_what_is_not_a_node_list():
     with pytest.raises(TypeError, match="flat_column"):
