@@ -4476,13 +4476,20 @@ static PyObject *gemm_call(PyObject *mod, PyObject *const *a, Py_ssize_t nargs) 
             split = 0;
     }
     void (*run)(void *) = (void (*)(void *))(uintptr_t)entry;
-    if (split < 0) {  /* this thread alone: the entry's one part is the whole product */
+    if (split < 0 && m * k * n < work_min) {  /* this thread alone: the entry's one part is
+                                               * the whole product */
         run(block);
+    } else if (split < 0) {  /* (one thread, a long product: the GIL released, as numba's
+                              * nogil kernel did) */
+        Py_BEGIN_ALLOW_THREADS
+        run(block);
+        Py_END_ALLOW_THREADS
     } else {
         block[10] = split;
         PyObject *cut = PyDict_GetItemWithError(gemm_mod, s_CUT_ZEROS);
         if (cut == NULL && PyErr_Occurred()) goto fail;
-        int cut_on = cut != NULL && PyObject_IsTrue(cut);
+        int cut_on = cut != NULL ? PyObject_IsTrue(cut) : 0;
+        if (cut_on < 0) goto fail;
         if (cut_on) {  /* rows ending in zeros cut where W is finite (gemm._finite) */
             PyObject *f = PyObject_CallOneArg(gemm_finite, w);
             if (f == NULL) goto fail;
