@@ -3789,6 +3789,23 @@ static int row_pointers_at(PyObject *slots, PyObject *bases, PyObject *ts, PyObj
  * of ``shape`` and ``dtype``, ``nbytes`` each) into ``src``: column() and row_pointers()
  * without their lists of operands and slot ints. 1, 0 (a source that cannot be read by
  * address), or -1 with an exception naming ``who``. */
+/* The address of the row computed LazyTensor ``t`` names into *src: 1, 0 (its source
+ * cannot be read by address), or -1 with an exception naming ``who``. */
+static int operand_pointer(PyObject *t, BaseCache *cache, PyObject *bases, PyObject *shape,
+                           PyObject *dtype, Py_ssize_t nbytes, char **src, const char *who) {
+    if (!IS_LAZY(t) || !IS_NODE(((LazyObject *)t)->node)) {
+        PyErr_Format(PyExc_TypeError, "%s: an operand is not a LazyTensor", who);
+        return -1;
+    }
+    long long idx = PyLong_AsLongLong(((LazyObject *)t)->idx);
+    if (idx == -1 && PyErr_Occurred()) return -1;
+    long long slot = ((NodeObject *)((LazyObject *)t)->node)->slot + (idx << 24);
+    char *base;
+    int r = base_of(cache, slot >> 24, bases, t, shape, dtype, &base);
+    if (r == 1) *src = base + (slot & 0xFFFFFF) * nbytes;
+    return r;
+}
+
 static int operand_pointers(PyObject *nodes, Py_ssize_t j, PyObject *bases, PyObject *shape,
                             PyObject *dtype, Py_ssize_t nbytes, char **src, const char *who) {
     BaseCache cache = {{0}, {NULL}, 0, 0};
@@ -3796,17 +3813,8 @@ static int operand_pointers(PyObject *nodes, Py_ssize_t j, PyObject *bases, PyOb
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *t = operand_at(PyList_GET_ITEM(nodes, i), j, who);
         if (t == NULL) return -1;
-        if (!IS_LAZY(t) || !IS_NODE(((LazyObject *)t)->node)) {
-            PyErr_Format(PyExc_TypeError, "%s: an operand is not a LazyTensor", who);
-            return -1;
-        }
-        long long idx = PyLong_AsLongLong(((LazyObject *)t)->idx);
-        if (idx == -1 && PyErr_Occurred()) return -1;
-        long long slot = ((NodeObject *)((LazyObject *)t)->node)->slot + (idx << 24);
-        char *base;
-        int r = base_of(&cache, slot >> 24, bases, t, shape, dtype, &base);
+        int r = operand_pointer(t, &cache, bases, shape, dtype, nbytes, src + i, who);
         if (r <= 0) return r;
-        src[i] = base + (slot & 0xFFFFFF) * nbytes;
     }
     return 1;
 }
@@ -4445,21 +4453,16 @@ static PyObject *gemm_call(PyObject *mod, PyObject *const *a, Py_ssize_t nargs) 
     out = PyObject_Vectorcall(gemm_empty, eargs, 1, dtype_kw);
     Py_DECREF(size);
     if (out == NULL) goto fail;
-    long long block[16] = {0};
-    PyObject *ptr_of[3] = {x, w, c == Py_None ? out : c};
-    for (int i = 0; i < 3; i++) {
+    long long block[16] = {0};  /* x, W, c (out where none: not read), out at 0, 1, 3, 5 */
+    PyObject *ptr_of[4] = {x, w, c == Py_None ? out : c, out};
+    static const int at[4] = {0, 1, 3, 5};
+    for (int i = 0; i < 4; i++) {
         PyObject *p = PyObject_CallMethodNoArgs(ptr_of[i], s_data_ptr);
         if (p == NULL) goto fail;
-        long long v = PyLong_AsLongLong(p);
+        block[at[i]] = PyLong_AsLongLong(p);
         Py_DECREF(p);
-        if (v == -1 && PyErr_Occurred()) goto fail;
-        block[i == 2 ? 3 : i] = v;
+        if (block[at[i]] == -1 && PyErr_Occurred()) goto fail;
     }
-    PyObject *p = PyObject_CallMethodNoArgs(out, s_data_ptr);
-    if (p == NULL) goto fail;
-    block[5] = PyLong_AsLongLong(p);
-    Py_DECREF(p);
-    if (block[5] == -1 && PyErr_Occurred()) goto fail;
     block[2] = w_row;
     block[4] = c_rows;
     block[6] = m;
@@ -4626,18 +4629,9 @@ static PyObject *flat_into(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         PyObject **items = PyList_CheckExact(ins) ? ((PyListObject *)ins)->ob_item
                                                   : ((PyTupleObject *)ins)->ob_item;
         for (Py_ssize_t j = 0; found == 1 && j < parts; j++, k++) {
-            PyObject *t = items[j];
-            if (!IS_LAZY(t) || !IS_NODE(((LazyObject *)t)->node)) {
-                PyErr_SetString(PyExc_TypeError, "flat_into: an operand is not a LazyTensor");
-                goto done;
-            }
-            long long idx = PyLong_AsLongLong(((LazyObject *)t)->idx);
-            if (idx == -1 && PyErr_Occurred()) goto done;
-            long long slot = ((NodeObject *)((LazyObject *)t)->node)->slot + (idx << 24);
-            char *base;
-            found = base_of(&cache, slot >> 24, bases, t, shape, dtype, &base);
+            found = operand_pointer(items[j], &cache, bases, shape, dtype, nbytes, src + k,
+                                    "flat_into");
             if (found < 0) goto done;
-            if (found == 1) src[k] = base + (slot & 0xFFFFFF) * nbytes;
         }
     }
     if (found == 0) {

@@ -1024,12 +1024,10 @@ def _run_ragged(nodes: list, n: int, stats, t0: float) -> None:
     all nodes gathered as one column; each node's result is its own range of rows, so
     each node is a batch of one as far as its consumers' gathers know."""
     x = _flat_copy(nodes, stats)
-    if x is not None:
-        pass
-    elif _native is not None and type(nodes) is list:  # (all parts and their slots: one C loop)
-        column, slots = _native.flat_column(nodes)
+    if x is None and _native is not None and type(nodes) is list:  # (all parts and their
+        column, slots = _native.flat_column(nodes)  # slots: one C loop)
         x = gather(column, len(column), stats, slots=slots)
-    else:
+    elif x is None:
         column = [t for nd in nodes for t in nd.inputs]
         x = gather(column, len(column), stats)
     t1 = time.perf_counter()
