@@ -139,7 +139,60 @@ typedef struct {
     uint32_t used_small[4];
     PyObject *used_at;
     char demanded;  /* a fiber has waited for its value (fibers._wait, value_read) */
+    /* Output lifetimes (config.FREE_OUTPUTS): how many LazyTensors of this node exist per
+     * output k < HANDLE_SLOTS, and once its batch ran, the batch's OutBlock (below). */
+    uint32_t handles[4];
+    struct OutBlock *block;
 } NodeObject;
+
+#define HANDLE_SLOTS 4
+
+/* A batch's outputs and how many LazyTensors of each exist over all its nodes
+ * (finish_rows). ``outs`` is the batch's own copy of its outputs tuple, shared by its
+ * nodes; when the last handle of output k dies (and nothing pinned the batch), item k is
+ * replaced by None, so its buffer goes back to the allocator while the map still runs.
+ * Freed with the last node that points to it. Outputs past HANDLE_SLOTS are never freed
+ * early (their ``live`` count starts at OUT_KEPT). */
+typedef struct OutBlock {
+    Py_ssize_t refs;  /* nodes pointing here */
+    Py_ssize_t n;  /* outputs */
+    int pinned;  /* other nodes read these outputs without being counted: keep them all */
+    PyObject *outs;
+    Py_ssize_t live[];
+} OutBlock;
+
+#define OUT_KEPT (PY_SSIZE_T_MAX / 2)
+
+/* Output k of ``b`` has no handle left: its tensor released (the tuple keeps None). */
+static void out_free(OutBlock *b, Py_ssize_t k) {
+    if (b->pinned || k >= PyTuple_GET_SIZE(b->outs)) return;
+    PyObject *old = PyTuple_GET_ITEM(b->outs, k);
+    if (old == Py_None) return;
+    Py_INCREF(Py_None);
+    PyTuple_SET_ITEM(b->outs, k, Py_None);
+    Py_DECREF(old);
+}
+
+/* ``nd`` leaves its block: its handles no longer count there; the block freed with the
+ * last node. */
+static void block_leave(NodeObject *nd) {
+    OutBlock *b = nd->block;
+    if (b == NULL) return;
+    nd->block = NULL;
+    Py_ssize_t m = b->n < HANDLE_SLOTS ? b->n : HANDLE_SLOTS;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        if (nd->handles[k] == 0) continue;
+        b->live[k] -= nd->handles[k];
+        if (b->live[k] == 0) out_free(b, k);
+    }
+    if (--b->refs == 0) {
+        Py_DECREF(b->outs);
+        PyMem_Free(b);
+    }
+}
+
+/* A LazyTensor of (node, idx) made (+1) or gone (-1). */
+static void handle_count(PyObject *node, PyObject *idx, int delta);
 
 #define USED_SMALL 4
 
@@ -170,6 +223,7 @@ static int node_clear(NodeObject *self) {
     Py_CLEAR(self->sig);
     Py_CLEAR(self->rt);
     Py_CLEAR(self->data);
+    block_leave(self);
     Py_CLEAR(self->outs);
     Py_CLEAR(self->used_at);
     return 0;
@@ -234,6 +288,7 @@ static int node_init(NodeObject *self, PyObject *args, PyObject *kwds) {
     SETF(sig, sig);
     SETF(rt, rt);
     SETF(data, Py_None);
+    block_leave(self);
     SETF(outs, Py_None);
     Py_CLEAR(self->used_at);
     memset(self->used_small, 0, sizeof self->used_small);
@@ -364,6 +419,7 @@ static int lazy_traverse(LazyObject *self, visitproc visit, void *arg) {
 }
 
 static int lazy_clear(LazyObject *self) {
+    handle_count(self->node, self->idx, -1);
     Py_CLEAR(self->node);
     Py_CLEAR(self->idx);
     Py_CLEAR(self->shape);
@@ -435,6 +491,8 @@ static int lazy_init(LazyObject *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(idx);
     Py_INCREF(shape);
     Py_INCREF(dtype);
+    handle_count(node, idx, 1);  /* (the new handle counted before the old one is let go) */
+    handle_count(self->node, self->idx, -1);
     Py_XSETREF(self->node, node);
     Py_XSETREF(self->idx, idx);
     Py_XSETREF(self->shape, shape);
@@ -444,10 +502,32 @@ static int lazy_init(LazyObject *self, PyObject *args, PyObject *kwds) {
 }
 
 #define LAZY_OBJ(name) {#name, T_OBJECT, offsetof(LazyObject, name), 0, NULL}
-static PyMemberDef lazy_members[] = {LAZY_OBJ(node), LAZY_OBJ(idx), LAZY_OBJ(shape),
-                                     LAZY_OBJ(dtype), LAZY_OBJ(key), {NULL}};
+/* node and idx are read-only: the handle counts (handle_count) follow them, so a lazy
+ * tensor is pointed at another output only through rebind() */
+static PyMemberDef lazy_members[] = {
+    {"node", T_OBJECT, offsetof(LazyObject, node), READONLY, NULL},
+    {"idx", T_OBJECT, offsetof(LazyObject, idx), READONLY, NULL},
+    LAZY_OBJ(shape), LAZY_OBJ(dtype), LAZY_OBJ(key), {NULL}};
+
+/* t.rebind(node, idx): t now names output idx of node (an in-place update rebinds its
+ * target to the update's result) */
+static PyObject *lazy_rebind(LazyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "rebind(node, idx)");
+        return NULL;
+    }
+    Py_INCREF(a[0]);
+    Py_INCREF(a[1]);
+    handle_count(a[0], a[1], 1);
+    handle_count(self->node, self->idx, -1);
+    Py_XSETREF(self->node, a[0]);
+    Py_XSETREF(self->idx, a[1]);
+    Py_RETURN_NONE;
+}
 
 static PyMethodDef lazy_methods[] = {
+    {"rebind", (PyCFunction)(void (*)(void))lazy_rebind, METH_FASTCALL,
+     "rebind(node, idx): name output idx of node from now on (in-place updates)."},
     {"tolist", (PyCFunction)lazy_tolist, METH_NOARGS,
      "The value as Python numbers (fibers.demand_py; suspends until it is computed)."},
     {"item", (PyCFunction)lazy_item, METH_NOARGS,
@@ -486,6 +566,25 @@ static PyTypeObject *node_cls;  /* graph.Node */
 #define IS_LAZY(x) (Py_TYPE(x) == lazy_cls || PyObject_TypeCheck((x), &LazyType))
 #define IS_NODE(x) (Py_TYPE(x) == node_cls || PyObject_TypeCheck((x), &NodeType))
 static PyTypeObject *lazy_cls;  /* tensor.LazyTensor */
+
+static void handle_count(PyObject *node, PyObject *idx, int delta) {
+    if (node == NULL || idx == NULL || !PyLong_CheckExact(idx) || !IS_NODE(node)) return;
+    int overflow = 0;  /* (no exception for an exact int: safe inside a dealloc) */
+    long k = PyLong_AsLongAndOverflow(idx, &overflow);
+    if (overflow || k < 0 || k >= HANDLE_SLOTS) return;
+    NodeObject *nd = (NodeObject *)node;
+    if (delta > 0) {
+        nd->handles[k]++;
+    } else if (nd->handles[k] > 0) {
+        nd->handles[k]--;
+    } else {
+        return;
+    }
+    OutBlock *b = nd->block;
+    if (b == NULL || k >= b->n) return;
+    b->live[k] += delta;
+    if (b->live[k] == 0) out_free(b, k);
+}
 static PyObject *check_inputs_fn;  /* graph._check_inputs */
 static PyObject *config_mod;    /* acrobat.config (ALIGN_WINDOW) */
 static PyObject *zero;          /* the int 0 */
@@ -782,6 +881,7 @@ static PyObject *new_lazy(PyObject *node, PyObject *idx, PyObject *shape, PyObje
     if (t == NULL) return NULL;
     Py_INCREF(node); t->node = node;
     Py_INCREF(idx); t->idx = idx;
+    handle_count(node, idx, 1);
     Py_INCREF(shape); t->shape = shape;
     Py_INCREF(dtype); t->dtype = dtype;
     Py_INCREF(key); t->key = key;
@@ -3407,30 +3507,139 @@ fail:
     return NULL;
 }
 
-/* finish_rows(nodes, outs, base): node i gets outs, row i and slot base + i
- * (executor._finish_batch). */
+/* finish_rows(nodes, outs, base, free=False): node i gets outs, row i and slot base + i
+ * (executor._finish_batch). With ``free`` and outs a tuple, the nodes get a copy of it
+ * of their own and an OutBlock counting the LazyTensors of each output: an output whose
+ * last handle dies is released from the copy (config.FREE_OUTPUTS), now if none exists. */
 static PyObject *finish_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    if (n != 3 || !PyList_Check(a[0])) {
-        PyErr_SetString(PyExc_TypeError, "finish_rows(nodes: list, outs, base)");
+    if ((n != 3 && n != 4) || !PyList_Check(a[0])) {
+        PyErr_SetString(PyExc_TypeError, "finish_rows(nodes: list, outs, base, free=False)");
         return NULL;
     }
     PyObject *nodes = a[0], *outs = a[1];
     long long base = PyLong_AsLongLong(a[2]);
     if (base == -1 && PyErr_Occurred()) return NULL;
+    int free_outs = n == 4 ? PyObject_IsTrue(a[3]) : 0;
+    if (free_outs < 0) return NULL;
     Py_ssize_t m = PyList_GET_SIZE(nodes);
     for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *nd = PyList_GET_ITEM(nodes, i);
-        if (!IS_NODE(nd)) {
+        if (!IS_NODE(PyList_GET_ITEM(nodes, i))) {
             PyErr_SetString(PyExc_TypeError, "finish_rows: not a Node");
             return NULL;
         }
-        NodeObject *node = (NodeObject *)nd;
+    }
+    OutBlock *b = NULL;
+    Py_ssize_t width = 0;  /* the outputs counted */
+    if (free_outs && m > 0 && PyTuple_CheckExact(outs) && PyTuple_GET_SIZE(outs) > 0) {
+        Py_ssize_t k_out = PyTuple_GET_SIZE(outs);
+        PyObject *own = PyTuple_New(k_out);
+        if (own == NULL) return NULL;
+        b = PyMem_Malloc(sizeof(OutBlock) + (size_t)k_out * sizeof(Py_ssize_t));
+        if (b == NULL) {
+            Py_DECREF(own);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t k = 0; k < k_out; k++) {
+            PyObject *o = PyTuple_GET_ITEM(outs, k);
+            Py_INCREF(o);
+            PyTuple_SET_ITEM(own, k, o);
+            b->live[k] = k < HANDLE_SLOTS ? 0 : OUT_KEPT;
+        }
+        b->refs = 0;
+        b->n = k_out;
+        b->pinned = 0;
+        b->outs = own;
+        outs = own;
+        width = k_out < HANDLE_SLOTS ? k_out : HANDLE_SLOTS;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        NodeObject *node = (NodeObject *)PyList_GET_ITEM(nodes, i);
+        block_leave(node);  /* (given outputs again: a padded batch's rows by size) */
         Py_INCREF(outs);
         Py_XSETREF(node->outs, outs);
         node->row = i;
         node->slot = base + i;
+        if (b != NULL) {
+            node->block = b;
+            b->refs++;
+            for (Py_ssize_t k = 0; k < width; k++) b->live[k] += node->handles[k];
+        }
+    }
+    if (b != NULL) {  /* (refs > 0: the nodes hold the block, and it the copy) */
+        for (Py_ssize_t k = 0; k < width; k++)
+            if (b->live[k] == 0) out_free(b, k);
     }
     Py_RETURN_NONE;
+}
+
+/* release_inputs(batches): the computed nodes of ``batches`` let go of their operands
+ * (inputs and args emptied, kwargs None), so the values they read can be freed once
+ * nothing else holds them (executor.execute, config.FREE_OUTPUTS) */
+static PyObject *release_inputs(PyObject *mod, PyObject *batches) {
+    if (!PyList_Check(batches)) {
+        PyErr_SetString(PyExc_TypeError, "release_inputs(batches: list of lists of nodes)");
+        return NULL;
+    }
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batches); i++) {
+        PyObject *nodes = PyList_GET_ITEM(batches, i);
+        if (!PyList_Check(nodes)) continue;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(nodes); j++) {
+            PyObject *nd = PyList_GET_ITEM(nodes, j);
+            if (!IS_NODE(nd)) continue;
+            NodeObject *node = (NodeObject *)nd;
+            if (node->outs == NULL || node->outs == Py_None) continue;  /* (not computed) */
+            Py_INCREF(empty);
+            Py_XSETREF(node->inputs, empty);
+            Py_INCREF(empty);
+            Py_XSETREF(node->args, empty);
+            Py_INCREF(Py_None);
+            Py_XSETREF(node->kwargs, Py_None);
+        }
+    }
+    Py_DECREF(empty);
+    Py_RETURN_NONE;
+}
+
+/* pin(node): the outputs of node's batch are never released early (other nodes read
+ * them without being counted: executor._distinct, tables in place) */
+static PyObject *pin_outputs(PyObject *mod, PyObject *nd) {
+    if (!IS_NODE(nd)) {
+        PyErr_SetString(PyExc_TypeError, "pin(node)");
+        return NULL;
+    }
+    OutBlock *b = ((NodeObject *)nd)->block;
+    if (b != NULL) b->pinned = 1;
+    Py_RETURN_NONE;
+}
+
+/* out_counts(node): (the node's handles per output < HANDLE_SLOTS, its batch's live
+ * counts or None, pinned) (tests) */
+static PyObject *out_counts(PyObject *mod, PyObject *nd) {
+    if (!IS_NODE(nd)) {
+        PyErr_SetString(PyExc_TypeError, "out_counts(node)");
+        return NULL;
+    }
+    NodeObject *node = (NodeObject *)nd;
+    OutBlock *b = node->block;
+    PyObject *live = Py_None;
+    Py_INCREF(live);
+    if (b != NULL) {
+        Py_ssize_t w = b->n < HANDLE_SLOTS ? b->n : HANDLE_SLOTS;
+        Py_SETREF(live, PyTuple_New(w));
+        if (live == NULL) return NULL;
+        for (Py_ssize_t k = 0; k < w; k++) {
+            PyObject *v = PyLong_FromSsize_t(b->live[k]);
+            if (v == NULL) {
+                Py_DECREF(live);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(live, k, v);
+        }
+    }
+    return Py_BuildValue("(IIII)NO", node->handles[0], node->handles[1], node->handles[2],
+                         node->handles[3], live, b != NULL && b->pinned ? Py_True : Py_False);
 }
 
 /* lookup_rows(nodes, size): executor._lookup_in_place's indices, the Python int that
@@ -4995,6 +5204,11 @@ static PyMethodDef methods[] = {
      "scan_column(nodes, first, width, j, active) -> (sequence j's elements step-major, slots)"},
     {"fast_dealloc", fast_dealloc, METH_O,
      "fast_dealloc(cls): a method-only subclass of NodeBase or LazyBase freed in one pass"},
+    {"release_inputs", release_inputs, METH_O,
+     "release_inputs(batches): computed nodes let go of their operands"},
+    {"pin", pin_outputs, METH_O, "pin(node): its batch's outputs are never released early"},
+    {"out_counts", out_counts, METH_O,
+     "out_counts(node): (handles per output, the batch's live counts or None, pinned)"},
     {"finish_rows", (PyCFunction)(void (*)(void))finish_rows, METH_FASTCALL,
      "finish_rows(nodes, outs, base): outs, row and slot of each node of a batch"},
     {"setup_record", (PyCFunction)setup_record, METH_VARARGS,

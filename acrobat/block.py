@@ -122,8 +122,7 @@ class Trace:
         self.split_counts: dict = {}  # position -> (calls, calls that reused the argument)
         self.decided: dict = {}  # position -> whether it cuts there (decided for good)
         self.owner = None  # the Block whose cache holds it (its padding family's traces)
-        self.seen: set = set()  # (position, id(argument)) seen in map run seen_run
-        self.seen_run = 0
+        self.seen_run = 0  # the map run whose calls it counts (rt.split_seen: arguments)
         # per argument: its per-instance shape and dtype; the padding family's view
         # (acrobat/padding.py)
         self.arg_shapes: tuple = ()

@@ -188,6 +188,16 @@ FAST_RECURRENCE: bool = bool(_env_int("ACROBAT_FAST_RECURRENCE", 1))
 #: Off (or with autograd recording, or off the CPU): torch ops.
 FAST_GATHER: bool = bool(_env_int("ACROBAT_FAST_GATHER", 1))
 
+#: A batch's outputs are released while the map runs, each as soon as no lazy tensor of
+#: it is left (the user's variables, the operands of nodes not run yet): a computed node
+#: lets go of its operands (inputs, args), and the batch counts the handles of each of
+#: its outputs (_native.finish_rows' OutBlock). The next batches' buffers then come from
+#: memory just freed, still in the caches, instead of a map-long heap of outputs (DRNN
+#: small b64: a node cell's state, 1.6 of the 3.3 MB a map kept to its end). Only where
+#: autograd does not record (a gradient's requires_grad walk reads computed nodes'
+#: operands). Off: every output lives until the map ends.
+FREE_OUTPUTS: bool = bool(_env_int("ACROBAT_FREE_OUTPUTS", 1))
+
 #: On a GPU, gather indices go up through one page-locked ring buffer into one device
 #: ring buffer (tensor.IndexRing) instead of a page-locked and a device tensor each.
 INDEX_RING: bool = bool(_env_int("ACROBAT_INDEX_RING", 1))

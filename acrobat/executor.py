@@ -27,6 +27,7 @@ from acrobat.ops import (
     ROW_VIEWS,
     TAKE,
     TENSOR,
+    keeps_operands,
     neutral_value,
     picks,
     ragged_picks,
@@ -834,7 +835,7 @@ def _distinct(nodes: list, n: int, stats, t0: float) -> bool:
         return False
     reps = list(first.values())
     _run_operands(reps, len(reps), stats, t0)
-    shared.add(id(reps[0].outs))
+    _share(n0.rt, reps[0])
     for nd, key in zip(nodes, keys):
         rep = first[key]
         if rep is not nd:
@@ -1126,7 +1127,7 @@ def _give(nodes: list, outs) -> None:
     """Node i of a new batch gets ``outs``, row i and its slot."""
     base = next(_batches) << _BATCH_SHIFT
     if _native is not None and type(nodes) is list:
-        _native.finish_rows(nodes, outs, base)
+        _native.finish_rows(nodes, outs, base, config.FREE_OUTPUTS)
         return
     for i, nd in enumerate(nodes):
         nd.outs = outs
@@ -1134,13 +1135,24 @@ def _give(nodes: list, outs) -> None:
         nd.slot = base + i
 
 
+def _share(rt, node) -> None:
+    """Mark ``node``'s batch outputs as rows other nodes may read as their own
+    (``rt.shared``): never released early (the readers are not counted), and the outputs
+    tuple kept for the map, so its id names no other batch's."""
+    outs = node.outs
+    if _native is not None:
+        _native.pin(node)
+    rt.shared.add(id(outs))
+    rt.kept.append(outs)
+
+
 def _in_place_rows(nodes: list, outs, rows, stats, t0: float, t1: float) -> None:
     """Finish a batch whose outputs are a whole tensor (or views of one) with each node at
     its own row, not at its position in the batch."""
     rt = nodes[0].rt
-    rt.tables.add(id(outs))
-    rt.shared.add(id(outs))
     _finish_batch(nodes, outs, len(nodes), stats, t0, t1)
+    _share(rt, nodes[0])
+    rt.tables.add(id(nodes[0].outs))
     base = nodes[0].slot - nodes[0].row
     if _native is not None and type(nodes) is list and type(rows) is list:
         _native.place_rows(nodes, rows, base)
@@ -1284,13 +1296,22 @@ def _explain_failure(nodes: list, exc: Exception, alone=None) -> None:
 
 
 def execute(batches: list[list], stats) -> None:
+    done = []  # batches run without autograd: their nodes let go of their operands
+    free = config.FREE_OUTPUTS and _native is not None
     try:
         for nodes in batches:
-            tag = grad_tag(nodes[0].sig)
+            n0 = nodes[0]
+            tag = grad_tag(n0.sig)
             if tag is None:
                 run_batch(nodes, stats)
+                enabled = n0.rt.grad_mode
             else:  # recorded inside torch.no_grad() (or enable_grad()): run in that mode
                 with torch.set_grad_enabled(tag.enabled):
                     run_batch(nodes, stats)
+                enabled = tag.enabled
+            if free and not enabled and not keeps_operands(n0.op):
+                done.append(nodes)
     finally:
         _reused.clear()  # frees the copies; slots stay unique until the map ends
+    if done:
+        _native.release_inputs(done)

@@ -1104,7 +1104,8 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         rt.main = None
         rt.pool = []
         rt.constants = {}  # their nodes point back at rt: a cycle the paused collector
-        # would leave for a later (full) collection
+        rt.split_seen = {}  # would leave for a later (full) collection (both)
+        rt.kept = []
         for split in rt.used_splits:  # traces outlive the map; this run's graph must not
             split.memo = {}
         rt.used_splits = []

@@ -144,7 +144,7 @@ class Runtime:
         "id", "buckets", "sig_info", "hoisted", "hoist_keepalive", "hoisted_versions",
         "device", "default_device", "mode", "grad_mode", "autocast", "stats", "fiber",
         "tracer", "ready", "blocked", "main", "pool", "failed", "all_fibers", "live", "phased",
-        "thread", "nodes", "deferred", "py_rows", "shared",
+        "thread", "nodes", "deferred", "py_rows", "shared", "kept", "split_seen",
         "take_tables", "tables", "read_from", "used_splits", "memo_blocks", "factory_keys",
         "constants",
         "grad_regions", "grad_resume", "object_inputs", "object_owner", "fresh", "built",
@@ -187,10 +187,15 @@ class Runtime:
         # tensor's rows in place (executor: row lookups, row-wise views of them)
         self.shared: set[int] = set()  # id(outs) of batches some of whose rows several
         # nodes may read as their own (tables in place, executor._distinct's batches)
+        self.kept: list = []  # ... their outputs tuples, alive for the map (ids unique)
         # id(data node) -> (the node, the lazy tensor whose read value it was made from):
         # x[mask]'s positions (ops._rows_where), for ops._readers_within's walk
         self.read_from: dict[int, tuple] = {}
         self.used_splits: list = []  # hoisting.Split objects whose memo holds this run
+        # (id(trace), position, id(argument's node), its output) -> that node, for the calls
+        # a trace counts toward a cut (hoisting.split_call; the node held, so its id names
+        # no other; not the lazy tensor, which would keep the value from being freed)
+        self.split_seen: dict = {}
         self.memo_blocks: list = []  # blocks that remember cache hits of this run (C)
         # id(hoisted factory result) -> its hoist key: a block called with torch.zeros(h)
         # keys its trace by how the constant was made, not by the per-run object

@@ -141,19 +141,19 @@ def split_call(rt, trace, inputs: list):
                 calls, reused = _pooled(trace, k)
                 if calls >= SPLIT_CALLS:
                     _decide(trace, k, reused >= SPLIT_REUSE * calls, rt)
-        trace.seen = set()
         trace.seen_run = rt.id
         if trace.split_on:
             return split_call(rt, trace, inputs)
-    seen = trace.seen
+    seen = rt.split_seen
     for k in trace.observe:
-        key = (k, id(inputs[k]))
+        arg = inputs[k]
+        key = (id(trace), k, id(arg.node), arg.idx)
         calls, reused = trace.split_counts.get(k, (0, 0))
         calls += 1
         if key in seen:
             reused += 1
         else:
-            seen.add(key)
+            seen[key] = arg.node
         trace.split_counts[k] = calls, reused
         if calls >= SPLIT_CALLS and reused >= SPLIT_REUSE * calls:
             _decide(trace, k, True, rt)

@@ -3299,6 +3299,13 @@ _FRESH_KINDS = frozenset({"elementwise", "reduce", "matmul", "gather", "norm", "
 _FRESH_NAMES = frozenset({"cat", "stack", "tensor", "take"})
 
 
+def keeps_operands(op) -> bool:
+    """Whether a computed node of ``op`` keeps its operands (executor.execute lets the
+    others go): :func:`_fresh` follows a write's target and reads a conversion's operand
+    dtype after they ran."""
+    return op is PUT or op is PUT_INTO or op is RAGGED_PUT or op.name in _CONVERSIONS
+
+
 def _fresh(node, idx: int) -> bool:
     """Whether output ``idx`` of ``node`` is, in eager, a tensor of its own (no view or
     alias of an operand, not an input of the map, not shared by instances)."""
@@ -3472,8 +3479,7 @@ def in_place(op, func, args: tuple, kwargs: dict, what: str, fix: str, target=_A
     special = op.special
     out = special(func, args, kwargs) if special is not None else record(op, func, args, kwargs)
     _fits(out, x, what, line)
-    x.node = out.node
-    x.idx = out.idx
+    x.rebind(out.node, out.idx)
     return x
 
 
@@ -3633,8 +3639,7 @@ def _lazy_copy(self, src, non_blocking=False):
     ):
         raise _refused_reset("x.copy_(src)", line, fix)
     _rebindable(self, "x.copy_(src)", fix, line)
-    self.node = src.node
-    self.idx = src.idx
+    self.rebind(src.node, src.idx)
     return self
 
 
@@ -3643,8 +3648,7 @@ def _rebind(rt, x, value):
     from acrobat.executor import constant
 
     out = constant(rt, value)
-    x.node = out.node
-    x.idx = out.idx
+    x.rebind(out.node, out.idx)
     return x
 
 

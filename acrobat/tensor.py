@@ -218,6 +218,11 @@ class _LazyFields:
         # this operand's part of a batching signature: a small int naming (shape, dtype)
         self.key = key if key is not None else type_key(shape, dtype)
 
+    def rebind(self, node, idx: int) -> None:
+        """Name output ``idx`` of ``node`` from now on (an in-place update's result)."""
+        self.node = node
+        self.idx = idx
+
 
 if TYPE_CHECKING:
     _LazyBase = _LazyFields
