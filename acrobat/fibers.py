@@ -1103,8 +1103,10 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         rt.ready.clear()
         rt.main = None
         rt.pool = []
-        rt.constants = {}  # their nodes point back at rt: a cycle the paused collector
-        rt.split_seen = {}  # would leave for a later (full) collection (both)
+        # the constants' nodes and those split_seen holds point back at rt: cycles the
+        # paused collector would leave for a later (full) collection
+        rt.constants = {}
+        rt.split_seen = {}
         rt.kept = []
         for split in rt.used_splits:  # traces outlive the map; this run's graph must not
             split.memo = {}
