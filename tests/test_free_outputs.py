@@ -269,3 +269,57 @@ def test_computed_nodes_keep_their_operands_where_autograd_records(monkeypatch):
 
 def test_the_switch_is_on_by_default():
     assert config.FREE_OUTPUTS
+
+
+class _Words(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(3, 4)
+        self.leaf = torch.nn.Linear(4, 4)
+
+
+def _leaf(model, x):  # straight-line: a block; equal words read equal table rows
+    return torch.tanh(model.leaf(x))
+
+
+@needs_native
+def test_rows_shared_by_equal_words_outlive_the_instance_that_computed_them():
+    """Equal words' leaves run once (executor._distinct): the other instances read the
+    first one's row, uncounted, so that batch is pinned. Here the first instance is done
+    (its leaf's handles gone) flushes before the others read the shared row."""
+    torch.manual_seed(3)
+    model = _Words()
+
+    @acrobat.autobatch
+    def f(word, rounds):
+        x = _leaf(model, model.emb(torch.tensor(word)))
+        y = x * 1.0
+        for _ in range(rounds):
+            if float(y.sum()) > 1e6:  # a value read: a flush per round
+                break
+            y = y + 0.0
+        return x + y
+
+    shared: list = []  # the outputs tuples of batches other nodes read uncounted
+    kept = []  # at each later flush: whether all of them still hold their tensors
+    original = fibers.execute
+
+    def execute(batches, stats):
+        kept.extend(all(o is not None for o in outs) for outs in shared)
+        original(batches, stats)
+        rt = batches[0][0].rt
+        shared.extend(nodes[0].outs for nodes in batches if id(nodes[0].outs) in rt.shared)
+
+    words, rounds = [1, 1, 1, 2], [1, 4, 3, 2]
+    with torch.no_grad():
+        f.map(words, rounds)  # (the trace decisions made)
+        fibers.execute = execute
+        try:
+            got, stats = f.map(words, rounds, stats=True)
+        finally:
+            fibers.execute = original
+        want = [f.eager(w, r) for w, r in zip(words, rounds)]
+    assert stats.shared > 0 and shared  # the equal words' leaves were shared
+    assert kept and all(kept)  # ... and their rows kept while the map ran
+    for g_, w_ in zip(got, want):
+        torch.testing.assert_close(g_, w_)
