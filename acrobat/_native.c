@@ -163,6 +163,20 @@ typedef struct OutBlock {
 
 #define OUT_KEPT (PY_SSIZE_T_MAX / 2)
 
+/* keep_freed(list or None): while a list is set, every output released is appended to it
+ * instead of going back to the allocator (config.VERIFY: executor.poison_freed fills them
+ * with NaN, so a read that a handle count missed shows in the results) */
+static PyObject *freed_list;
+
+static PyObject *keep_freed(PyObject *mod, PyObject *arg) {
+    if (arg != Py_None && !PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "keep_freed(list or None)");
+        return NULL;
+    }
+    Py_XSETREF(freed_list, arg == Py_None ? NULL : Py_NewRef(arg));
+    Py_RETURN_NONE;
+}
+
 /* Output k of ``b`` has no handle left: its tensor released (the tuple keeps None). */
 static void out_free(OutBlock *b, Py_ssize_t k) {
     if (b->pinned || k >= PyTuple_GET_SIZE(b->outs)) return;
@@ -170,6 +184,12 @@ static void out_free(OutBlock *b, Py_ssize_t k) {
     if (old == Py_None) return;
     Py_INCREF(Py_None);
     PyTuple_SET_ITEM(b->outs, k, Py_None);
+    if (freed_list != NULL) {  /* (maybe inside a dealloc: any exception set is kept) */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (PyList_Append(freed_list, old) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
     Py_DECREF(old);
 }
 
@@ -5207,6 +5227,8 @@ static PyMethodDef methods[] = {
     {"release_inputs", release_inputs, METH_O,
      "release_inputs(batches): computed nodes let go of their operands"},
     {"pin", pin_outputs, METH_O, "pin(node): its batch's outputs are never released early"},
+    {"keep_freed", keep_freed, METH_O,
+     "keep_freed(list or None): released outputs appended to the list (config.VERIFY)"},
     {"out_counts", out_counts, METH_O,
      "out_counts(node): (handles per output, the batch's live counts or None, pinned)"},
     {"finish_rows", (PyCFunction)(void (*)(void))finish_rows, METH_FASTCALL,

@@ -22,7 +22,9 @@ def _env_int(name: str, default: int) -> int:
 DEBUG: int = _env_int("ACROBAT_DEBUG", 0)
 
 #: Verify graph invariants (topological order, one signature per batch, each node run once)
-#: at every flush. Tests turn it on; it costs a pass over the graph.
+#: at every flush. Tests turn it on; it costs a pass over the graph. Also: outputs released
+#: while a map without autograd runs (FREE_OUTPUTS) are kept to its end, filled with NaN
+#: (executor.poison_freed), so a read the handle counts missed shows in the results.
 VERIFY: bool = bool(_env_int("ACROBAT_VERIFY", 0))
 
 #: Automatic coarsening: straight-line functions reachable from an autobatched function

@@ -11,6 +11,7 @@ way they flow through the eager loop.
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from array import array
 
@@ -1133,6 +1134,29 @@ def _give(nodes: list, outs) -> None:
         nd.outs = outs
         nd.row = i
         nd.slot = base + i
+
+
+def poison_freed(rt) -> None:
+    """config.VERIFY: the outputs released since the last call (``rt.freed``, appended by
+    ``_native.keep_freed``) filled with NaN (integers with -1, bools with True) where
+    nothing else holds them or shares their memory (another batch whose output is the same
+    tensor, a view's owner: those read it legitimately); they stay in ``rt.freed`` until
+    the map ends, so their memory is not reused meanwhile."""
+    freed = rt.freed
+    use_count = torch._C._storage_Use_Count
+    for i in range(rt.poisoned, len(freed)):
+        t = freed[i]
+        if t.requires_grad or t.device.type != "cpu":
+            continue
+        if sys.getrefcount(t) > 3:  # (the list, t, the call's argument)
+            continue
+        if use_count(t.untyped_storage()._cdata) != 2:  # (this tensor and the call's storage)
+            continue
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            t.fill_(float("nan"))
+        else:
+            t.fill_(True if t.dtype is torch.bool else -1)
+    rt.poisoned = len(freed)
 
 
 def _share(rt, node) -> None:

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 from acrobat import config, graph, objects, ops, tensor
 from acrobat.errors import AcrobatError, LazyValueError, UnsupportedOpError, frame_line, user_line
-from acrobat.executor import execute, reset_slots
+from acrobat.executor import execute, poison_freed, reset_slots
 from acrobat.graph import LazyTensor, Runtime, has_lazy, hoist, record, record_data
 from acrobat.ops import (
     FUNCS,
@@ -657,6 +657,8 @@ def _flush(rt: Runtime, max_phase=float("inf"), demand: bool = False) -> None:
         if config.DEBUG >= 2:
             print(describe(batches))
     with torch._C.DisableTorchFunction():
+        if rt.freed is not None:
+            poison_freed(rt)
         execute(batches, rt.stats)
 
 
@@ -1060,6 +1062,9 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         rt.all_fibers.append(fiber)
     rt.ready.extend(rt.all_fibers)
     rt.live = list(rt.all_fibers)
+    if config.VERIFY and config.FREE_OUTPUTS and not rt.grad_mode and tensor._native is not None:
+        rt.freed = []
+        tensor._native.keep_freed(rt.freed)
     graph.RT = rt
     t0 = time.perf_counter()
     # A map allocates many small objects and frees none of them until it ends: the cyclic
@@ -1108,6 +1113,9 @@ def run_map(fn, arg_tuples: list[tuple], kwargs: dict, stats, fn_name: str) -> l
         rt.constants = {}
         rt.split_seen = {}
         rt.kept = []
+        if rt.freed is not None:
+            tensor._native.keep_freed(None)
+            rt.freed = None
         for split in rt.used_splits:  # traces outlive the map; this run's graph must not
             split.memo = {}
         rt.used_splits = []

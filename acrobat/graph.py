@@ -144,7 +144,8 @@ class Runtime:
         "id", "buckets", "sig_info", "hoisted", "hoist_keepalive", "hoisted_versions",
         "device", "default_device", "mode", "grad_mode", "autocast", "stats", "fiber",
         "tracer", "ready", "blocked", "main", "pool", "failed", "all_fibers", "live", "phased",
-        "thread", "nodes", "deferred", "py_rows", "shared", "kept", "split_seen",
+        "thread", "nodes", "deferred", "py_rows", "shared", "kept", "split_seen", "freed",
+        "poisoned",
         "take_tables", "tables", "read_from", "used_splits", "memo_blocks", "factory_keys",
         "constants",
         "grad_regions", "grad_resume", "object_inputs", "object_owner", "fresh", "built",
@@ -188,6 +189,10 @@ class Runtime:
         self.shared: set[int] = set()  # id(outs) of batches some of whose rows several
         # nodes may read as their own (tables in place, executor._distinct's batches)
         self.kept: list = []  # ... their outputs tuples, alive for the map (ids unique)
+        # config.VERIFY: the outputs released while the map runs, kept to its end, and how
+        # many of them executor.poison_freed has filled with NaN (None: not watched)
+        self.freed: list | None = None
+        self.poisoned = 0
         # id(data node) -> (the node, the lazy tensor whose read value it was made from):
         # x[mask]'s positions (ops._rows_where), for ops._readers_within's walk
         self.read_from: dict[int, tuple] = {}
