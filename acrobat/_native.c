@@ -126,6 +126,8 @@ static int ssize_of(PyObject *v, Py_ssize_t *out) {
 
 /* ---- NodeBase ------------------------------------------------------------------- */
 
+#define HANDLE_SLOTS 4  /* outputs of a node whose handles are counted */
+
 typedef struct {
     PyObject_HEAD
     PyObject *op, *func, *args, *kwargs, *inputs, *info, *sig, *rt, *data, *outs;
@@ -141,27 +143,23 @@ typedef struct {
     char demanded;  /* a fiber has waited for its value (fibers._wait, value_read) */
     /* Output lifetimes (config.FREE_OUTPUTS): how many LazyTensors of this node exist per
      * output k < HANDLE_SLOTS, and once its batch ran, the batch's OutBlock (below). */
-    uint32_t handles[4];
+    uint32_t handles[HANDLE_SLOTS];
     struct OutBlock *block;
 } NodeObject;
-
-#define HANDLE_SLOTS 4
 
 /* A batch's outputs and how many LazyTensors of each exist over all its nodes
  * (finish_rows). ``outs`` is the batch's own copy of its outputs tuple, shared by its
  * nodes; when the last handle of output k dies (and nothing pinned the batch), item k is
  * replaced by None, so its buffer goes back to the allocator while the map still runs.
- * Freed with the last node that points to it. Outputs past HANDLE_SLOTS are never freed
- * early (their ``live`` count starts at OUT_KEPT). */
+ * Freed with the last node that points to it. Only the first ``width`` outputs (at most
+ * HANDLE_SLOTS) are counted; later ones are never freed early. */
 typedef struct OutBlock {
     Py_ssize_t refs;  /* nodes pointing here */
-    Py_ssize_t n;  /* outputs */
+    Py_ssize_t width;  /* outputs counted: min(len(outs), HANDLE_SLOTS) */
     int pinned;  /* other nodes read these outputs without being counted: keep them all */
     PyObject *outs;
     Py_ssize_t live[];
 } OutBlock;
-
-#define OUT_KEPT (PY_SSIZE_T_MAX / 2)
 
 /* keep_freed(list or None): while a list is set, every output released is appended to it
  * instead of going back to the allocator (config.VERIFY: executor.poison_freed fills them
@@ -177,9 +175,9 @@ static PyObject *keep_freed(PyObject *mod, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* Output k of ``b`` has no handle left: its tensor released (the tuple keeps None). */
+/* Output k < b->width has no handle left: its tensor released (the tuple keeps None). */
 static void out_free(OutBlock *b, Py_ssize_t k) {
-    if (b->pinned || k >= PyTuple_GET_SIZE(b->outs)) return;
+    if (b->pinned) return;
     PyObject *old = PyTuple_GET_ITEM(b->outs, k);
     if (old == Py_None) return;
     Py_INCREF(Py_None);
@@ -199,8 +197,7 @@ static void block_leave(NodeObject *nd) {
     OutBlock *b = nd->block;
     if (b == NULL) return;
     nd->block = NULL;
-    Py_ssize_t m = b->n < HANDLE_SLOTS ? b->n : HANDLE_SLOTS;
-    for (Py_ssize_t k = 0; k < m; k++) {
+    for (Py_ssize_t k = 0; k < b->width; k++) {
         if (nd->handles[k] == 0) continue;
         b->live[k] -= nd->handles[k];
         if (b->live[k] == 0) out_free(b, k);
@@ -601,7 +598,7 @@ static void handle_count(PyObject *node, PyObject *idx, int delta) {
         return;
     }
     OutBlock *b = nd->block;
-    if (b == NULL || k >= b->n) return;
+    if (b == NULL || k >= b->width) return;
     b->live[k] += delta;
     if (b->live[k] == 0) out_free(b, k);
 }
@@ -3549,28 +3546,25 @@ static PyObject *finish_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         }
     }
     OutBlock *b = NULL;
-    Py_ssize_t width = 0;  /* the outputs counted */
     if (free_outs && m > 0 && PyTuple_CheckExact(outs) && PyTuple_GET_SIZE(outs) > 0) {
         Py_ssize_t k_out = PyTuple_GET_SIZE(outs);
-        PyObject *own = PyTuple_New(k_out);
+        Py_ssize_t width = k_out < HANDLE_SLOTS ? k_out : HANDLE_SLOTS;
+        PyObject *own = PyTuple_New(k_out);  /* (not GetSlice: for a whole exact tuple it
+                                               * returns the tuple itself) */
         if (own == NULL) return NULL;
-        b = PyMem_Malloc(sizeof(OutBlock) + (size_t)k_out * sizeof(Py_ssize_t));
+        for (Py_ssize_t k = 0; k < k_out; k++)
+            PyTuple_SET_ITEM(own, k, Py_NewRef(PyTuple_GET_ITEM(outs, k)));
+        b = PyMem_Malloc(sizeof(OutBlock) + (size_t)width * sizeof(Py_ssize_t));
         if (b == NULL) {
             Py_DECREF(own);
             return PyErr_NoMemory();
         }
-        for (Py_ssize_t k = 0; k < k_out; k++) {
-            PyObject *o = PyTuple_GET_ITEM(outs, k);
-            Py_INCREF(o);
-            PyTuple_SET_ITEM(own, k, o);
-            b->live[k] = k < HANDLE_SLOTS ? 0 : OUT_KEPT;
-        }
+        memset(b->live, 0, (size_t)width * sizeof(Py_ssize_t));
         b->refs = 0;
-        b->n = k_out;
+        b->width = width;
         b->pinned = 0;
         b->outs = own;
         outs = own;
-        width = k_out < HANDLE_SLOTS ? k_out : HANDLE_SLOTS;
     }
     for (Py_ssize_t i = 0; i < m; i++) {
         NodeObject *node = (NodeObject *)PyList_GET_ITEM(nodes, i);
@@ -3582,11 +3576,11 @@ static PyObject *finish_rows(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
         if (b != NULL) {
             node->block = b;
             b->refs++;
-            for (Py_ssize_t k = 0; k < width; k++) b->live[k] += node->handles[k];
+            for (Py_ssize_t k = 0; k < b->width; k++) b->live[k] += node->handles[k];
         }
     }
     if (b != NULL) {  /* (refs > 0: the nodes hold the block, and it the copy) */
-        for (Py_ssize_t k = 0; k < width; k++)
+        for (Py_ssize_t k = 0; k < b->width; k++)
             if (b->live[k] == 0) out_free(b, k);
     }
     Py_RETURN_NONE;
@@ -3646,10 +3640,9 @@ static PyObject *out_counts(PyObject *mod, PyObject *nd) {
     PyObject *live = Py_None;
     Py_INCREF(live);
     if (b != NULL) {
-        Py_ssize_t w = b->n < HANDLE_SLOTS ? b->n : HANDLE_SLOTS;
-        Py_SETREF(live, PyTuple_New(w));
+        Py_SETREF(live, PyTuple_New(b->width));
         if (live == NULL) return NULL;
-        for (Py_ssize_t k = 0; k < w; k++) {
+        for (Py_ssize_t k = 0; k < b->width; k++) {
             PyObject *v = PyLong_FromSsize_t(b->live[k]);
             if (v == NULL) {
                 Py_DECREF(live);

@@ -228,6 +228,7 @@ def test_a_batch_frees_an_output_when_its_last_handle_dies():
     outs = (state, scores, torch.zeros(3))
     del state
     _native.finish_rows(nodes, outs, 0, True)
+    assert nodes[0].outs is not outs and nodes[0].outs == outs[:2] + (None,)
     del outs
     assert nodes[0].outs is nodes[2].outs  # one copy of the tuple, the batch's own
     assert _native.out_counts(nodes[0])[1] == (3, 3, 0)
