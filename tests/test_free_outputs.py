@@ -324,3 +324,20 @@ def test_rows_shared_by_equal_words_outlive_the_instance_that_computed_them():
     assert kept and all(kept)  # ... and their rows kept while the map ran
     for g_, w_ in zip(got, want):
         torch.testing.assert_close(g_, w_)
+
+
+@needs_native
+def test_the_helpers_refuse_what_is_not_theirs():
+    with pytest.raises(TypeError, match=r"pin\(node\)"):
+        _native.pin(object())
+    with pytest.raises(TypeError, match=r"out_counts\(node\)"):
+        _native.out_counts(3)
+    with pytest.raises(TypeError, match=r"keep_freed\(list or None\)"):
+        _native.keep_freed(())
+    with pytest.raises(TypeError, match=r"release_inputs\(batches"):
+        _native.release_inputs(())
+    with pytest.raises(TypeError, match=r"finish_rows\(nodes: list, outs, base, free=False\)"):
+        _native.finish_rows([], (), 0, True, 5)
+    with pytest.raises(TypeError, match="rebind"):
+        LazyTensor(Node(None, None, (), None, (), None, None, 0, 0, 0, None), 0,
+                   torch.Size([1]), torch.float32).rebind(None)
